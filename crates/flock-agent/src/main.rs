@@ -1,0 +1,5 @@
+//! `flock-agent`: the node daemon.
+
+fn main() {
+    std::process::exit(1);
+}

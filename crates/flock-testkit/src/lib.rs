@@ -1,0 +1,178 @@
+//! Test support shared by flock's crates (never shipped).
+//!
+//! - [`Netns`]: a uniquely named network namespace (`ip netns add`) that kills
+//!   whatever runs inside it and deletes itself when dropped — also when the
+//!   test panics — so no test ever touches the machine's own namespace and
+//!   none leaves one behind.
+//! - [`workspace_bin`]: the path of a binary of this workspace, for tests that
+//!   exec the shim or the agent exactly as a runtime would.
+//! - [`sweep_stale`]: removes namespaces left by test processes that died.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Every namespace this kit creates starts with this, followed by the pid of
+/// the creating process, so [`sweep_stale`] can tell which ones are orphans.
+pub const NETNS_PREFIX: &str = "flk";
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Panics with a clear message unless the process runs as root.
+pub fn require_root() {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        uid, "0",
+        "this test creates network namespaces and needs root; run it through `cargo xtask test` as root"
+    );
+}
+
+/// A network namespace created for one test, removed on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates `flk<pid>-<tag><n>` with its loopback up. `tag` should be a
+    /// few letters naming the test's role (`node`, `pod`, `rtr`).
+    pub fn new(tag: &str) -> Netns {
+        require_root();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{NETNS_PREFIX}{}-{tag}{n}", std::process::id());
+        run(["ip", "netns", "add", &name]);
+        let ns = Netns { name };
+        ns.ok(["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// The namespace's name as `ip netns` knows it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The bind-mounted namespace file, as a runtime passes it in `CNI_NETNS`.
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
+    /// Runs a command inside the namespace and returns its output, whatever
+    /// its exit status.
+    pub fn exec<I, S>(&self, args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(args)
+            .output()
+            .expect("spawn `ip netns exec`")
+    }
+
+    /// Runs a command inside the namespace, panics with its stderr if it
+    /// fails, and returns its stdout.
+    pub fn ok<I, S>(&self, args: I) -> String
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+        let out = self.exec(&args);
+        assert!(
+            out.status.success(),
+            "in netns {}: {:?} failed: {}{}",
+            self.name,
+            args,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Whether a `ping` from inside this namespace to `addr` gets an answer
+    /// (3 tries, 0.2 s apart, 2 s at most).
+    pub fn pings(&self, addr: &str) -> bool {
+        self.exec(["ping", "-c", "1", "-W", "1", "-w", "2", "-i", "0.2", addr])
+            .status
+            .success()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        remove_netns(&self.name);
+    }
+}
+
+fn remove_netns(name: &str) {
+    // Processes inside (BIRD, an agent) would keep the namespace alive.
+    if let Ok(out) = Command::new("ip").args(["netns", "pids", name]).output() {
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = Command::new("kill").args(["-9", pid]).status();
+        }
+    }
+    let _ = Command::new("ip").args(["netns", "del", name]).status();
+}
+
+/// Removes `flk<pid>-…` namespaces whose creating process is gone (a test
+/// killed by a timeout cannot run its destructors). Returns their names.
+pub fn sweep_stale() -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(NETNS_PREFIX) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            remove_netns(&name);
+            removed.push(name);
+        }
+    }
+    removed
+}
+
+/// The path of binary `name` built from this workspace (`target/<profile>/<name>`),
+/// found next to the running test executable. Panics with what to run if it
+/// has not been built (`cargo xtask test` builds every binary first).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test-binary>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps");
+    let bin = profile_dir.join(name);
+    assert!(
+        bin.exists(),
+        "{} is not built; run `cargo build --workspace --bins` first (`cargo xtask test` does)",
+        bin.display()
+    );
+    bin
+}
+
+fn run<const N: usize>(args: [&str; N]) {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", args[0]));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

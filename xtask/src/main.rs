@@ -1,0 +1,89 @@
+//! Project automation, run as `cargo xtask <command>`.
+//!
+//! - `test`: install the Debian packages the suite needs (only when missing)
+//!   and run every check and test of the workspace, the root-only kernel
+//!   tests included. This is the README's test command and all `.ci/run` calls.
+
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+mod sys;
+
+/// Debian packages the test suite drives for real.
+const TEST_PACKAGES: &[&str] = &[
+    "iproute2",
+    "iputils-ping",
+    "procps",
+    "bird2",
+    "containernetworking-plugins",
+    "containerd",
+    "runc",
+    "busybox-static",
+];
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let command = args.next().unwrap_or_default();
+    let rest: Vec<String> = args.collect();
+    match command.as_str() {
+        "test" => test(&rest),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask test [nextest filters…]\n\
+                 \n  test   install what the suite needs and run every test (as root)"
+            );
+            if command.is_empty() || command == "help" || command == "--help" {
+                Ok(())
+            } else {
+                bail!("unknown xtask command {command:?}")
+            }
+        }
+    }
+}
+
+/// `cargo xtask test [ARGS…]`: extra arguments go to `cargo nextest run`.
+fn test(filters: &[String]) -> Result<()> {
+    sys::require_root("cargo xtask test")?;
+    sys::ensure_packages(TEST_PACKAGES)?;
+    for ns in flock_testkit::sweep_stale() {
+        eprintln!("xtask: removed stale test namespace {ns}");
+    }
+    sys::cargo(["fmt", "--all", "--", "--check"])?;
+    sys::cargo([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    // Tests exec the shim and the agent as a runtime does: build them first.
+    sys::cargo(["build", "--workspace", "--bins", "--all-features"])?;
+    let mut nextest: Vec<String> = ["nextest", "run", "--workspace", "--all-features"]
+        .map(String::from)
+        .to_vec();
+    if std::env::var_os("CI").is_some() {
+        nextest.extend(["--profile", "ci"].map(String::from));
+    }
+    nextest.extend(filters.iter().cloned());
+    if has_nextest() {
+        sys::cargo(&nextest)?;
+    } else {
+        eprintln!("xtask: cargo-nextest not found, falling back to cargo test");
+        sys::cargo(["test", "--workspace", "--all-features"])?;
+    }
+    if filters.is_empty() {
+        sys::cargo(["test", "--doc", "--workspace", "--all-features"])?;
+    }
+    Ok(())
+}
+
+fn has_nextest() -> bool {
+    Command::new("cargo")
+        .args(["nextest", "--version"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
