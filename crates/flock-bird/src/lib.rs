@@ -1,4 +1,45 @@
 //! A typed model of what a flock node tells BIRD 2 and a deterministic renderer
 //! of the complete configuration.
 //!
-//! Pure: no I/O. Writing the file and calling `birdc` is the agent's job.
+//! - [`BirdModel`]: the node's BGP setup as the agent assembles it (router ID,
+//!   ASN, neighbors, graceful restart, node CIDRs, extra pod addresses,
+//!   anycast addresses, communities), with values as they arrive.
+//! - [`BirdModel::validate`] checks it into a [`ValidModel`] (sorted,
+//!   de-duplicated), or returns an [`Error`] naming the field and the value.
+//! - [`render`] writes the BIRD 2 configuration: byte-for-byte stable
+//!   whatever the input order, accepted by `bird -p`.
+//!
+//! Pure: no I/O. Writing the file and calling `birdc configure` is the agent's
+//! job. What the configuration announces and accepts is described in
+//! `docs/bgp.md`.
+//!
+//! ```
+//! use flock_bird::{BirdModel, NeighborSpec, render};
+//!
+//! let model = BirdModel {
+//!     router_id: "10.0.0.1".into(),
+//!     asn: 64512,
+//!     neighbors: vec![NeighborSpec {
+//!         address: "2001:db8::fe".into(),
+//!         asn: 65000,
+//!         ..Default::default()
+//!     }],
+//!     cidrs: vec!["2001:db8:0:1::/64".parse()?],
+//!     ..Default::default()
+//! };
+//! let conf = render(&model.validate()?);
+//! assert!(conf.contains("route 2001:db8:0:1::/64 blackhole;"));
+//! assert!(conf.contains("neighbor 2001:db8::fe as 65000;"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod error;
+mod model;
+mod render;
+
+pub use error::{Error, Result};
+pub use model::{BirdModel, Community, Families, Neighbor, NeighborSpec, Timers, ValidModel};
+pub use render::render;
+
+#[cfg(test)]
+mod tests;
