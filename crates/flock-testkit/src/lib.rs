@@ -7,6 +7,11 @@
 //! - [`workspace_bin`]: the path of a binary of this workspace, for tests that
 //!   exec the shim or the agent exactly as a runtime would.
 //! - [`sweep_stale`]: removes namespaces left by test processes that died.
+//! - [`cni::Runtime`]: a CNI runtime stand-in that execs plugin chains
+//!   exactly as libcni does (config injection, `prevResult` caching, reverse
+//!   DEL, STATUS/GC), optionally inside a stand-in node namespace.
+
+pub mod cni;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
