@@ -1,4 +1,69 @@
 //! The flock node agent: RPC server, crash-safe allocation store, CNI handlers,
 //! Kubernetes watchers, BIRD writer, metrics and health.
 //!
-//! Does I/O; business rules live in the pure crates it composes.
+//! Does I/O; business rules live in the pure crates it composes (`flock-ipam`,
+//! `flock-embed`, `flock-bird`, `flock-cni-proto`) and kernel work in `flock-netns`.
+
+use std::path::PathBuf;
+
+pub mod bird;
+pub mod install;
+pub mod metrics;
+pub mod nodeconfig;
+pub mod store;
+
+/// Everything that can go wrong in the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be read.
+    #[error("read {path}: {source}")]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The NodeConfig file is not valid YAML of the resource's schema.
+    #[error("node config {path}: {reason}")]
+    NodeConfigFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A NodeConfig field is invalid.
+    #[error("invalid NodeConfig: {field} = {value:?}: {reason}")]
+    InvalidNodeConfig {
+        /// The field path, e.g. `spec.cidr6`.
+        field: String,
+        /// The bad value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A store operation failed.
+    #[error("allocation store: {op} {path}: {source}")]
+    Store {
+        /// The operation.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A store file is unreadable: the agent refuses to start rather than start empty.
+    #[error(
+        "allocation store is corrupt: {path}: {reason} (fix or move the file aside; the agent will not start with an unreadable store)"
+    )]
+    CorruptStore {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The agent's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

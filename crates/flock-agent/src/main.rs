@@ -1,5 +1,163 @@
-//! `flock-agent`: the node daemon.
+//! `flock-agent`: the node daemon and its tools (DESIGN §9).
 
-fn main() {
-    std::process::exit(1);
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use flock_agent::store::Store;
+
+#[derive(Parser, Debug)]
+#[command(name = "flock-agent", version, about = "flock's node agent")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the node daemon.
+    Run(RunArgs),
+    /// Install the shim and the conflist on this node (the DaemonSet's init container).
+    InstallCni(InstallArgs),
+    /// Print the NodeConfig CustomResourceDefinition as YAML.
+    Crd,
+    /// Show what the allocation store holds.
+    Allocations {
+        /// The agent's state directory.
+        #[arg(long, env = "FLOCK_STATE_DIR", default_value = "/var/lib/flock")]
+        state_dir: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+struct InstallArgs {
+    /// The shim binary to install (default: `flock` next to this program).
+    #[arg(long, env = "FLOCK_SHIM")]
+    shim: Option<PathBuf>,
+    /// The CNI binary directory.
+    #[arg(long, env = "FLOCK_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    bin_dir: PathBuf,
+    /// The CNI configuration directory.
+    #[arg(long, env = "FLOCK_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
+    conf_dir: PathBuf,
+    /// The CNI network name.
+    #[arg(long, env = "FLOCK_NETWORK", default_value = "flock")]
+    network: String,
+    /// The agent socket written into the conflist.
+    #[arg(long, env = "FLOCK_SOCKET", default_value = "/run/flock/agent.sock")]
+    agent_socket: PathBuf,
+    /// The MTU of pod interfaces.
+    #[arg(long, env = "FLOCK_MTU", default_value_t = 1500)]
+    mtu: u32,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Run without Kubernetes: NodeConfig from a file, pod identity from CNI_ARGS.
+    #[arg(long, env = "FLOCK_STANDALONE", requires = "node_config")]
+    standalone: bool,
+    /// The NodeConfig YAML file (standalone mode).
+    #[arg(long, env = "FLOCK_NODE_CONFIG")]
+    node_config: Option<PathBuf>,
+    /// This node's name (default: the NodeConfig's name in standalone mode, else the hostname).
+    #[arg(long, env = "FLOCK_NODE_NAME")]
+    node: Option<String>,
+    /// The RPC socket the shim connects to.
+    #[arg(long, env = "FLOCK_SOCKET", default_value = "/run/flock/agent.sock")]
+    socket: PathBuf,
+    /// Where allocations are persisted.
+    #[arg(long, env = "FLOCK_STATE_DIR", default_value = "/var/lib/flock")]
+    state_dir: PathBuf,
+    /// The BIRD configuration file the agent renders.
+    #[arg(
+        long,
+        env = "FLOCK_BIRD_CONFIG",
+        default_value = "/etc/flock/bird/bird.conf"
+    )]
+    bird_config: PathBuf,
+    /// BIRD's control socket.
+    #[arg(long, env = "FLOCK_BIRD_SOCKET", default_value = "/run/flock/bird.ctl")]
+    bird_socket: PathBuf,
+    /// The birdc program.
+    #[arg(long, env = "FLOCK_BIRDC", default_value = "birdc")]
+    birdc: PathBuf,
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(long, env = "FLOCK_METRICS_ADDR", default_value = "127.0.0.1:9641")]
+    metrics_addr: SocketAddr,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run(args),
+        Command::InstallCni(args) => install_cni(args),
+        Command::Crd => {
+            print!("{}", flock_agent::nodeconfig::crd_yaml());
+            Ok(())
+        }
+        Command::Allocations { state_dir, json } => allocations(&state_dir, json),
+    }
+}
+
+fn run(_args: RunArgs) -> Result<()> {
+    anyhow::bail!("flock-agent run: the daemon is not assembled yet")
+}
+
+fn install_cni(args: InstallArgs) -> Result<()> {
+    let shim = match args.shim {
+        Some(path) => path,
+        None => std::env::current_exe()
+            .context("locate this program")?
+            .with_file_name("flock"),
+    };
+    let plan = flock_agent::install::InstallPlan {
+        shim,
+        bin_dir: args.bin_dir,
+        conf_dir: args.conf_dir,
+        network: args.network,
+        agent_socket: args.agent_socket,
+        mtu: args.mtu,
+    };
+    for path in flock_agent::install::install(&plan)? {
+        eprintln!("installed {}", path.display());
+    }
+    Ok(())
+}
+
+fn allocations(state_dir: &std::path::Path, json: bool) -> Result<()> {
+    let (_, records) = Store::open(state_dir)
+        .with_context(|| format!("open the store in {}", state_dir.display()))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&records)?);
+        return Ok(());
+    }
+    println!(
+        "{:<14} {:<6} {:<8} {:<10} {:<28} {:<16} {:<24} {}",
+        "CONTAINER", "IF", "NETWORK", "STATE", "IPV6", "IPV4", "POD", "HOST-IF"
+    );
+    for r in &records {
+        let pod = r
+            .pod
+            .as_ref()
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .unwrap_or_default();
+        let cid: String = r.container_id.chars().take(12).collect();
+        println!(
+            "{:<14} {:<6} {:<8} {:<10} {:<28} {:<16} {:<24} {}",
+            cid,
+            r.if_name,
+            r.network,
+            format!("{:?}", r.state).to_lowercase(),
+            r.ipv6.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+            r.ipv4.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+            pod,
+            r.host_if
+        );
+    }
+    Ok(())
 }

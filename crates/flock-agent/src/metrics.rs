@@ -1,0 +1,286 @@
+//! Prometheus metrics and the `/metrics`, `/healthz`, `/readyz` endpoints.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of a CNI request counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// ADD, DEL, CHECK, STATUS, GC.
+    pub op: String,
+    /// `ok` or the CNI error code.
+    pub outcome: String,
+}
+
+/// Labels carrying an operation only.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    /// ADD, DEL, CHECK, STATUS, GC.
+    pub op: String,
+}
+
+/// Labels carrying an address family.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyLabels {
+    /// `ipv6` or `ipv4`.
+    pub family: String,
+}
+
+/// Every metric the agent exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// CNI requests by op and outcome.
+    pub requests: Family<RequestLabels, Counter>,
+    /// CNI request latency by op.
+    pub request_seconds: Family<OpLabels, Histogram>,
+    /// Addresses allocated, per family.
+    pub allocated: Family<FamilyLabels, Gauge>,
+    /// Usable addresses in the node pool, per family (saturates at i64::MAX for IPv6).
+    pub pool_size: Family<FamilyLabels, Gauge>,
+    /// `birdc configure` calls that succeeded.
+    pub bird_reloads: Counter,
+    /// `birdc configure` calls (or config writes) that failed.
+    pub bird_failures: Counter,
+    /// Durable store write latency.
+    pub store_write_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("flock");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "cni_requests",
+            "CNI requests by operation and outcome",
+            requests.clone(),
+        );
+        let request_seconds = Family::<OpLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+        });
+        registry.register(
+            "cni_request_duration_seconds",
+            "CNI request latency by operation",
+            request_seconds.clone(),
+        );
+        let allocated = Family::<FamilyLabels, Gauge>::default();
+        registry.register(
+            "allocations",
+            "Addresses allocated to pods, per family",
+            allocated.clone(),
+        );
+        let pool_size = Family::<FamilyLabels, Gauge>::default();
+        registry.register(
+            "pool_size",
+            "Usable addresses in the node pool, per family",
+            pool_size.clone(),
+        );
+        let bird_reloads = Counter::default();
+        registry.register(
+            "bird_reloads",
+            "Successful BIRD reconfigurations",
+            bird_reloads.clone(),
+        );
+        let bird_failures = Counter::default();
+        registry.register(
+            "bird_reload_failures",
+            "Failed BIRD reconfigurations",
+            bird_failures.clone(),
+        );
+        let store_write_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        registry.register(
+            "store_write_duration_seconds",
+            "Durable allocation store write latency",
+            store_write_seconds.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            request_seconds,
+            allocated,
+            pool_size,
+            bird_reloads,
+            bird_failures,
+            store_write_seconds,
+        }
+    }
+
+    /// Records one finished CNI request.
+    pub fn observe_request(&self, op: &str, outcome: &str, elapsed: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                op: op.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+        self.request_seconds
+            .get_or_create(&OpLabels { op: op.to_owned() })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Sets the allocation and pool gauges of a family.
+    pub fn set_family(&self, family: &str, allocated: u64, pool_size: u128) {
+        let labels = FamilyLabels {
+            family: family.to_owned(),
+        };
+        self.allocated
+            .get_or_create(&labels)
+            .set(i64::try_from(allocated).unwrap_or(i64::MAX));
+        self.pool_size
+            .get_or_create(&labels)
+            .set(i64::try_from(pool_size).unwrap_or(i64::MAX));
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("encoding metrics into a String cannot fail");
+        out
+    }
+}
+
+/// What `/readyz` reports: each component's problem, if any.
+#[derive(Debug, Default)]
+pub struct Health {
+    serving: AtomicBool,
+    problems: Mutex<std::collections::BTreeMap<&'static str, String>>,
+}
+
+impl Health {
+    /// Marks the RPC server as serving (after start-up reconcile).
+    pub fn set_serving(&self) {
+        self.serving.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the RPC server serves.
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::SeqCst)
+    }
+
+    /// Sets or clears (`None`) the problem of a component (`bird`, `nodeconfig`, `store`).
+    pub fn set_problem(&self, component: &'static str, problem: Option<String>) {
+        let mut p = self.problems.lock().expect("health lock");
+        match problem {
+            Some(text) => p.insert(component, text),
+            None => p.remove(component),
+        };
+    }
+
+    /// The current problem of a component.
+    pub fn problem(&self, component: &'static str) -> Option<String> {
+        self.problems
+            .lock()
+            .expect("health lock")
+            .get(component)
+            .cloned()
+    }
+
+    /// `Ok` when ready, else every problem, one per line.
+    pub fn readiness(&self) -> Result<(), String> {
+        let mut lines = Vec::new();
+        if !self.is_serving() {
+            lines.push("rpc: not serving yet (start-up reconcile)".to_owned());
+        }
+        for (component, problem) in self.problems.lock().expect("health lock").iter() {
+            lines.push(format!("{component}: {problem}"));
+        }
+        if lines.is_empty() {
+            Ok(())
+        } else {
+            Err(lines.join("\n"))
+        }
+    }
+}
+
+#[derive(Clone)]
+struct HttpState {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+/// The HTTP router of `/metrics`, `/healthz` and `/readyz`.
+pub fn router(metrics: Arc<Metrics>, health: Arc<Health>) -> Router {
+    Router::new()
+        .route("/metrics", get(serve_metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(serve_readyz))
+        .with_state(HttpState { metrics, health })
+}
+
+async fn serve_metrics(State(s): State<HttpState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.encode(),
+    )
+}
+
+async fn serve_readyz(State(s): State<HttpState>) -> impl IntoResponse {
+    match s.health.readiness() {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(problems) => (StatusCode::SERVICE_UNAVAILABLE, format!("{problems}\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_requests_and_families() {
+        let m = Metrics::new();
+        m.observe_request("ADD", "ok", Duration::from_millis(2));
+        m.set_family("ipv4", 3, 253);
+        m.bird_reloads.inc();
+        let text = m.encode();
+        assert!(
+            text.contains("flock_cni_requests_total{op=\"ADD\",outcome=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("flock_allocations{family=\"ipv4\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("flock_pool_size{family=\"ipv4\"} 253"),
+            "{text}"
+        );
+        assert!(text.contains("flock_bird_reloads_total 1"), "{text}");
+    }
+
+    #[test]
+    fn readiness_lists_every_problem() {
+        let h = Health::default();
+        assert!(h.readiness().is_err());
+        h.set_serving();
+        assert_eq!(h.readiness(), Ok(()));
+        h.set_problem("bird", Some("birdc: connection refused".into()));
+        assert_eq!(h.readiness(), Err("bird: birdc: connection refused".into()));
+        h.set_problem("bird", None);
+        assert_eq!(h.readiness(), Ok(()));
+    }
+}

@@ -1,0 +1,388 @@
+//! The allocation store under `--state-dir`: one small JSON file per attachment, written
+//! durably (temp file, fsync, rename, fsync of the directory), so an interrupted write never
+//! leaves a torn record and a crash never loses a committed allocation.
+//!
+//! Layout: `<state-dir>/store.json` (`{"format":1}`) and `<state-dir>/allocations/
+//! <containerId>.<ifName>.json`. A record that cannot be read stops the agent with an error
+//! naming the file: the store never silently starts empty.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// The on-disk format this agent writes and reads.
+pub const STORE_FORMAT: u32 = 1;
+
+/// Where an allocation is in its life cycle (DESIGN §7).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordState {
+    /// Addresses chosen, the kernel may be half-programmed: undone at start-up.
+    Pending,
+    /// The kernel is programmed and the result was (or will be) returned.
+    Committed,
+}
+
+/// The pod an allocation belongs to.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct PodRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID, when the runtime passed one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+}
+
+/// One attachment's allocation: everything needed to rebuild its CNI result, check or tear
+/// down its kernel state, and release its addresses.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationRecord {
+    /// The record format (`STORE_FORMAT`).
+    pub format: u32,
+    /// Pending or committed.
+    pub state: RecordState,
+    /// The CNI network name (GC is scoped to it).
+    pub network: String,
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub if_name: String,
+    /// `CNI_NETNS` at ADD.
+    pub netns: String,
+    /// The kernel boot ID at ADD: a different one at start-up means the netns is gone.
+    pub boot_id: String,
+    /// The pod, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+    /// The pod's IPv6 address (a /128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Addr>,
+    /// The pod's IPv4 address (a /32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<Ipv4Addr>,
+    /// Extra fixed addresses (`addresses` annotation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<IpAddr>,
+    /// Anycast addresses (`anycast` annotation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub anycast: Vec<IpAddr>,
+    /// MTU of the veth pair.
+    pub mtu: u32,
+    /// The host-side veth.
+    pub host_if: String,
+    /// Host veth MAC, once known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host_mac: String,
+    /// Pod interface MAC, once known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_mac: String,
+}
+
+impl AllocationRecord {
+    /// The attachment key: `(containerId, ifName)`.
+    pub fn key(&self) -> AttachmentKey {
+        AttachmentKey {
+            container_id: self.container_id.clone(),
+            if_name: self.if_name.clone(),
+        }
+    }
+
+    /// Every address this record holds in the pools (pod addresses and fixed ones; anycast
+    /// addresses are shared and not pooled).
+    pub fn pooled_addresses(&self) -> Vec<IpAddr> {
+        let mut v: Vec<IpAddr> = Vec::new();
+        v.extend(self.ipv6.map(IpAddr::V6));
+        v.extend(self.ipv4.map(IpAddr::V4));
+        v.extend(self.addresses.iter().copied());
+        v
+    }
+}
+
+/// Identifies one attachment (CNI's container ID and interface name).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AttachmentKey {
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub if_name: String,
+}
+
+impl AttachmentKey {
+    fn file_name(&self) -> String {
+        format!("{}.{}.json", self.container_id, self.if_name)
+    }
+}
+
+/// The durable store.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoreMeta {
+    format: u32,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in `state_dir` and reads every record.
+    ///
+    /// Leftover temp files of interrupted writes are removed; a record that cannot be read
+    /// or parsed is an error naming the file.
+    pub fn open(state_dir: &Path) -> Result<(Store, Vec<AllocationRecord>)> {
+        let dir = state_dir.join("allocations");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|source| Error::Store {
+                op: "create directory",
+                path: dir.clone(),
+                source,
+            })?;
+        let meta_path = state_dir.join("store.json");
+        match fs::read(&meta_path) {
+            Ok(bytes) => {
+                let meta: StoreMeta =
+                    serde_json::from_slice(&bytes).map_err(|e| Error::CorruptStore {
+                        path: meta_path.clone(),
+                        reason: e.to_string(),
+                    })?;
+                if meta.format != STORE_FORMAT {
+                    return Err(Error::CorruptStore {
+                        path: meta_path,
+                        reason: format!(
+                            "store format {} is not {STORE_FORMAT}, the one this agent knows",
+                            meta.format
+                        ),
+                    });
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let bytes = serde_json::to_vec(&StoreMeta {
+                    format: STORE_FORMAT,
+                })
+                .expect("serialize store meta");
+                write_durably(state_dir, "store.json", &bytes, 0o600)?;
+            }
+            Err(source) => {
+                return Err(Error::Store {
+                    op: "read",
+                    path: meta_path,
+                    source,
+                });
+            }
+        }
+        let store = Store { dir };
+        let records = store.read_all()?;
+        Ok((store, records))
+    }
+
+    fn read_all(&self) -> Result<Vec<AllocationRecord>> {
+        let entries = fs::read_dir(&self.dir).map_err(|source| Error::Store {
+            op: "list",
+            path: self.dir.clone(),
+            source,
+        })?;
+        let mut records = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|source| Error::Store {
+                op: "list",
+                path: self.dir.clone(),
+                source,
+            })?;
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(".tmp-") {
+                // An interrupted write: the rename never happened, the old record (if any)
+                // is intact.
+                let _ = fs::remove_file(&path);
+                continue;
+            }
+            if !name.ends_with(".json") {
+                continue;
+            }
+            let bytes = fs::read(&path).map_err(|source| Error::Store {
+                op: "read",
+                path: path.clone(),
+                source,
+            })?;
+            let record: AllocationRecord =
+                serde_json::from_slice(&bytes).map_err(|e| Error::CorruptStore {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+            if record.format != STORE_FORMAT {
+                return Err(Error::CorruptStore {
+                    path,
+                    reason: format!("record format {} is not {STORE_FORMAT}", record.format),
+                });
+            }
+            if record.key().file_name() != name {
+                return Err(Error::CorruptStore {
+                    path,
+                    reason: format!(
+                        "holds container {:?} interface {:?}, which belong in {}",
+                        record.container_id,
+                        record.if_name,
+                        record.key().file_name()
+                    ),
+                });
+            }
+            records.push(record);
+        }
+        records.sort_by(|a, b| a.key().cmp(&b.key()));
+        Ok(records)
+    }
+
+    /// Writes (creates or replaces) a record durably.
+    pub fn put(&self, record: &AllocationRecord) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(record).expect("serialize allocation record");
+        write_durably(&self.dir, &record.key().file_name(), &bytes, 0o600)
+    }
+
+    /// Deletes a record durably; a missing record is not an error.
+    pub fn delete(&self, key: &AttachmentKey) -> Result<()> {
+        let path = self.dir.join(key.file_name());
+        match fs::remove_file(&path) {
+            Ok(()) => sync_dir(&self.dir),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(Error::Store {
+                op: "delete",
+                path,
+                source,
+            }),
+        }
+    }
+
+    /// The directory holding the records.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Writes `bytes` to `dir/name` so that after a crash the file holds either its old content
+/// or the new one, never a mix: temp file (created with `mode`), fsync, rename, fsync the
+/// directory.
+pub fn write_durably(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<()> {
+    let tmp = dir.join(format!(".tmp-{name}"));
+    let path = dir.join(name);
+    let io = |op: &'static str, path: &Path| {
+        let path = path.to_owned();
+        move |source| Error::Store { op, path, source }
+    };
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(io("create", &tmp))?;
+    // `mode` at creation is masked by the umask; set it exactly before the file is visible.
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(io("chmod", &tmp))?;
+    file.write_all(bytes).map_err(io("write", &tmp))?;
+    file.sync_all().map_err(io("fsync", &tmp))?;
+    drop(file);
+    fs::rename(&tmp, &path).map_err(io("rename", &path))?;
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| Error::Store {
+            op: "fsync directory",
+            path: dir.to_owned(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(cid: &str) -> AllocationRecord {
+        AllocationRecord {
+            format: STORE_FORMAT,
+            state: RecordState::Pending,
+            network: "flock".into(),
+            container_id: cid.into(),
+            if_name: "eth0".into(),
+            netns: "/run/netns/x".into(),
+            boot_id: "b".into(),
+            pod: Some(PodRef {
+                namespace: "default".into(),
+                name: "web-0".into(),
+                uid: String::new(),
+            }),
+            ipv6: Some("2001:db8:1::5".parse().unwrap()),
+            ipv4: Some("10.1.0.5".parse().unwrap()),
+            addresses: vec![],
+            anycast: vec![],
+            mtu: 1500,
+            host_if: "flock01234567".into(),
+            host_mac: String::new(),
+            pod_mac: String::new(),
+        }
+    }
+
+    #[test]
+    fn put_read_delete_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, records) = Store::open(dir.path()).unwrap();
+        assert!(records.is_empty());
+        let mut a = record("aaa");
+        store.put(&a).unwrap();
+        a.state = RecordState::Committed;
+        store.put(&a).unwrap();
+        store.put(&record("bbb")).unwrap();
+        let (store, records) = Store::open(dir.path()).unwrap();
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[0], a);
+        store.delete(&a.key()).unwrap();
+        store.delete(&a.key()).unwrap();
+        let (_, records) = Store::open(dir.path()).unwrap();
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].container_id, "bbb");
+    }
+
+    #[test]
+    fn torn_temp_file_is_ignored_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path()).unwrap();
+        store.put(&record("aaa")).unwrap();
+        let tmp = store.dir().join(".tmp-aaa.eth0.json");
+        fs::write(&tmp, b"{\"format\":1,\"sta").unwrap();
+        let (_, records) = Store::open(dir.path()).unwrap();
+        assert_eq!(records.len(), 1);
+        assert!(!tmp.exists());
+    }
+
+    #[test]
+    fn corrupt_record_stops_with_the_file_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path()).unwrap();
+        let bad = store.dir().join("ccc.eth0.json");
+        fs::write(&bad, b"{not json").unwrap();
+        let err = Store::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("ccc.eth0.json"), "{err}");
+    }
+
+    #[test]
+    fn unknown_store_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("store.json"), b"{\"format\":7}").unwrap();
+        let err = Store::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("store format 7"), "{err}");
+    }
+}
