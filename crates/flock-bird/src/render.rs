@@ -120,13 +120,13 @@ fn render_family(out: &mut String, model: &ValidModel, family: Family) {
 
     let _ = write!(
         out,
-        "\n# What a peer may send: no default route{default}, nothing shorter than /{min},\n\
+        "\n# What a peer may send: {default}, nothing shorter than /{min},\n\
          # no martians, none of our own prefixes.\n\
          filter flock_import{v} {{\n",
         default = if model.import_default {
-            " unless configured (it is)"
+            "a default route (import_default is set)"
         } else {
-            ""
+            "no default route"
         },
         min = family.min_len(),
     );
