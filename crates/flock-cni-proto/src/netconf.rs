@@ -1,0 +1,426 @@
+//! Network configuration: one plugin's config ([`NetConf`]), the list a
+//! runtime reads from disk ([`Conflist`]), and flock's own view of its
+//! config ([`FlockNetConf`]), shared by the shim and the agent so the rules
+//! live in one place.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{CniError, ErrorCode};
+use crate::result::CniResult;
+use crate::version::CniVersion;
+
+/// One attachment in a GC call's list.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Attachment {
+    /// The container ID.
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    /// The interface name inside the container.
+    pub ifname: String,
+}
+
+/// The configuration of one plugin, as a runtime writes it on stdin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NetConf {
+    /// The version the runtime speaks for this call.
+    #[serde(rename = "cniVersion")]
+    pub cni_version: CniVersion,
+    /// The network's name.
+    pub name: String,
+    /// The plugin binary's name.
+    #[serde(rename = "type")]
+    pub plugin_type: String,
+    /// The previous plugin's result (chained ADD, CHECK, DEL).
+    #[serde(
+        rename = "prevResult",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub prev_result: Option<Value>,
+    /// Capability arguments injected by the runtime.
+    #[serde(
+        rename = "runtimeConfig",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub runtime_config: Option<Map<String, Value>>,
+    /// The `args` convention (`args.cni`, `args.flock`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Map<String, Value>>,
+    /// GC (1.1.0): the attachments still in use.
+    #[serde(
+        rename = "cni.dev/valid-attachments",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub valid_attachments: Option<Vec<Attachment>>,
+    /// GC's list under its older name.
+    #[serde(
+        rename = "cni.dev/attachments",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub attachments: Option<Vec<Attachment>>,
+    /// Every other key (plugin-specific settings, `capabilities`, `ipam`, `dns`…).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl NetConf {
+    /// Parses a config from stdin bytes. Not JSON, or a missing or invalid
+    /// field: error 6; a malformed `cniVersion`: error 1. Whether the version
+    /// is *supported* is the caller's decision (see [`crate::skel`]).
+    pub fn from_slice(bytes: &[u8]) -> Result<(NetConf, Value), CniError> {
+        let raw: Value = serde_json::from_slice(bytes).map_err(|e| {
+            CniError::new(
+                ErrorCode::DecodingFailure,
+                format!("invalid network configuration on stdin: {e}"),
+            )
+        })?;
+        Ok((NetConf::from_value(&raw)?, raw))
+    }
+
+    /// Parses a config already decoded as JSON (see [`NetConf::from_slice`]).
+    pub fn from_value(raw: &Value) -> Result<NetConf, CniError> {
+        let Some(obj) = raw.as_object() else {
+            return Err(CniError::new(
+                ErrorCode::DecodingFailure,
+                "invalid network configuration: not a JSON object",
+            ));
+        };
+        match obj.get("cniVersion") {
+            Some(Value::String(s)) => {
+                s.parse::<CniVersion>()?;
+            }
+            Some(other) => {
+                return Err(CniError::new(
+                    ErrorCode::IncompatibleCniVersion,
+                    format!("invalid cniVersion {other}: expected a string"),
+                ));
+            }
+            None => {
+                return Err(CniError::new(
+                    ErrorCode::IncompatibleCniVersion,
+                    "network configuration has no cniVersion",
+                ));
+            }
+        }
+        serde_json::from_value(raw.clone()).map_err(|e| {
+            CniError::new(
+                ErrorCode::DecodingFailure,
+                format!("invalid network configuration: {e}"),
+            )
+        })
+    }
+
+    /// The previous result, parsed (error 6 when it is not a valid result).
+    pub fn prev_result(&self) -> Result<Option<CniResult>, CniError> {
+        self.prev_result
+            .as_ref()
+            .map(CniResult::from_value)
+            .transpose()
+    }
+
+    /// GC's attachment list from `cni.dev/valid-attachments`, or else the
+    /// older `cni.dev/attachments`; `None` when the config carries neither.
+    pub fn gc_attachments(&self) -> Option<&[Attachment]> {
+        self.valid_attachments
+            .as_deref()
+            .or(self.attachments.as_deref())
+    }
+}
+
+/// A network configuration list (`*.conflist`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Conflist {
+    /// The version of the list.
+    #[serde(rename = "cniVersion")]
+    pub cni_version: CniVersion,
+    /// Other versions the list is valid for (1.1.0).
+    #[serde(
+        rename = "cniVersions",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cni_versions: Option<Vec<CniVersion>>,
+    /// The network's name.
+    pub name: String,
+    /// Whether the runtime must skip CHECK.
+    #[serde(rename = "disableCheck", default, skip_serializing_if = "is_false")]
+    pub disable_check: bool,
+    /// Whether the runtime must skip GC (1.1.0).
+    #[serde(rename = "disableGC", default, skip_serializing_if = "is_false")]
+    pub disable_gc: bool,
+    /// The plugins, in order, without `cniVersion`/`name`.
+    pub plugins: Vec<Map<String, Value>>,
+    /// Every other key.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+impl Conflist {
+    /// Parses a conflist (error 6 when malformed, 7 when it has no plugins).
+    pub fn from_slice(bytes: &[u8]) -> Result<Conflist, CniError> {
+        let list: Conflist = serde_json::from_slice(bytes).map_err(|e| {
+            CniError::new(
+                ErrorCode::DecodingFailure,
+                format!("invalid network configuration list: {e}"),
+            )
+        })?;
+        if list.plugins.is_empty() {
+            return Err(CniError::new(
+                ErrorCode::InvalidNetworkConfig,
+                format!("network configuration list {:?} has no plugins", list.name),
+            ));
+        }
+        Ok(list)
+    }
+
+    /// The config the runtime hands plugin `index` (as libcni builds it):
+    /// the plugin's keys plus the list's `cniVersion` and `name`, and
+    /// `prevResult` when given. `None` when there is no such plugin.
+    pub fn plugin_config(&self, index: usize, prev_result: Option<&Value>) -> Option<Value> {
+        let mut obj = self.plugins.get(index)?.clone();
+        obj.insert(
+            "cniVersion".into(),
+            Value::String(self.cni_version.to_string()),
+        );
+        obj.insert("name".into(), Value::String(self.name.clone()));
+        if let Some(prev) = prev_result {
+            obj.insert("prevResult".into(), prev.clone());
+        }
+        Some(Value::Object(obj))
+    }
+}
+
+/// The `type` flock's shim is installed as.
+pub const FLOCK_TYPE: &str = "flock";
+/// Default agent socket.
+pub const DEFAULT_AGENT_SOCKET: &str = "/run/flock/agent.sock";
+/// Default DEL queue directory.
+pub const DEFAULT_DEL_QUEUE_DIR: &str = "/var/lib/flock/del-queue";
+/// Default pod MTU.
+pub const DEFAULT_MTU: u32 = 1500;
+/// The `runtimeConfig` key under which CRI runtimes pass pod annotations.
+pub const POD_ANNOTATIONS_KEY: &str = "io.kubernetes.cri.pod-annotations";
+
+/// flock's reading of its own network configuration (DESIGN §2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlockNetConf {
+    /// The call's CNI version.
+    pub cni_version: CniVersion,
+    /// The network's name (GC scope, record ownership).
+    pub name: String,
+    /// `agentSocket`: where the agent listens.
+    pub agent_socket: PathBuf,
+    /// `mtu`: the pod interfaces' MTU, 68..=65535.
+    pub mtu: u32,
+    /// `delQueueDir`: where undeliverable DELs wait for the agent.
+    pub del_queue_dir: PathBuf,
+    /// `args.flock.annotations` (standalone mode), empty when absent.
+    pub annotations: BTreeMap<String, String>,
+    /// `runtimeConfig["io.kubernetes.cri.pod-annotations"]` when the runtime
+    /// passed it.
+    pub pod_annotations: Option<BTreeMap<String, String>>,
+}
+
+impl FlockNetConf {
+    /// Validates flock's keys. Every problem is error 7 naming the field and
+    /// the value: a `type` other than `flock`, an `mtu` outside 68..=65535 or
+    /// not an integer, an `agentSocket`/`delQueueDir` that is not an absolute
+    /// path, annotations that are not a map of strings.
+    pub fn from_netconf(conf: &NetConf) -> Result<FlockNetConf, CniError> {
+        let invalid = |msg: String| CniError::new(ErrorCode::InvalidNetworkConfig, msg);
+        if conf.plugin_type != FLOCK_TYPE {
+            return Err(invalid(format!(
+                "network configuration type is {:?}, expected {FLOCK_TYPE:?}",
+                conf.plugin_type
+            )));
+        }
+        let path = |key: &str, default: &str| -> Result<PathBuf, CniError> {
+            match conf.extra.get(key) {
+                None => Ok(PathBuf::from(default)),
+                Some(Value::String(s)) if s.starts_with('/') => Ok(PathBuf::from(s)),
+                Some(other) => Err(invalid(format!(
+                    "invalid {key} {other}: expected an absolute path"
+                ))),
+            }
+        };
+        let agent_socket = path("agentSocket", DEFAULT_AGENT_SOCKET)?;
+        let del_queue_dir = path("delQueueDir", DEFAULT_DEL_QUEUE_DIR)?;
+        let mtu = match conf.extra.get("mtu") {
+            None => DEFAULT_MTU,
+            Some(v) => match v.as_u64() {
+                Some(n @ 68..=65535) => n as u32,
+                _ => {
+                    return Err(invalid(format!(
+                        "invalid mtu {v}: expected an integer in 68..=65535"
+                    )));
+                }
+            },
+        };
+        let annotations = match conf
+            .args
+            .as_ref()
+            .and_then(|a| a.get("flock"))
+            .and_then(|f| f.get("annotations"))
+        {
+            None | Some(Value::Null) => BTreeMap::new(),
+            Some(v) => string_map(v)
+                .map_err(|why| invalid(format!("invalid args.flock.annotations {v}: {why}")))?,
+        };
+        let pod_annotations = match conf
+            .runtime_config
+            .as_ref()
+            .and_then(|rc| rc.get(POD_ANNOTATIONS_KEY))
+        {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(string_map(v).map_err(|why| {
+                invalid(format!(
+                    "invalid runtimeConfig[{POD_ANNOTATIONS_KEY:?}] {v}: {why}"
+                ))
+            })?),
+        };
+        Ok(FlockNetConf {
+            cni_version: conf.cni_version,
+            name: conf.name.clone(),
+            agent_socket,
+            mtu,
+            del_queue_dir,
+            annotations,
+            pod_annotations,
+        })
+    }
+}
+
+fn string_map(v: &Value) -> Result<BTreeMap<String, String>, String> {
+    let obj = v.as_object().ok_or("expected an object")?;
+    obj.iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k.clone(), s.clone())),
+            other => Err(format!("value of {k:?} is {other}, expected a string")),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn conf(v: Value) -> NetConf {
+        NetConf::from_value(&v).unwrap()
+    }
+
+    #[test]
+    fn keeps_unknown_keys_and_reads_attachments() {
+        let c = conf(json!({
+            "cniVersion": "1.1.0", "name": "n", "type": "flock", "mtu": 9000,
+            "cni.dev/attachments": [{"containerID": "c1", "ifname": "eth0"}],
+            "capabilities": {"io.kubernetes.cri.pod-annotations": true}
+        }));
+        assert_eq!(c.extra["mtu"], json!(9000));
+        assert!(c.extra.contains_key("capabilities"));
+        assert_eq!(c.gc_attachments().unwrap()[0].container_id, "c1");
+        let c = conf(json!({
+            "cniVersion": "1.1.0", "name": "n", "type": "flock",
+            "cni.dev/valid-attachments": [{"containerID": "c2", "ifname": "eth1"}],
+            "cni.dev/attachments": [{"containerID": "c1", "ifname": "eth0"}]
+        }));
+        assert_eq!(c.gc_attachments().unwrap()[0].container_id, "c2");
+    }
+
+    #[test]
+    fn version_errors_are_code_1() {
+        for v in [
+            json!({"name": "n", "type": "t"}),
+            json!({"cniVersion": 1, "name": "n", "type": "t"}),
+            json!({"cniVersion": "x", "name": "n", "type": "t"}),
+        ] {
+            assert_eq!(
+                NetConf::from_value(&v).unwrap_err().code,
+                ErrorCode::IncompatibleCniVersion
+            );
+        }
+        assert_eq!(
+            NetConf::from_slice(b"{").unwrap_err().code,
+            ErrorCode::DecodingFailure
+        );
+    }
+
+    #[test]
+    fn flock_defaults_and_validation() {
+        let f = FlockNetConf::from_netconf(&conf(
+            json!({"cniVersion": "1.0.0", "name": "n", "type": "flock"}),
+        ))
+        .unwrap();
+        assert_eq!(f.agent_socket, PathBuf::from(DEFAULT_AGENT_SOCKET));
+        assert_eq!(f.del_queue_dir, PathBuf::from(DEFAULT_DEL_QUEUE_DIR));
+        assert_eq!(f.mtu, 1500);
+        assert!(f.annotations.is_empty() && f.pod_annotations.is_none());
+
+        let f = FlockNetConf::from_netconf(&conf(json!({
+            "cniVersion": "1.0.0", "name": "n", "type": "flock", "mtu": 68,
+            "agentSocket": "/tmp/a.sock", "delQueueDir": "/tmp/q",
+            "args": {"flock": {"annotations": {"flock.fritzlab.net/ip": "2001:db8::7"}}},
+            "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"a": "b"}}
+        })))
+        .unwrap();
+        assert_eq!(f.mtu, 68);
+        assert_eq!(f.agent_socket, PathBuf::from("/tmp/a.sock"));
+        assert_eq!(f.annotations["flock.fritzlab.net/ip"], "2001:db8::7");
+        assert_eq!(f.pod_annotations.unwrap()["a"], "b");
+
+        for (bad, needle) in [
+            (json!({"type": "ptp"}), "\"ptp\""),
+            (json!({"mtu": 67}), "mtu 67"),
+            (json!({"mtu": 65536}), "mtu 65536"),
+            (json!({"mtu": "1500"}), "mtu \"1500\""),
+            (
+                json!({"agentSocket": "rel.sock"}),
+                "agentSocket \"rel.sock\"",
+            ),
+            (
+                json!({"args": {"flock": {"annotations": {"k": 1}}}}),
+                "\"k\"",
+            ),
+            (
+                json!({"runtimeConfig": {"io.kubernetes.cri.pod-annotations": []}}),
+                "pod-annotations",
+            ),
+        ] {
+            let mut v = json!({"cniVersion": "1.0.0", "name": "n", "type": "flock"});
+            for (k, x) in bad.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            let e = FlockNetConf::from_netconf(&conf(v)).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidNetworkConfig);
+            assert!(e.msg.contains(needle), "{} lacks {needle}", e.msg);
+        }
+    }
+
+    #[test]
+    fn conflist_builds_plugin_config() {
+        let l = Conflist::from_slice(br#"{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"flock"},{"type":"bandwidth"}]}"#).unwrap();
+        let prev = json!({"cniVersion": "1.1.0"});
+        let c = l.plugin_config(1, Some(&prev)).unwrap();
+        let c = NetConf::from_value(&c).unwrap();
+        assert_eq!(
+            (c.name.as_str(), c.plugin_type.as_str()),
+            ("k8s", "bandwidth")
+        );
+        assert_eq!(c.prev_result, Some(prev));
+        assert!(l.plugin_config(2, None).is_none());
+        let e = Conflist::from_slice(br#"{"cniVersion":"1.1.0","name":"k8s","plugins":[]}"#)
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidNetworkConfig);
+    }
+}

@@ -1,0 +1,664 @@
+//! The shim↔agent RPC of DESIGN §2: one newline-terminated JSON request and
+//! one response per Unix-socket connection.
+//!
+//! The framing is sans-IO ([`LineDecoder`]: feed bytes, get a complete line
+//! or a [`FrameError`]) so the async agent and the blocking [`Client`] share
+//! it; [`decode_request`] / [`decode_response`] turn a line into a message
+//! with a distinct [`DecodeError`] for each way it can be wrong.
+
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::env::CniEnv;
+use crate::error::{CniError, ErrorCode};
+
+/// The protocol version this crate speaks (`v`).
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The longest line (without its newline) either side accepts.
+pub const MAX_LINE: usize = 1 << 20;
+
+/// The operation of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Op {
+    /// ADD.
+    Add,
+    /// DEL.
+    Del,
+    /// CHECK.
+    Check,
+    /// STATUS.
+    Status,
+    /// GC.
+    Gc,
+}
+
+impl Op {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Add => "ADD",
+            Op::Del => "DEL",
+            Op::Check => "CHECK",
+            Op::Status => "STATUS",
+            Op::Gc => "GC",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Op> {
+        Some(match s {
+            "ADD" => Op::Add,
+            "DEL" => Op::Del,
+            "CHECK" => Op::Check,
+            "STATUS" => Op::Status,
+            "GC" => Op::Gc,
+            _ => return None,
+        })
+    }
+}
+
+/// A request from the shim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    /// Protocol version, [`PROTOCOL_VERSION`].
+    pub v: u32,
+    /// The CNI command.
+    pub op: Op,
+    /// `CNI_CONTAINERID` (empty for STATUS/GC).
+    #[serde(rename = "containerId", default)]
+    pub container_id: String,
+    /// `CNI_NETNS` (may be empty on DEL).
+    #[serde(default)]
+    pub netns: String,
+    /// `CNI_IFNAME`.
+    #[serde(rename = "ifName", default)]
+    pub if_name: String,
+    /// `CNI_ARGS`, raw.
+    #[serde(default)]
+    pub args: String,
+    /// `CNI_PATH`.
+    #[serde(default)]
+    pub path: String,
+    /// The network configuration exactly as the runtime passed it.
+    pub config: Value,
+}
+
+impl Request {
+    /// The request for a call with environment `env` and stdin `config`.
+    pub fn new(op: Op, env: &CniEnv, config: Value) -> Request {
+        Request {
+            v: PROTOCOL_VERSION,
+            op,
+            container_id: env.container_id.clone(),
+            netns: env.netns.clone(),
+            if_name: env.if_name.clone(),
+            args: env.args.clone(),
+            path: env.path.clone(),
+            config,
+        }
+    }
+}
+
+/// A response from the agent: `result` on success (absent for commands
+/// without one), `error` on failure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    /// Protocol version, [`PROTOCOL_VERSION`].
+    pub v: u32,
+    /// The CNI result (ADD) when the call succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// The CNI error when it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<CniError>,
+}
+
+impl Response {
+    /// Success carrying a result.
+    pub fn ok(result: Value) -> Response {
+        Response {
+            v: PROTOCOL_VERSION,
+            result: Some(result),
+            error: None,
+        }
+    }
+
+    /// Success without a result (DEL, CHECK, STATUS, GC).
+    pub fn done() -> Response {
+        Response {
+            v: PROTOCOL_VERSION,
+            result: None,
+            error: None,
+        }
+    }
+
+    /// Failure.
+    pub fn error(error: CniError) -> Response {
+        Response {
+            v: PROTOCOL_VERSION,
+            result: None,
+            error: Some(error),
+        }
+    }
+
+    /// The outcome: the result (if any) or the agent's error.
+    pub fn into_result(self) -> Result<Option<Value>, CniError> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(self.result),
+        }
+    }
+}
+
+/// `value` as one line: compact JSON and `'\n'`.
+pub fn encode_line<T: Serialize>(value: &T) -> Vec<u8> {
+    // Requests and responses hold only strings, numbers and JSON values:
+    // serialisation cannot fail for them.
+    let mut line = serde_json::to_vec(value).unwrap_or_else(|_| b"null".to_vec());
+    line.push(b'\n');
+    line
+}
+
+/// What is wrong with the bytes of a connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// More than the limit arrived without a newline.
+    #[error("line longer than {limit} bytes")]
+    TooLong {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The peer closed after `len` bytes without ending the line.
+    #[error("connection closed after {len} bytes without a newline")]
+    NoNewline {
+        /// Bytes received.
+        len: usize,
+    },
+    /// Nothing arrived, or an empty line.
+    #[error("empty message")]
+    Empty,
+}
+
+/// Sans-IO line framing: [`push`](Self::push) bytes as they arrive, take
+/// lines with [`next_line`](Self::next_line), and call
+/// [`finish`](Self::finish) at end of input.
+#[derive(Debug, Clone)]
+pub struct LineDecoder {
+    buf: Vec<u8>,
+    limit: usize,
+}
+
+impl Default for LineDecoder {
+    fn default() -> Self {
+        LineDecoder::new()
+    }
+}
+
+impl LineDecoder {
+    /// A decoder with the [`MAX_LINE`] limit.
+    pub fn new() -> LineDecoder {
+        LineDecoder::with_limit(MAX_LINE)
+    }
+
+    /// A decoder accepting lines up to `limit` bytes (newline excluded).
+    pub fn with_limit(limit: usize) -> LineDecoder {
+        LineDecoder {
+            buf: Vec::new(),
+            limit,
+        }
+    }
+
+    /// Appends received bytes.
+    pub fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The next complete line without its newline; `Ok(None)` when more
+    /// bytes are needed. Errors once the pending bytes exceed the limit
+    /// without a newline, or on an empty line.
+    pub fn next_line(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
+        let window = self.buf.len().min(self.limit + 1);
+        match self.buf[..window].iter().position(|&b| b == b'\n') {
+            Some(0) => Err(FrameError::Empty),
+            Some(i) => {
+                let mut line: Vec<u8> = self.buf.drain(..=i).collect();
+                line.pop();
+                Ok(Some(line))
+            }
+            None if self.buf.len() > self.limit => Err(FrameError::TooLong { limit: self.limit }),
+            None => Ok(None),
+        }
+    }
+
+    /// End of input: bytes still pending are an unterminated line.
+    pub fn finish(&self) -> Result<(), FrameError> {
+        match self.buf.len() {
+            0 => Ok(()),
+            len => Err(FrameError::NoNewline { len }),
+        }
+    }
+
+    /// Whether nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+/// Why a line is not a valid message.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The bytes are not UTF-8.
+    #[error("message is not valid UTF-8 (at byte {valid_up_to})")]
+    InvalidUtf8 {
+        /// Length of the valid prefix.
+        valid_up_to: usize,
+    },
+    /// The text is not JSON, or not a JSON object.
+    #[error("message is not a JSON object")]
+    InvalidJson {
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The `op` is none of ADD, DEL, CHECK, STATUS, GC.
+    #[error("unknown op {op}")]
+    UnknownOp {
+        /// The value found, as JSON.
+        op: String,
+    },
+    /// A required field is absent.
+    #[error("missing field {field:?}")]
+    MissingField {
+        /// The field's name.
+        field: &'static str,
+    },
+    /// `v` is not a protocol version this side speaks.
+    #[error("unsupported protocol version v={got}, this side speaks v={PROTOCOL_VERSION}")]
+    WrongVersion {
+        /// The value found, as JSON.
+        got: String,
+    },
+    /// A field has the wrong type or value.
+    #[error("invalid message field")]
+    InvalidField {
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A response carries both `result` and `error`.
+    #[error("response carries both result and error")]
+    Ambiguous,
+}
+
+fn parse_object(line: &[u8]) -> Result<Map<String, Value>, DecodeError> {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let text = std::str::from_utf8(line).map_err(|e| DecodeError::InvalidUtf8 {
+        valid_up_to: e.valid_up_to(),
+    })?;
+    serde_json::from_str(text).map_err(|source| DecodeError::InvalidJson { source })
+}
+
+fn check_v(obj: &Map<String, Value>) -> Result<(), DecodeError> {
+    match obj.get("v") {
+        None => Err(DecodeError::MissingField { field: "v" }),
+        Some(v) if v.as_u64() == Some(u64::from(PROTOCOL_VERSION)) => Ok(()),
+        Some(v) => Err(DecodeError::WrongVersion { got: v.to_string() }),
+    }
+}
+
+/// Decodes a request line (trailing newline optional).
+pub fn decode_request(line: &[u8]) -> Result<Request, DecodeError> {
+    let obj = parse_object(line)?;
+    check_v(&obj)?;
+    match obj.get("op") {
+        None => return Err(DecodeError::MissingField { field: "op" }),
+        Some(Value::String(s)) if Op::parse(s).is_some() => {}
+        Some(other) => {
+            return Err(DecodeError::UnknownOp {
+                op: other.to_string(),
+            });
+        }
+    }
+    if !obj.contains_key("config") {
+        return Err(DecodeError::MissingField { field: "config" });
+    }
+    serde_json::from_value(Value::Object(obj))
+        .map_err(|source| DecodeError::InvalidField { source })
+}
+
+/// Decodes a response line (trailing newline optional).
+pub fn decode_response(line: &[u8]) -> Result<Response, DecodeError> {
+    let obj = parse_object(line)?;
+    check_v(&obj)?;
+    let resp: Response = serde_json::from_value(Value::Object(obj))
+        .map_err(|source| DecodeError::InvalidField { source })?;
+    if resp.result.is_some() && resp.error.is_some() {
+        return Err(DecodeError::Ambiguous);
+    }
+    Ok(resp)
+}
+
+/// Why a call to the agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Nothing accepted the connection: the socket is missing, refused it,
+    /// or the connect timed out. The request was not delivered.
+    #[error("flock agent unreachable at {}", path.display())]
+    Unreachable {
+        /// The socket path.
+        path: PathBuf,
+        /// The connect error.
+        #[source]
+        source: io::Error,
+    },
+    /// The request could not be written (the agent closed the connection
+    /// first); it was not delivered.
+    #[error("sending the request to the flock agent at {}", path.display())]
+    Send {
+        /// The socket path.
+        path: PathBuf,
+        /// The write error.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading the response failed or timed out.
+    #[error("reading the flock agent's response from {}", path.display())]
+    Receive {
+        /// The socket path.
+        path: PathBuf,
+        /// The read error (`TimedOut`/`WouldBlock` after the read timeout).
+        #[source]
+        source: io::Error,
+    },
+    /// The response was not a complete line.
+    #[error("the flock agent's response from {} is not framed", path.display())]
+    Frame {
+        /// The socket path.
+        path: PathBuf,
+        /// The framing error.
+        #[source]
+        source: FrameError,
+    },
+    /// The response line is not a valid response.
+    #[error("the flock agent's response from {} is invalid", path.display())]
+    Decode {
+        /// The socket path.
+        path: PathBuf,
+        /// The decoding error.
+        #[source]
+        source: DecodeError,
+    },
+}
+
+impl ClientError {
+    /// Whether the request certainly did not reach the agent (so a DEL may
+    /// be queued and retried later).
+    pub fn is_undelivered(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Unreachable { .. } | ClientError::Send { .. }
+        )
+    }
+
+    /// Whether the agent could not be reached at all.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, ClientError::Unreachable { .. })
+    }
+
+    /// The error with its whole `source` chain, for a CNI error's details.
+    pub fn chain(&self) -> String {
+        let mut s = self.to_string();
+        let mut cur: Option<&dyn std::error::Error> = std::error::Error::source(self);
+        while let Some(e) = cur {
+            s.push_str(": ");
+            s.push_str(&e.to_string());
+            cur = e.source();
+        }
+        s
+    }
+
+    /// This error as a CNI error with `code`.
+    pub fn to_cni(&self, code: ErrorCode) -> CniError {
+        CniError::new(code, self.to_string()).with_details(self.chain())
+    }
+}
+
+/// A blocking RPC client: one connection per call.
+#[derive(Debug, Clone)]
+pub struct Client {
+    path: PathBuf,
+    connect_timeout: Duration,
+    read_timeout: Duration,
+}
+
+impl Client {
+    /// Default connect timeout.
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+    /// Default read timeout: generous, an ADD may wait for the pod watcher.
+    pub const READ_TIMEOUT: Duration = Duration::from_secs(120);
+
+    /// A client for the agent socket at `path` with the default timeouts.
+    pub fn new(path: impl Into<PathBuf>) -> Client {
+        Client {
+            path: path.into(),
+            connect_timeout: Self::CONNECT_TIMEOUT,
+            read_timeout: Self::READ_TIMEOUT,
+        }
+    }
+
+    /// Sets the connect timeout.
+    pub fn connect_timeout(mut self, t: Duration) -> Client {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// Sets the read timeout (time allowed for the whole response).
+    pub fn read_timeout(mut self, t: Duration) -> Client {
+        self.read_timeout = t;
+        self
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sends `req` and waits for the response.
+    pub fn call(&self, req: &Request) -> Result<Response, ClientError> {
+        let path = || self.path.clone();
+        let mut stream = self.connect().map_err(|source| ClientError::Unreachable {
+            path: path(),
+            source,
+        })?;
+        stream
+            .write_all(&encode_line(req))
+            .and_then(|()| stream.flush())
+            .map_err(|source| ClientError::Send {
+                path: path(),
+                source,
+            })?;
+        // One request per connection: tell the agent nothing more follows.
+        // (It may already have closed its read side; that is not an error.)
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        stream
+            .set_read_timeout(Some(self.read_timeout.max(Duration::from_millis(1))))
+            .map_err(|source| ClientError::Receive {
+                path: path(),
+                source,
+            })?;
+        let mut decoder = LineDecoder::new();
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match decoder.next_line() {
+                Ok(Some(line)) => {
+                    return decode_response(&line).map_err(|source| ClientError::Decode {
+                        path: path(),
+                        source,
+                    });
+                }
+                Ok(None) => {}
+                Err(source) => {
+                    return Err(ClientError::Frame {
+                        path: path(),
+                        source,
+                    });
+                }
+            }
+            match stream.read(&mut buf) {
+                Ok(0) => {
+                    let source = if decoder.is_empty() {
+                        FrameError::Empty
+                    } else {
+                        decoder.finish().err().unwrap_or(FrameError::Empty)
+                    };
+                    return Err(ClientError::Frame {
+                        path: path(),
+                        source,
+                    });
+                }
+                Ok(n) => decoder.push(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(ClientError::Receive {
+                        path: path(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    /// std has no connect timeout for Unix sockets: connect on a helper
+    /// thread and stop waiting after the timeout.
+    fn connect(&self) -> io::Result<UnixStream> {
+        let (tx, rx) = mpsc::channel();
+        let path = self.path.clone();
+        std::thread::Builder::new()
+            .name("flock-connect".into())
+            .spawn(move || {
+                let _ = tx.send(UnixStream::connect(path));
+            })?;
+        match rx.recv_timeout(self.connect_timeout) {
+            Ok(r) => r,
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connect timed out after {:?}", self.connect_timeout),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request() -> Request {
+        Request {
+            v: 1,
+            op: Op::Add,
+            container_id: "3f2a9c1d0b7e".into(),
+            netns: "/var/run/netns/cni-1234".into(),
+            if_name: "eth0".into(),
+            args: "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0".into(),
+            path: "/opt/cni/bin".into(),
+            config: json!({"cniVersion": "1.1.0", "name": "flock", "type": "flock", "mtu": 1500}),
+        }
+    }
+
+    #[test]
+    fn request_line_snapshot() {
+        let line = String::from_utf8(encode_line(&request())).unwrap();
+        assert!(line.ends_with('\n') && line.matches('\n').count() == 1);
+        insta::assert_snapshot!("request_line", line);
+        assert_eq!(decode_request(line.as_bytes()).unwrap(), request());
+    }
+
+    #[test]
+    fn response_shapes() {
+        let e = CniError::new(ErrorCode::TryAgainLater, "pod default/web-0 not seen yet");
+        let lines: Vec<String> = [
+            Response::ok(json!({"cniVersion": "1.1.0"})),
+            Response::done(),
+            Response::error(e),
+        ]
+        .iter()
+        .map(|r| String::from_utf8(encode_line(r)).unwrap())
+        .collect();
+        insta::assert_snapshot!("response_lines", lines.concat());
+        for l in &lines {
+            decode_response(l.as_bytes()).unwrap();
+        }
+        let both = br#"{"v":1,"result":{},"error":{"code":7,"msg":"x"}}"#;
+        assert!(matches!(decode_response(both), Err(DecodeError::Ambiguous)));
+    }
+
+    #[test]
+    fn each_bad_request_has_its_own_error() {
+        let cases: Vec<(&[u8], fn(&DecodeError) -> bool)> = vec![
+            (b"{\"v\":1,\"op\":\"ADD\",\xff}", |e| {
+                matches!(e, DecodeError::InvalidUtf8 { .. })
+            }),
+            (b"{\"v\":1,", |e| {
+                matches!(e, DecodeError::InvalidJson { .. })
+            }),
+            (b"[1,2]", |e| matches!(e, DecodeError::InvalidJson { .. })),
+            (
+                br#"{"v":1,"op":"ADDX","config":{}}"#,
+                |e| matches!(e, DecodeError::UnknownOp { op } if op == "\"ADDX\""),
+            ),
+            (br#"{"v":1,"config":{}}"#, |e| {
+                matches!(e, DecodeError::MissingField { field: "op" })
+            }),
+            (br#"{"v":1,"op":"DEL"}"#, |e| {
+                matches!(e, DecodeError::MissingField { field: "config" })
+            }),
+            (br#"{"op":"DEL","config":{}}"#, |e| {
+                matches!(e, DecodeError::MissingField { field: "v" })
+            }),
+            (
+                br#"{"v":2,"op":"DEL","config":{}}"#,
+                |e| matches!(e, DecodeError::WrongVersion { got } if got == "2"),
+            ),
+            (br#"{"v":1,"op":"DEL","config":{},"netns":5}"#, |e| {
+                matches!(e, DecodeError::InvalidField { .. })
+            }),
+        ];
+        for (line, ok) in cases {
+            let e = decode_request(line).unwrap_err();
+            assert!(ok(&e), "{:?} gave {e:?}", String::from_utf8_lossy(line));
+        }
+        // Unknown fields are ignored (rolling upgrades).
+        let r = decode_request(br#"{"v":1,"op":"GC","config":{},"future":true}"#).unwrap();
+        assert_eq!(r.op, Op::Gc);
+    }
+
+    #[test]
+    fn framing() {
+        let mut d = LineDecoder::with_limit(8);
+        d.push(b"abc");
+        assert_eq!(d.next_line(), Ok(None));
+        d.push(b"de\nxy");
+        assert_eq!(d.next_line(), Ok(Some(b"abcde".to_vec())));
+        assert_eq!(d.next_line(), Ok(None));
+        assert_eq!(d.finish(), Err(FrameError::NoNewline { len: 2 }));
+
+        let mut d = LineDecoder::with_limit(8);
+        d.push(b"12345678\n");
+        assert_eq!(d.next_line(), Ok(Some(b"12345678".to_vec())));
+        d.push(b"123456789");
+        assert_eq!(d.next_line(), Err(FrameError::TooLong { limit: 8 }));
+
+        let mut d = LineDecoder::new();
+        d.push(b"\n");
+        assert_eq!(d.next_line(), Err(FrameError::Empty));
+        assert_eq!(LineDecoder::new().finish(), Ok(()));
+        assert_eq!(MAX_LINE, 1024 * 1024);
+    }
+}
