@@ -1,0 +1,311 @@
+//! Real BIRD in three network namespaces, configured by flock-bird:
+//!
+//! ```text
+//!        A (AS64601) ---- B (AS64602)
+//!          \              /
+//!           \            /
+//!            C (AS64603)
+//! ```
+//!
+//! Every link is a veth with a 2001:db8:… /64; every session is IPv6 and
+//! carries both families (IPv4 with extended next hop). The test checks that
+//! sessions come up, that each node CIDR reaches the other nodes' kernels,
+//! that an anycast address appears and disappears with `birdc configure`,
+//! and that an anycast address hosted on A and B gives C a two-path route.
+#![cfg(feature = "root-tests")]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flock_bird::{BirdModel, NeighborSpec, Timers, render};
+use flock_testkit::Netns;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// One node: a namespace, its BIRD and the model BIRD was last configured with.
+struct Node {
+    // Field order matters: BIRD is stopped, then the namespace removed, then
+    // the directory holding its socket and configuration.
+    bird: Option<Child>,
+    ns: Netns,
+    dir: tempfile::TempDir,
+    model: BirdModel,
+}
+
+impl Node {
+    fn new(tag: &str, router_id: &str, asn: u64, cidr6: &str, cidr4: &str) -> Node {
+        let ns = Netns::new(tag);
+        // What the agent does for its CIDRs: blackholes, so BIRD only announces.
+        ns.ok(["ip", "-6", "route", "add", "blackhole", cidr6]);
+        ns.ok(["ip", "-4", "route", "add", "blackhole", cidr4]);
+        Node {
+            bird: None,
+            ns,
+            dir: tempfile::tempdir().expect("tempdir"),
+            model: BirdModel {
+                router_id: router_id.into(),
+                asn,
+                cidrs: vec![cidr6.parse().unwrap(), cidr4.parse().unwrap()],
+                graceful_restart: Some(30),
+                ..Default::default()
+            },
+        }
+    }
+
+    fn peer(&mut self, address: &str, asn: u64) {
+        self.model.neighbors.push(NeighborSpec {
+            address: address.into(),
+            asn,
+            timers: Some(Timers::FAST),
+            ..Default::default()
+        });
+    }
+
+    fn conf(&self) -> PathBuf {
+        self.dir.path().join("bird.conf")
+    }
+
+    fn ctl(&self) -> PathBuf {
+        self.dir.path().join("bird.ctl")
+    }
+
+    fn write_conf(&self) {
+        let conf = render(&self.model.validate().expect("test model is valid"));
+        std::fs::write(self.conf(), conf).expect("write bird.conf");
+    }
+
+    fn start(&mut self) {
+        self.write_conf();
+        let log = std::fs::File::create(self.dir.path().join("bird.log")).expect("log file");
+        let child = Command::new("ip")
+            .args(["netns", "exec", self.ns.name(), "bird", "-f", "-c"])
+            .arg(self.conf())
+            .arg("-s")
+            .arg(self.ctl())
+            .arg("-P")
+            .arg(self.dir.path().join("bird.pid"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn bird");
+        self.bird = Some(child);
+    }
+
+    fn birdc(&self, args: &[&str]) -> String {
+        let out = Command::new("birdc")
+            .arg("-s")
+            .arg(self.ctl())
+            .args(args)
+            .output()
+            .expect("run birdc");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Renders the current model and has BIRD reload it.
+    fn reconfigure(&self) {
+        self.write_conf();
+        let out = self.birdc(&["configure"]);
+        assert!(out.contains("Reconfigured"), "birdc configure: {out}");
+    }
+
+    fn route(&self, prefix: &str) -> String {
+        let family = if prefix.contains(':') { "-6" } else { "-4" };
+        self.ns.ok(["ip", family, "route", "show", prefix])
+    }
+
+    /// Waits until `check` holds for `ip route show prefix`, or fails
+    /// showing what the node had.
+    fn wait_route(&self, prefix: &str, what: &str, check: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let routes = self.route(prefix);
+            if check(&routes) {
+                return routes;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{}: {what} for {prefix} not seen within {DEADLINE:?}; kernel has {routes:?}\n{}",
+                self.ns.name(),
+                self.birdc(&["show", "route", "all"])
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn wait_established(&self) {
+        let start = Instant::now();
+        loop {
+            let protocols = self.birdc(&["show", "protocols"]);
+            let sessions: Vec<&str> = protocols.lines().filter(|l| l.contains(" BGP ")).collect();
+            if sessions.len() == self.model.neighbors.len()
+                && sessions.iter().all(|l| l.contains("Established"))
+            {
+                return;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{}: sessions not Established within {DEADLINE:?}:\n{protocols}\n{}",
+                self.ns.name(),
+                std::fs::read_to_string(self.dir.path().join("bird.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.bird.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A veth between two nodes with an IPv6 address on each end.
+fn link(a: &Node, a_if: &str, a_addr: &str, b: &Node, b_if: &str, b_addr: &str) {
+    a.ns.ok([
+        "ip",
+        "link",
+        "add",
+        a_if,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b_if,
+        "netns",
+        b.ns.name(),
+    ]);
+    for (node, ifname, addr) in [(a, a_if, a_addr), (b, b_if, b_addr)] {
+        node.ns
+            .ok(["ip", "-6", "addr", "add", addr, "dev", ifname, "nodad"]);
+        node.ns.ok(["ip", "link", "set", ifname, "up"]);
+    }
+}
+
+fn nexthops(routes: &str) -> usize {
+    routes
+        .lines()
+        .filter(|l| l.trim_start().starts_with("nexthop"))
+        .count()
+}
+
+#[test]
+fn three_nodes_route_cidrs_and_anycast() {
+    flock_testkit::require_root();
+    let mut a = Node::new(
+        "birda",
+        "10.255.0.1",
+        64601,
+        "2001:db8:a::/64",
+        "10.1.0.0/24",
+    );
+    let mut b = Node::new(
+        "birdb",
+        "10.255.0.2",
+        64602,
+        "2001:db8:b::/64",
+        "10.2.0.0/24",
+    );
+    let mut c = Node::new(
+        "birdc",
+        "10.255.0.3",
+        64603,
+        "2001:db8:c::/64",
+        "10.3.0.0/24",
+    );
+    link(
+        &a,
+        "to-b",
+        "2001:db8:ab::1/64",
+        &b,
+        "to-a",
+        "2001:db8:ab::2/64",
+    );
+    link(
+        &a,
+        "to-c",
+        "2001:db8:ac::1/64",
+        &c,
+        "to-a",
+        "2001:db8:ac::3/64",
+    );
+    link(
+        &b,
+        "to-c",
+        "2001:db8:bc::2/64",
+        &c,
+        "to-b",
+        "2001:db8:bc::3/64",
+    );
+    a.peer("2001:db8:ab::2", 64602);
+    a.peer("2001:db8:ac::3", 64603);
+    b.peer("2001:db8:ab::1", 64601);
+    b.peer("2001:db8:bc::3", 64603);
+    c.peer("2001:db8:ac::1", 64601);
+    c.peer("2001:db8:bc::2", 64602);
+    for node in [&mut a, &mut b, &mut c] {
+        node.start();
+    }
+    for node in [&a, &b, &c] {
+        node.wait_established();
+    }
+
+    // Each node CIDR, both families, in the other nodes' kernels.
+    let installed = |r: &str| r.contains("proto bird");
+    for (node, others) in [(&a, [&b, &c]), (&b, [&a, &c]), (&c, [&a, &b])] {
+        for cidr in &node.model.cidrs {
+            for other in others {
+                other.wait_route(&cidr.to_string(), "BGP route", installed);
+            }
+        }
+    }
+    // IPv4 over the IPv6 session: an IPv6 next hop.
+    let v4 = b.route("10.1.0.0/24");
+    assert!(v4.contains("via inet6 2001:db8:ab::1"), "{v4}");
+    // Our own CIDR never comes back from a peer: A keeps only its blackhole.
+    let own = a.route("2001:db8:a::/64");
+    assert!(
+        own.contains("blackhole") && !own.contains("proto bird"),
+        "{own}"
+    );
+
+    // An anycast address announced by A appears on B, then goes when removed.
+    let anycast = "2001:db8:face::1";
+    a.model.anycast.push(anycast.parse().unwrap());
+    a.reconfigure();
+    let r = b.wait_route(anycast, "route via A", |r| r.contains("via 2001:db8:ab::1"));
+    assert!(installed(&r), "{r}");
+    a.model.anycast.clear();
+    a.reconfigure();
+    b.wait_route(anycast, "withdrawal", |r| r.trim().is_empty());
+    c.wait_route(anycast, "withdrawal", |r| r.trim().is_empty());
+    // The sessions survived the reconfigurations.
+    a.wait_established();
+
+    // The same anycast address (IPv6 and IPv4) on A and B: C gets one route
+    // with two next hops.
+    for node in [&mut a, &mut b] {
+        node.model.anycast.push(anycast.parse().unwrap());
+        node.model.anycast.push("100.64.0.1".parse().unwrap());
+        node.reconfigure();
+    }
+    let r6 = c.wait_route(anycast, "two-path route", |r| nexthops(r) == 2);
+    assert!(
+        r6.contains("via 2001:db8:ac::1") && r6.contains("via 2001:db8:bc::2"),
+        "{r6}"
+    );
+    let r4 = c.wait_route("100.64.0.1", "two-path route", |r| nexthops(r) == 2);
+    assert!(
+        r4.contains("2001:db8:ac::1") && r4.contains("2001:db8:bc::2"),
+        "{r4}"
+    );
+    // A and B do not take each other's copy: they host it themselves.
+    for (node, other) in [(&a, "2001:db8:ab::2"), (&b, "2001:db8:ab::1")] {
+        let r = node.route(anycast);
+        assert!(!r.contains(other), "{}: {r}", node.ns.name());
+    }
+}
