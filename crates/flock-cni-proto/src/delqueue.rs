@@ -36,6 +36,10 @@ pub enum QueueError {
     },
 }
 
+/// One queued file and its request, or why the file cannot be decoded
+/// (the agent should report and keep such a file rather than lose a DEL).
+pub type PendingDel = (PathBuf, Result<Request, DecodeError>);
+
 /// The queue directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DelQueue {
@@ -123,7 +127,7 @@ impl DelQueue {
     /// Every queued file, sorted by path, with its decoded request (or why
     /// it cannot be decoded). Temporary files of interrupted writes are
     /// skipped. A missing directory is an empty queue.
-    pub fn pending(&self) -> Result<Vec<(PathBuf, Result<Request, DecodeError>)>, QueueError> {
+    pub fn pending(&self) -> Result<Vec<PendingDel>, QueueError> {
         let entries = match fs::read_dir(&self.dir) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),

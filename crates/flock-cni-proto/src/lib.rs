@@ -24,7 +24,7 @@ pub mod rpc;
 pub mod skel;
 pub mod version;
 
-pub use delqueue::{DelQueue, QueueError};
+pub use delqueue::{DelQueue, PendingDel, QueueError};
 pub use env::{CniArgs, CniEnv, Command};
 pub use error::{CniError, ErrorCode};
 pub use netconf::{Attachment, Conflist, FlockNetConf, NetConf};
@@ -32,6 +32,10 @@ pub use prefix::IpPrefix;
 pub use result::{CniResult, Dns, Interface, IpConfig, Route};
 pub use skel::{Call, Plugin};
 pub use version::{CniVersion, VersionInfo};
+
+/// The JSON library of this crate's API (results, configs and RPC payloads
+/// are `serde_json::Value`s), re-exported so a plugin needs no own copy.
+pub use serde_json;
 
 /// Results of this crate's fallible functions; most fail with a [`CniError`]
 /// that a plugin can print as is.

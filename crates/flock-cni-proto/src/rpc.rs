@@ -601,7 +601,8 @@ mod tests {
 
     #[test]
     fn each_bad_request_has_its_own_error() {
-        let cases: Vec<(&[u8], fn(&DecodeError) -> bool)> = vec![
+        type Matches = fn(&DecodeError) -> bool;
+        let cases: Vec<(&[u8], Matches)> = vec![
             (b"{\"v\":1,\"op\":\"ADD\",\xff}", |e| {
                 matches!(e, DecodeError::InvalidUtf8 { .. })
             }),

@@ -139,7 +139,7 @@ mod tests {
         assert_eq!(v, CniVersion::V1_1_0);
         assert!(CniVersion::V0_4_0 < CniVersion::V1_0_0);
         assert!("0.10.0".parse::<CniVersion>().unwrap() > "0.4.0".parse().unwrap());
-        assert!("0.3.1".parse::<CniVersion>().unwrap().has_check() == false);
+        assert!(!"0.3.1".parse::<CniVersion>().unwrap().has_check());
         for bad in [
             "", "1", "1.0", "1.0.0.0", "a.b.c", "1..0", "-1.0.0", "1.0.0 ",
         ] {

@@ -1,8 +1,157 @@
 //! flock's CNI shim: the binary a container runtime execs as `/opt/cni/bin/flock`.
 //!
-//! It answers `VERSION` itself and forwards every other call to the node agent.
+//! It answers `VERSION` itself and forwards every other call to the node
+//! agent over its Unix socket (DESIGN §2): the agent's error is printed as
+//! the CNI error; an unreachable agent is error 11 for ADD, CHECK and GC and
+//! error 50 for STATUS; a DEL that cannot be delivered is written durably to
+//! the DEL queue and reported as success. Nothing but the CNI result or
+//! error is ever written to stdout; with `FLOCK_SHIM_DEBUG=1` a line per call
+//! goes to stderr.
+
+use flock_cni_proto::rpc::{Client, ClientError, Op, Request};
+use flock_cni_proto::serde_json;
+use flock_cni_proto::{Call, CniError, CniResult, DelQueue, ErrorCode, FlockNetConf, Plugin, skel};
+
+/// The shim: stateless; every call opens one connection to the agent.
+struct Shim {
+    debug: bool,
+}
+
+impl Shim {
+    fn log(&self, call: &Call<'_>, what: std::fmt::Arguments<'_>) {
+        if self.debug {
+            eprintln!(
+                "flock: {} container={} ifname={}: {what}",
+                call.env.command, call.env.container_id, call.env.if_name
+            );
+        }
+    }
+
+    /// Sends the call to the agent; `Ok(Err)` is the agent's own CNI error.
+    fn forward(
+        &self,
+        op: Op,
+        call: &Call<'_>,
+        conf: &FlockNetConf,
+    ) -> Result<Result<Option<serde_json::Value>, CniError>, ClientError> {
+        let req = Request::new(op, call.env, call.raw_conf.clone());
+        let resp = Client::new(&conf.agent_socket).call(&req)?;
+        Ok(resp.into_result())
+    }
+
+    /// Forward a call with no result; unreachable agent → `unreachable`.
+    fn forward_unit(
+        &self,
+        op: Op,
+        call: &Call<'_>,
+        unreachable: ErrorCode,
+        any_failure: bool,
+    ) -> Result<(), CniError> {
+        let conf = FlockNetConf::from_netconf(call.conf)?;
+        match self.forward(op, call, &conf) {
+            Ok(outcome) => outcome.map(|_| ()),
+            Err(e) => {
+                self.log(call, format_args!("{}", e.chain()));
+                let code = if e.is_unreachable() || any_failure {
+                    unreachable
+                } else {
+                    ErrorCode::Internal
+                };
+                Err(e.to_cni(code))
+            }
+        }
+    }
+}
+
+impl Plugin for Shim {
+    fn add(&self, call: &Call<'_>) -> Result<CniResult, CniError> {
+        let conf = FlockNetConf::from_netconf(call.conf)?;
+        match self.forward(Op::Add, call, &conf) {
+            Ok(Ok(Some(result))) => CniResult::from_value(&result).map_err(|e| {
+                CniError::new(
+                    ErrorCode::Internal,
+                    "the flock agent returned an invalid ADD result",
+                )
+                .with_details(e.to_string())
+            }),
+            Ok(Ok(None)) => Err(CniError::new(
+                ErrorCode::Internal,
+                "the flock agent returned no ADD result",
+            )),
+            Ok(Err(agent)) => Err(agent),
+            Err(e) => {
+                self.log(call, format_args!("{}", e.chain()));
+                let code = if e.is_unreachable() {
+                    ErrorCode::TryAgainLater
+                } else {
+                    ErrorCode::Internal
+                };
+                Err(e.to_cni(code))
+            }
+        }
+    }
+
+    fn del(&self, call: &Call<'_>) -> Result<(), CniError> {
+        let conf = FlockNetConf::from_netconf(call.conf)?;
+        match self.forward(Op::Del, call, &conf) {
+            Ok(outcome) => outcome.map(|_| ()),
+            Err(e) if e.is_undelivered() => {
+                let queue = DelQueue::new(&conf.del_queue_dir);
+                let req = Request::new(Op::Del, call.env, call.raw_conf.clone());
+                match queue.enqueue(&req) {
+                    Ok(file) => {
+                        self.log(
+                            call,
+                            format_args!("{}; queued as {}", e.chain(), file.display()),
+                        );
+                        Ok(())
+                    }
+                    Err(q) => Err(CniError::new(
+                        ErrorCode::IoFailure,
+                        format!(
+                            "the flock agent is unreachable and the DEL could not be queued: {q}"
+                        ),
+                    )
+                    .with_details(format!(
+                        "{}; {}",
+                        e.chain(),
+                        error_chain(&q)
+                    ))),
+                }
+            }
+            Err(e) => {
+                self.log(call, format_args!("{}", e.chain()));
+                Err(e.to_cni(ErrorCode::TryAgainLater))
+            }
+        }
+    }
+
+    fn check(&self, call: &Call<'_>) -> Result<(), CniError> {
+        self.forward_unit(Op::Check, call, ErrorCode::TryAgainLater, false)
+    }
+
+    fn status(&self, call: &Call<'_>) -> Result<(), CniError> {
+        // Any failure to get an answer means the plugin cannot serve ADDs.
+        self.forward_unit(Op::Status, call, ErrorCode::PluginNotAvailable, true)
+    }
+
+    fn gc(&self, call: &Call<'_>) -> Result<(), CniError> {
+        self.forward_unit(Op::Gc, call, ErrorCode::TryAgainLater, false)
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
 
 fn main() {
-    // Filled by the workspace issue; until then the shim refuses every call.
-    std::process::exit(1);
+    let debug = std::env::var_os("FLOCK_SHIM_DEBUG").is_some_and(|v| v == "1");
+    skel::run(&Shim { debug })
 }
