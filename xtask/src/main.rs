@@ -3,11 +3,15 @@
 //! - `test`: install the Debian packages the suite needs (only when missing)
 //!   and run every check and test of the workspace, the root-only kernel
 //!   tests included. This is the README's test command and all `.ci/run` calls.
+//! - `bench`: end-to-end CNI latency and throughput of every subject (the
+//!   reference plugins, flock) through one runtime stand-in, written into
+//!   `BENCHMARKS.md` (see `bench.rs`).
 
 use std::process::Command;
 
 use anyhow::{Result, bail};
 
+mod bench;
 mod sys;
 
 /// Debian packages the test suite drives for real.
@@ -28,10 +32,13 @@ fn main() -> Result<()> {
     let rest: Vec<String> = args.collect();
     match command.as_str() {
         "test" => test(&rest),
+        "bench" => bench::bench(&rest),
         _ => {
             eprintln!(
                 "usage: cargo xtask test [nextest filters…]\n\
-                 \n  test   install what the suite needs and run every test (as root)"
+                 \x20      cargo xtask bench [--pods N] [--concurrency C] [--subjects reference,flock] [--no-write]\n\
+                 \n  test   install what the suite needs and run every test (as root)\
+                 \n  bench  ADD/DEL latency and pods/s of each subject, written into BENCHMARKS.md (as root)"
             );
             if command.is_empty() || command == "help" || command == "--help" {
                 Ok(())

@@ -1,0 +1,686 @@
+//! `cargo xtask bench`: end-to-end CNI latency and throughput, every subject
+//! driven in one run through the same libcni-conformant runtime stand-in
+//! ([`flock_testkit::cni::Runtime`]), host side in a stand-in node namespace,
+//! a fresh pod namespace per pod (created before the clock starts).
+//!
+//! For each subject: N pods ADDed one after the other (latency of each call),
+//! the daemon's RSS with the N pods up, the N DELs one after the other; then N
+//! fresh pods ADDed and DELed by `--concurrency` threads (latency of each call
+//! and pods/s over the ADD phase). The markdown table (with the ratio
+//! flock/reference when both run) is printed and written into
+//! `BENCHMARKS.md` between the `bench:begin`/`bench:end` markers.
+//!
+//! A subject is anything that implements [`Subject`]: today the reference
+//! `ptp` + `host-local` plugins; the flock subject (shim + agent in the node
+//! namespace) plugs in by implementing it and adding itself to [`subjects`].
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use flock_testkit::Netns;
+use flock_testkit::cni::{Attachment, Runtime};
+use serde_json::{Value, json};
+
+use crate::sys;
+
+/// Where Debian's containernetworking-plugins live.
+const REFERENCE_BIN_DIR: &str = "/usr/lib/cni";
+
+/// Everything a subject needs to set itself up.
+#[allow(
+    dead_code,
+    reason = "`node` and `release_dir` are for subjects with a daemon (flock); the reference needs neither"
+)]
+pub struct SetupContext<'a> {
+    /// The stand-in node namespace the plugins run in (and a daemon, if any).
+    pub node: &'a Netns,
+    /// A scratch directory of this subject, removed after the run.
+    pub work_dir: &'a Path,
+    /// `target/release`, holding the packages of [`Subject::release_packages`]
+    /// freshly built.
+    pub release_dir: &'a Path,
+}
+
+/// What a subject hands the runtime: its network configuration list and the
+/// plugin search path.
+pub struct SubjectConfig {
+    /// The conflist (`cniVersion`, `name`, `plugins`).
+    pub conflist: Value,
+    /// Searched in order for each plugin's `type` (`CNI_PATH`).
+    pub bin_dirs: Vec<PathBuf>,
+}
+
+/// One CNI implementation under measurement.
+pub trait Subject {
+    /// Short key: `reference` and `flock` get a ratio column.
+    fn key(&self) -> &str;
+    /// Column header, e.g. `reference (ptp + host-local)`.
+    fn label(&self) -> &str;
+    /// Workspace packages this subject needs built with `--release`
+    /// (built once, before any subject is set up).
+    fn release_packages(&self) -> &[&'static str] {
+        &[]
+    }
+    /// Prepares the subject in the node namespace (starts its daemon, writes
+    /// its files under `work_dir`) and returns its CNI configuration.
+    fn setup(&mut self, ctx: &SetupContext<'_>) -> Result<SubjectConfig>;
+    /// The pid of the subject's long-running daemon, for its RSS.
+    fn daemon_pid(&self) -> Option<u32> {
+        None
+    }
+    /// Stops what `setup` started. (The node namespace's drop kills whatever
+    /// is left inside it anyway.)
+    fn teardown(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The reference: Debian's `ptp` with `host-local` IPAM, dual stack.
+pub struct ReferencePtp;
+
+impl Subject for ReferencePtp {
+    fn key(&self) -> &str {
+        "reference"
+    }
+
+    fn label(&self) -> &str {
+        "reference (ptp + host-local)"
+    }
+
+    fn setup(&mut self, ctx: &SetupContext<'_>) -> Result<SubjectConfig> {
+        let ptp = Path::new(REFERENCE_BIN_DIR).join("ptp");
+        if !ptp.exists() {
+            bail!(
+                "{} is missing: install containernetworking-plugins",
+                ptp.display()
+            );
+        }
+        Ok(SubjectConfig {
+            conflist: json!({
+                "cniVersion": "1.0.0",
+                "name": "bench-ref",
+                "plugins": [{
+                    "type": "ptp",
+                    "ipMasq": false,
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": ctx.work_dir.join("ipam"),
+                        "ranges": [[{ "subnet": "10.99.0.0/16" }], [{ "subnet": "2001:db8:99::/64" }]],
+                        "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+                    }
+                }]
+            }),
+            bin_dirs: vec![REFERENCE_BIN_DIR.into()],
+        })
+    }
+}
+
+/// Every subject the harness knows, in column order.
+pub fn subjects() -> Vec<Box<dyn Subject>> {
+    vec![Box::new(ReferencePtp)]
+}
+
+/// Builds `packages` with `cargo build --release` and returns `target/release`.
+pub fn build_release(packages: &[&str]) -> Result<PathBuf> {
+    let release_dir = target_dir().join("release");
+    if packages.is_empty() {
+        return Ok(release_dir);
+    }
+    let mut args = vec!["build", "--release"];
+    for p in packages {
+        args.extend(["-p", p]);
+    }
+    sys::cargo(args)?;
+    Ok(release_dir)
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+struct Options {
+    pods: usize,
+    concurrency: usize,
+    only: Option<Vec<String>>,
+    write: bool,
+}
+
+const USAGE: &str = "usage: cargo xtask bench [--pods N] [--concurrency C] [--subjects reference,flock] [--no-write]";
+
+fn parse_options(args: &[String]) -> Result<Options> {
+    let mut opts = Options {
+        pods: 100,
+        concurrency: 10,
+        only: None,
+        write: true,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .with_context(|| format!("{name} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--pods" => {
+                let v = value("--pods")?;
+                opts.pods = v.parse().with_context(|| format!("--pods {v:?}"))?;
+            }
+            "--concurrency" => {
+                let v = value("--concurrency")?;
+                opts.concurrency = v.parse().with_context(|| format!("--concurrency {v:?}"))?;
+            }
+            "--subjects" => {
+                let v = value("--subjects")?;
+                opts.only = Some(v.split(',').map(str::to_owned).collect());
+            }
+            "--no-write" => opts.write = false,
+            other => bail!("unknown bench argument {other:?}\n{USAGE}"),
+        }
+    }
+    if opts.pods == 0 || opts.concurrency == 0 {
+        bail!("--pods and --concurrency must be at least 1");
+    }
+    Ok(opts)
+}
+
+/// The figures of one subject.
+struct Figures {
+    label: String,
+    key: String,
+    add_seq: Vec<Duration>,
+    del_seq: Vec<Duration>,
+    add_conc: Vec<Duration>,
+    del_conc: Vec<Duration>,
+    add_conc_wall: Duration,
+    rss_kib: Option<u64>,
+}
+
+/// `cargo xtask bench [ARGS…]`.
+pub fn bench(args: &[String]) -> Result<()> {
+    sys::require_root("cargo xtask bench")?;
+    let opts = parse_options(args)?;
+    for ns in flock_testkit::sweep_stale() {
+        eprintln!("xtask: removed stale test namespace {ns}");
+    }
+    let mut selected: Vec<Box<dyn Subject>> = subjects()
+        .into_iter()
+        .filter(|s| {
+            opts.only
+                .as_ref()
+                .is_none_or(|o| o.iter().any(|k| k == s.key()))
+        })
+        .collect();
+    if selected.is_empty() {
+        bail!("no subject selected; known: reference, and the ones `subjects()` lists");
+    }
+    let mut packages: Vec<&'static str> = selected
+        .iter()
+        .flat_map(|s| s.release_packages().iter().copied())
+        .collect();
+    packages.sort_unstable();
+    packages.dedup();
+    let release_dir = build_release(&packages)?;
+
+    let scratch = std::env::temp_dir().join(format!("flock-bench-{}", std::process::id()));
+    let mut all = Vec::new();
+    let outcome = (|| -> Result<()> {
+        for subject in &mut selected {
+            let work_dir = scratch.join(subject.key());
+            std::fs::create_dir_all(&work_dir)
+                .with_context(|| format!("create {}", work_dir.display()))?;
+            eprintln!(
+                "xtask bench: {} — {} pods, concurrency {}",
+                subject.label(),
+                opts.pods,
+                opts.concurrency
+            );
+            all.push(run_subject(
+                subject.as_mut(),
+                &opts,
+                &work_dir,
+                &release_dir,
+            )?);
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    outcome?;
+
+    let table = render_table(&all, &opts);
+    println!("{table}");
+    if opts.write {
+        let command = std::iter::once("cargo xtask bench".to_owned())
+            .chain(args.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let section = format!(
+            "Command: `{command}`\n\nRun: {} on {}\n\n{table}",
+            utc_now(),
+            machine_line()
+        );
+        let path = workspace_root().join("BENCHMARKS.md");
+        write_section(&path, &section)?;
+        eprintln!("xtask bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn run_subject(
+    subject: &mut dyn Subject,
+    opts: &Options,
+    work_dir: &Path,
+    release_dir: &Path,
+) -> Result<Figures> {
+    let node = Netns::new("bnode");
+    let config = subject.setup(&SetupContext {
+        node: &node,
+        work_dir,
+        release_dir,
+    })?;
+    let outcome = measure(subject, &node, config, opts, work_dir);
+    let teardown = subject.teardown();
+    let figures = outcome?;
+    teardown?;
+    Ok(figures)
+}
+
+fn measure(
+    subject: &dyn Subject,
+    node: &Netns,
+    config: SubjectConfig,
+    opts: &Options,
+    work_dir: &Path,
+) -> Result<Figures> {
+    let runtime = Runtime::new(config.conflist, config.bin_dirs, work_dir.join("cni-cache"))?
+        .in_netns(node.path());
+    let key = subject.key().to_owned();
+
+    // Sequential: N ADDs, RSS with N pods, N DELs.
+    let pods = make_pods(opts.pods);
+    let atts: Vec<Attachment> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| attachment(&key, "seq", i, ns))
+        .collect();
+    let mut add_seq = Vec::with_capacity(atts.len());
+    for att in &atts {
+        let start = Instant::now();
+        runtime
+            .add(att)
+            .with_context(|| format!("ADD {}", att.container_id))?;
+        add_seq.push(start.elapsed());
+    }
+    let rss_kib = subject.daemon_pid().map(rss_kib).transpose()?;
+    let mut del_seq = Vec::with_capacity(atts.len());
+    for att in &atts {
+        let start = Instant::now();
+        runtime
+            .del(att)
+            .with_context(|| format!("DEL {}", att.container_id))?;
+        del_seq.push(start.elapsed());
+    }
+    drop(pods);
+
+    // Concurrent: fresh pods, `concurrency` threads.
+    let pods = make_pods(opts.pods);
+    let atts: Vec<Attachment> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| attachment(&key, "conc", i, ns))
+        .collect();
+    let (add_conc, add_conc_wall) = concurrently(&atts, opts.concurrency, |a| {
+        runtime
+            .add(a)
+            .map(drop)
+            .with_context(|| format!("ADD {}", a.container_id))
+    })?;
+    let (del_conc, _) = concurrently(&atts, opts.concurrency, |a| {
+        runtime
+            .del(a)
+            .with_context(|| format!("DEL {}", a.container_id))
+    })?;
+    drop(pods);
+
+    Ok(Figures {
+        label: subject.label().to_owned(),
+        key,
+        add_seq,
+        del_seq,
+        add_conc,
+        del_conc,
+        add_conc_wall,
+        rss_kib,
+    })
+}
+
+fn make_pods(n: usize) -> Vec<Netns> {
+    (0..n).map(|_| Netns::new("bpod")).collect()
+}
+
+/// An attachment as containerd's CRI plugin makes it.
+fn attachment(key: &str, phase: &str, i: usize, pod: &Netns) -> Attachment {
+    let id = format!("bench-{key}-{phase}-{i:05}");
+    Attachment::new(id.clone(), pod.path(), "eth0")
+        .with_arg("IgnoreUnknown", "1")
+        .with_arg("K8S_POD_NAMESPACE", "bench")
+        .with_arg("K8S_POD_NAME", format!("pod-{phase}-{i}"))
+        .with_arg("K8S_POD_INFRA_CONTAINER_ID", id)
+        .with_arg("K8S_POD_UID", format!("00000000-0000-4000-8000-{i:012}"))
+}
+
+/// Runs `op` on every attachment from `threads` threads; returns each call's
+/// latency and the wall time of the whole phase.
+fn concurrently<F>(atts: &[Attachment], threads: usize, op: F) -> Result<(Vec<Duration>, Duration)>
+where
+    F: Fn(&Attachment) -> Result<()> + Sync,
+{
+    let next = AtomicUsize::new(0);
+    let start = Instant::now();
+    let per_thread: Vec<Result<Vec<Duration>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.min(atts.len()))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut times = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(att) = atts.get(i) else {
+                            return Ok(times);
+                        };
+                        let t = Instant::now();
+                        op(att)?;
+                        times.push(t.elapsed());
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| bail!("a bench thread panicked"))
+            })
+            .collect()
+    });
+    let wall = start.elapsed();
+    let mut all = Vec::with_capacity(atts.len());
+    for times in per_thread {
+        all.extend(times?);
+    }
+    Ok((all, wall))
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no VmRSS in {path}"))
+}
+
+/// Nearest-rank percentile, in milliseconds.
+fn percentile_ms(samples: &[Duration], p: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1].as_secs_f64() * 1000.0
+}
+
+fn render_table(all: &[Figures], opts: &Options) -> String {
+    type Row = (String, Box<dyn Fn(&Figures) -> Option<f64>>, &'static str);
+    let rows: Vec<Row> = vec![
+        (
+            "ADD p50, sequential".into(),
+            Box::new(|f| Some(percentile_ms(&f.add_seq, 50.0))),
+            "ms",
+        ),
+        (
+            "ADD p99, sequential".into(),
+            Box::new(|f| Some(percentile_ms(&f.add_seq, 99.0))),
+            "ms",
+        ),
+        (
+            "DEL p50, sequential".into(),
+            Box::new(|f| Some(percentile_ms(&f.del_seq, 50.0))),
+            "ms",
+        ),
+        (
+            "DEL p99, sequential".into(),
+            Box::new(|f| Some(percentile_ms(&f.del_seq, 99.0))),
+            "ms",
+        ),
+        (
+            format!("ADD p50, concurrency {}", opts.concurrency),
+            Box::new(|f| Some(percentile_ms(&f.add_conc, 50.0))),
+            "ms",
+        ),
+        (
+            format!("ADD p99, concurrency {}", opts.concurrency),
+            Box::new(|f| Some(percentile_ms(&f.add_conc, 99.0))),
+            "ms",
+        ),
+        (
+            format!("DEL p50, concurrency {}", opts.concurrency),
+            Box::new(|f| Some(percentile_ms(&f.del_conc, 50.0))),
+            "ms",
+        ),
+        (
+            format!("DEL p99, concurrency {}", opts.concurrency),
+            Box::new(|f| Some(percentile_ms(&f.del_conc, 99.0))),
+            "ms",
+        ),
+        (
+            format!("ADD throughput, concurrency {}", opts.concurrency),
+            Box::new(|f| Some(f.add_conc.len() as f64 / f.add_conc_wall.as_secs_f64())),
+            "pods/s",
+        ),
+        (
+            format!("daemon RSS with {} pods", opts.pods),
+            Box::new(|f| f.rss_kib.map(|k| k as f64 / 1024.0)),
+            "MiB",
+        ),
+    ];
+    let reference = all.iter().position(|f| f.key == "reference");
+    let flock = all.iter().position(|f| f.key == "flock");
+    let ratio = reference.zip(flock);
+
+    let mut out = String::new();
+    let _ = write!(out, "| {} pods, fresh netns each | unit |", opts.pods);
+    for f in all {
+        let _ = write!(out, " {} |", f.label);
+    }
+    if ratio.is_some() {
+        out.push_str(" flock / reference |");
+    }
+    out.push_str("\n|---|---|");
+    for _ in all {
+        out.push_str("---:|");
+    }
+    if ratio.is_some() {
+        out.push_str("---:|");
+    }
+    out.push('\n');
+    for (name, value, unit) in &rows {
+        let _ = write!(out, "| {name} | {unit} |");
+        for f in all {
+            let _ = write!(out, " {} |", value(f).map_or("—".into(), format_value));
+        }
+        if let Some((r, fl)) = ratio {
+            let cell = match (value(&all[fl]), value(&all[r])) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.3}", a / b),
+                _ => "—".into(),
+            };
+            let _ = write!(out, " {cell} |");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn format_value(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+const BEGIN: &str = "<!-- bench:begin (written by `cargo xtask bench`) -->";
+const END: &str = "<!-- bench:end -->";
+
+/// Replaces the marked section of `path` (or appends it, or creates the file).
+fn write_section(path: &Path, section: &str) -> Result<()> {
+    let old = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::from("# Benchmarks\n"),
+        Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+    };
+    let block = format!("{BEGIN}\n{section}{END}\n");
+    let new = match (old.find(BEGIN), old.find(END)) {
+        (Some(b), Some(e)) if e > b => {
+            format!(
+                "{}{block}{}",
+                &old[..b],
+                old[e + END.len()..].trim_start_matches('\n')
+            )
+        }
+        _ => format!("{}\n{block}", old.trim_end_matches('\n').to_owned() + "\n"),
+    };
+    std::fs::write(path, new).with_context(|| format!("write {}", path.display()))
+}
+
+fn utc_now() -> String {
+    command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(|| "unknown date".into())
+}
+
+/// Kernel, CPU, cores and the reference plugins' package version.
+fn machine_line() -> String {
+    let kernel = command_line("uname", &["-sr"]).unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let plugins = command_line(
+        "dpkg-query",
+        &["-W", "-f=${Version}", "containernetworking-plugins"],
+    )
+    .unwrap_or_else(|| "?".into());
+    format!("{kernel}, {cpu}, {cores} cores (shared), containernetworking-plugins {plugins}")
+}
+
+fn command_line(cmd: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(cmd).args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: &[u64]) -> Vec<Duration> {
+        v.iter().map(|&m| Duration::from_millis(m)).collect()
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let s = ms(&(1..=100).collect::<Vec<_>>());
+        assert_eq!(percentile_ms(&s, 50.0), 50.0);
+        assert_eq!(percentile_ms(&s, 99.0), 99.0);
+        assert_eq!(percentile_ms(&ms(&[7]), 99.0), 7.0);
+        assert_eq!(percentile_ms(&ms(&[3, 1, 2]), 50.0), 2.0);
+    }
+
+    fn figures(key: &str, add: u64, rss: Option<u64>) -> Figures {
+        Figures {
+            label: key.into(),
+            key: key.into(),
+            add_seq: ms(&[add]),
+            del_seq: ms(&[1]),
+            add_conc: ms(&[add, add]),
+            del_conc: ms(&[1]),
+            add_conc_wall: Duration::from_secs(1),
+            rss_kib: rss,
+        }
+    }
+
+    #[test]
+    fn ratio_column_only_with_both_subjects() {
+        let opts = Options {
+            pods: 2,
+            concurrency: 10,
+            only: None,
+            write: false,
+        };
+        let one = render_table(&[figures("reference", 1800, None)], &opts);
+        assert!(!one.contains("flock / reference"), "{one}");
+        let both = render_table(
+            &[
+                figures("reference", 1800, None),
+                figures("flock", 18, Some(10240)),
+            ],
+            &opts,
+        );
+        let add = both
+            .lines()
+            .find(|l| l.starts_with("| ADD p50, sequential"))
+            .expect("row");
+        assert_eq!(add, "| ADD p50, sequential | ms | 1800 | 18.0 | 0.010 |");
+        let rss = both.lines().find(|l| l.contains("RSS")).expect("row");
+        assert_eq!(rss, "| daemon RSS with 2 pods | MiB | — | 10.0 | — |");
+    }
+
+    #[test]
+    fn section_is_replaced_in_place() {
+        let dir = std::env::temp_dir().join(format!("xtask-bench-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let path = dir.join("BENCHMARKS.md");
+        std::fs::write(&path, "# Benchmarks\n\nintro\n").expect("write");
+        write_section(&path, "one\n").expect("first");
+        write_section(&path, "two\n").expect("second");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            text,
+            format!("# Benchmarks\n\nintro\n\n{BEGIN}\ntwo\n{END}\n")
+        );
+    }
+
+    #[test]
+    fn options() {
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let o =
+            parse_options(&args("--pods 30 --subjects reference,flock --no-write")).expect("ok");
+        assert_eq!((o.pods, o.concurrency, o.write), (30, 10, false));
+        assert_eq!(o.only, Some(vec!["reference".into(), "flock".into()]));
+        assert!(parse_options(&args("--pods")).is_err());
+        assert!(parse_options(&args("--pods x")).is_err());
+        assert!(parse_options(&args("--pods 0")).is_err());
+        assert!(parse_options(&args("--what")).is_err());
+    }
+}
