@@ -49,12 +49,17 @@ fn shim(command: &str, ifname: &str, stdin: &str) -> Run {
         .stderr(Stdio::piped())
         .spawn()
         .expect("exec the shim");
-    child
+    // Like Go's os/exec (libcni), ignore a plugin that exits without reading
+    // all of stdin (VERSION does not read it).
+    match child
         .stdin
         .take()
         .expect("stdin")
         .write_all(stdin.as_bytes())
-        .expect("write stdin");
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => panic!("write stdin: {e}"),
+        _ => {}
+    }
     let out = child.wait_with_output().expect("wait for the shim");
     Run {
         code: out.status.code().expect("exit code"),
