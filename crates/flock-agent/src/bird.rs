@@ -47,8 +47,9 @@ impl Default for Debounce {
     }
 }
 
-/// Renders the configuration from the agent's current state; `None` when the node has no BGP.
-pub type Renderer = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+/// Renders the configuration from the agent's current state: `Ok(None)` when the node has no
+/// BGP, `Err` with a reason when the model does not validate.
+pub type Renderer = Arc<dyn Fn() -> Result<Option<String>, String> + Send + Sync>;
 
 /// Handle to mark BIRD's configuration as possibly changed.
 #[derive(Clone, Debug)]
@@ -133,7 +134,7 @@ async fn sync_once(
     render: &Renderer,
     last_ok: bool,
 ) -> Result<SyncOutcome, String> {
-    let Some(config) = render() else {
+    let Some(config) = render()? else {
         return Ok(SyncOutcome::NoBgp);
     };
     let current = tokio::fs::read(&target.config_path).await.ok();

@@ -6,10 +6,15 @@
 
 use std::path::PathBuf;
 
+pub mod agent;
 pub mod bird;
+pub mod daemon;
 pub mod install;
+pub mod k8s;
 pub mod metrics;
 pub mod nodeconfig;
+pub mod pods;
+pub mod server;
 pub mod store;
 
 /// Everything that can go wrong in the agent.
@@ -61,6 +66,12 @@ pub enum Error {
         /// The file.
         path: PathBuf,
         /// What is wrong.
+        reason: String,
+    },
+    /// A record could not be removed from the store.
+    #[error("allocation store: {reason}")]
+    StoreRecord {
+        /// What went wrong.
         reason: String,
     },
 }

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use flock_agent::bird::{BirdTarget, Debounce};
+use flock_agent::daemon::RunOptions;
 use flock_agent::store::Store;
 
 #[derive(Parser, Debug)]
@@ -86,6 +88,10 @@ struct RunArgs {
     /// The birdc program.
     #[arg(long, env = "FLOCK_BIRDC", default_value = "birdc")]
     birdc: PathBuf,
+    /// The DEL queue the shim writes to when the agent is unreachable
+    /// (default: `<state-dir>/del-queue`).
+    #[arg(long, env = "FLOCK_DEL_QUEUE_DIR")]
+    del_queue_dir: Option<PathBuf>,
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, env = "FLOCK_METRICS_ADDR", default_value = "127.0.0.1:9641")]
     metrics_addr: SocketAddr,
@@ -104,8 +110,41 @@ fn main() -> Result<()> {
     }
 }
 
-fn run(_args: RunArgs) -> Result<()> {
-    anyhow::bail!("flock-agent run: the daemon is not assembled yet")
+fn run(args: RunArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FLOCK_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let del_queue_dir = args
+        .del_queue_dir
+        .unwrap_or_else(|| args.state_dir.join("del-queue"));
+    let options = RunOptions {
+        node_config: args.node_config,
+        node: args.node,
+        socket: args.socket,
+        state_dir: args.state_dir,
+        del_queue_dir,
+        bird: BirdTarget {
+            config_path: args.bird_config,
+            socket: args.bird_socket,
+            birdc: args.birdc,
+        },
+        debounce: Debounce::default(),
+        metrics_addr: args.metrics_addr,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    if args.standalone {
+        runtime.block_on(flock_agent::daemon::run_standalone(options))?;
+    } else {
+        runtime.block_on(flock_agent::k8s::run(options))?;
+    }
+    Ok(())
 }
 
 fn install_cni(args: InstallArgs) -> Result<()> {

@@ -4,10 +4,9 @@
 //! The same schema is read from a YAML file in standalone mode (DESIGN §8).
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -147,40 +146,11 @@ pub struct NodeSettings {
     pub default_ipv6: bool,
     /// Pods get IPv4 unless annotated otherwise.
     pub default_ipv4: bool,
-    /// The node's ip-algo annotation, if any (validated when pods use it).
-    pub ip_algo: Option<String>,
-    /// BGP, if configured.
-    pub bgp: Option<BgpSettings>,
-}
-
-/// Validated `spec.bgp`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct BgpSettings {
-    /// Local ASN.
-    pub asn: u32,
-    /// Router ID.
-    pub router_id: Ipv4Addr,
-    /// Neighbors with parsed addresses.
-    pub neighbors: Vec<Neighbor>,
-    /// Communities as written.
-    pub communities: Vec<String>,
-    /// Timers.
-    pub timers: Option<BgpTimers>,
-}
-
-/// A validated neighbor.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Neighbor {
-    /// Address.
-    pub address: IpAddr,
-    /// ASN.
-    pub asn: u32,
-    /// MD5 password.
-    pub password: Option<String>,
-    /// BFD on.
-    pub bfd: bool,
-    /// Multihop TTL.
-    pub multihop: Option<u8>,
+    /// The node's ip-algo annotation, if any.
+    pub ip_algo: Option<flock_embed::IpAlgo>,
+    /// BGP, validated by `flock-bird` (router ID, ASN, neighbors, communities, the node
+    /// CIDRs); the agent adds the pods' individually announced addresses when rendering.
+    pub bgp: Option<flock_bird::BirdModel>,
 }
 
 impl NodeConfig {
@@ -213,6 +183,20 @@ impl NodeConfig {
             .as_deref()
             .map(|v| parse_net::<Ipv4Net>("spec.cidr4", v, "an IPv4 CIDR"))
             .transpose()?;
+        for (field, given, net) in [
+            ("spec.cidr6", spec.cidr6.as_deref(), cidr6.map(IpNet::V6)),
+            ("spec.cidr4", spec.cidr4.as_deref(), cidr4.map(IpNet::V4)),
+        ] {
+            if let (Some(given), Some(net)) = (given, net) {
+                if net.trunc() != net {
+                    return Err(invalid(
+                        field,
+                        given,
+                        &format!("has host bits set; did you mean {}?", net.trunc()),
+                    ));
+                }
+            }
+        }
         if let Some(c) = cidr6 {
             if c.prefix_len() > 120 {
                 return Err(invalid(
@@ -251,12 +235,47 @@ impl NodeConfig {
                 "the node has no spec.cidr4",
             ));
         }
-        let bgp = spec.bgp.as_ref().map(validate_bgp).transpose()?;
+        let bgp = spec
+            .bgp
+            .as_ref()
+            .map(|b| bird_model(b, cidr6, cidr4))
+            .transpose()?;
+        // The pools' own rules (smallest and largest CIDR) are the node's rules too.
+        flock_ipam::Pools::new(cidr6, cidr4).map_err(|e| {
+            let (field, value) = match (&e, &spec.cidr4) {
+                (
+                    flock_ipam::Error::CidrTooSmall { .. } | flock_ipam::Error::CidrTooLarge { .. },
+                    Some(v),
+                ) => ("spec.cidr4", v.clone()),
+                _ => ("spec", String::new()),
+            };
+            invalid(field, &value, &e.to_string())
+        })?;
         let ip_algo = self
             .metadata
             .annotations
             .as_ref()
-            .and_then(|a: &BTreeMap<String, String>| a.get(IP_ALGO_ANNOTATION).cloned());
+            .and_then(|a: &BTreeMap<String, String>| a.get(IP_ALGO_ANNOTATION))
+            .map(|spec| {
+                let algo = flock_embed::IpAlgo::parse(spec).map_err(|e| {
+                    invalid(
+                        &format!("metadata.annotations[{IP_ALGO_ANNOTATION}]"),
+                        spec,
+                        &e.to_string(),
+                    )
+                })?;
+                if let Some(c) = cidr6 {
+                    algo.validate_for(128 - c.prefix_len()).map_err(|e| {
+                        invalid(
+                            &format!("metadata.annotations[{IP_ALGO_ANNOTATION}]"),
+                            spec,
+                            &e.to_string(),
+                        )
+                    })?;
+                }
+                Ok::<_, Error>(algo)
+            })
+            .transpose()?;
         Ok(NodeSettings {
             node,
             cidr6,
@@ -269,46 +288,79 @@ impl NodeConfig {
     }
 }
 
-fn validate_bgp(bgp: &BgpSpec) -> Result<BgpSettings> {
-    if bgp.asn == 0 {
-        return Err(invalid("spec.bgp.asn", "0", "an ASN is 1 to 4294967295"));
-    }
-    let router_id = bgp.router_id.parse::<Ipv4Addr>().map_err(|_| {
-        invalid(
-            "spec.bgp.routerId",
-            &bgp.router_id,
-            "a router ID is an IPv4 address",
-        )
+/// The node's BGP setup as a `flock-bird` model, validated now so a bad NodeConfig is
+/// reported when it arrives, not at the first pod.
+fn bird_model(
+    bgp: &BgpSpec,
+    cidr6: Option<Ipv6Net>,
+    cidr4: Option<Ipv4Net>,
+) -> Result<flock_bird::BirdModel> {
+    let timers = bgp.timers.as_ref().map(|t| flock_bird::Timers {
+        hold: t.hold,
+        keepalive: t.keepalive,
+        connect_retry: t.connect_retry,
+        connect_delay: t.connect_retry,
+    });
+    let communities = bgp
+        .communities
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            parse_community(c).ok_or_else(|| {
+                invalid(
+                    &format!("spec.bgp.communities[{i}]"),
+                    c,
+                    "a community is ASN:value (two 16-bit numbers) or a:b:c (three 32-bit numbers)",
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut cidrs: Vec<IpNet> = Vec::new();
+    cidrs.extend(cidr6.map(IpNet::V6));
+    cidrs.extend(cidr4.map(IpNet::V4));
+    let model = flock_bird::BirdModel {
+        router_id: bgp.router_id.clone(),
+        asn: u64::from(bgp.asn),
+        neighbors: bgp
+            .neighbors
+            .iter()
+            .map(|n| flock_bird::NeighborSpec {
+                address: n.address.clone(),
+                asn: u64::from(n.asn),
+                password: n.password.clone(),
+                bfd: n.bfd,
+                multihop: n.multihop,
+                timers,
+                ..flock_bird::NeighborSpec::default()
+            })
+            .collect(),
+        graceful_restart: Some(120),
+        cidrs,
+        communities,
+        ..flock_bird::BirdModel::default()
+    };
+    model.validate().map_err(|e| Error::InvalidNodeConfig {
+        field: "spec.bgp".into(),
+        value: String::new(),
+        reason: e.to_string(),
     })?;
-    let mut neighbors = Vec::with_capacity(bgp.neighbors.len());
-    for (i, n) in bgp.neighbors.iter().enumerate() {
-        let field = format!("spec.bgp.neighbors[{i}].address");
-        let address = n
-            .address
-            .parse::<IpAddr>()
-            .map_err(|_| invalid(&field, &n.address, "not an IP address"))?;
-        if n.asn == 0 {
-            return Err(invalid(
-                &format!("spec.bgp.neighbors[{i}].asn"),
-                "0",
-                "an ASN is 1 to 4294967295",
-            ));
-        }
-        neighbors.push(Neighbor {
-            address,
-            asn: n.asn,
-            password: n.password.clone(),
-            bfd: n.bfd,
-            multihop: n.multihop,
-        });
+    Ok(model)
+}
+
+fn parse_community(text: &str) -> Option<flock_bird::Community> {
+    let parts: Vec<&str> = text.split(':').collect();
+    match parts.as_slice() {
+        [a, b] => Some(flock_bird::Community::Standard(
+            a.parse().ok()?,
+            b.parse().ok()?,
+        )),
+        [a, b, c] => Some(flock_bird::Community::Large(
+            a.parse().ok()?,
+            b.parse().ok()?,
+            c.parse().ok()?,
+        )),
+        _ => None,
     }
-    Ok(BgpSettings {
-        asn: bgp.asn,
-        router_id,
-        neighbors,
-        communities: bgp.communities.clone(),
-        timers: bgp.timers.clone(),
-    })
 }
 
 fn parse_net<T: std::str::FromStr>(field: &str, value: &str, what: &str) -> Result<T> {

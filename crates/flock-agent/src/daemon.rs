@@ -1,0 +1,152 @@
+//! `flock-agent run`: assembles the agent — store and start-up reconcile, DEL queue drain,
+//! BIRD writer, RPC server, metrics — and runs until SIGTERM or SIGINT.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flock_netns::NodeNs;
+use tracing::{info, warn};
+
+use crate::agent::{Agent, AgentParts, DEFAULT_POD_WAIT};
+use crate::bird::{BirdTarget, Debounce};
+use crate::metrics::{Health, Metrics};
+use crate::nodeconfig::NodeConfig;
+use crate::{Error, Result};
+
+/// How often the DEL queue is drained while serving (a shim may have queued a DEL while the
+/// agent was briefly unreachable).
+pub const DRAIN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Everything `flock-agent run` is told.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Standalone: the NodeConfig file.
+    pub node_config: Option<PathBuf>,
+    /// The node's name.
+    pub node: Option<String>,
+    /// The RPC socket.
+    pub socket: PathBuf,
+    /// The state directory.
+    pub state_dir: PathBuf,
+    /// The DEL queue directory the shim writes to.
+    pub del_queue_dir: PathBuf,
+    /// BIRD.
+    pub bird: BirdTarget,
+    /// BIRD reload debounce.
+    pub debounce: Debounce,
+    /// `/metrics`, `/healthz`, `/readyz`.
+    pub metrics_addr: SocketAddr,
+}
+
+/// Runs the standalone agent until a termination signal.
+pub async fn run_standalone(options: RunOptions) -> Result<()> {
+    let path = options
+        .node_config
+        .clone()
+        .ok_or_else(|| Error::InvalidNodeConfig {
+            field: "--node-config".into(),
+            value: String::new(),
+            reason: "standalone mode needs a NodeConfig file".into(),
+        })?;
+    let node_config = NodeConfig::from_yaml_file(&path)?;
+    let mut settings = node_config.settings()?;
+    if let Some(node) = &options.node {
+        if *node != settings.node {
+            return Err(Error::InvalidNodeConfig {
+                field: "metadata.name".into(),
+                value: settings.node.clone(),
+                reason: format!("the file is for another node than --node {node}"),
+            });
+        }
+        settings.node = node.clone();
+    }
+    info!(node = %settings.node, file = %path.display(), "standalone mode");
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let (agent, report) = Agent::start(AgentParts {
+        node_ns: NodeNs::current(),
+        state_dir: options.state_dir.clone(),
+        settings: Some(settings),
+        pods: None,
+        pod_wait: DEFAULT_POD_WAIT,
+        metrics: metrics.clone(),
+        health: health.clone(),
+    })
+    .await?;
+    serve(agent, report, options, metrics, health).await
+}
+
+/// The common part of both modes, once the agent has started.
+pub async fn serve(
+    agent: Arc<Agent>,
+    mut report: crate::agent::StartupReport,
+    options: RunOptions,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> Result<()> {
+    report.drained_dels = agent.drain_del_queue(&options.del_queue_dir).await;
+    info!(?report, "start-up reconcile done");
+
+    let renderer = {
+        let agent = agent.clone();
+        Arc::new(move || agent.render_bird()) as crate::bird::Renderer
+    };
+    let bird = crate::bird::spawn(
+        options.bird.clone(),
+        renderer,
+        options.debounce,
+        metrics.clone(),
+        health.clone(),
+    );
+    agent.set_bird(bird);
+
+    let http = tokio::net::TcpListener::bind(options.metrics_addr)
+        .await
+        .map_err(|source| Error::Store {
+            op: "bind metrics address",
+            path: PathBuf::from(options.metrics_addr.to_string()),
+            source,
+        })?;
+    let router = crate::metrics::router(metrics.clone(), health.clone());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(http, router).await {
+            warn!(error = %e, "metrics server stopped");
+        }
+    });
+
+    let listener = crate::server::bind(&options.socket)?;
+    health.set_serving();
+    info!(socket = %options.socket.display(), "serving");
+    tokio::spawn(crate::server::serve(
+        listener,
+        agent.clone(),
+        options.socket.clone(),
+    ));
+    {
+        let agent = agent.clone();
+        let dir = options.del_queue_dir.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(DRAIN_INTERVAL).await;
+                agent.drain_del_queue(&dir).await;
+            }
+        });
+    }
+
+    shutdown_signal().await;
+    info!("terminating");
+    let _ = std::fs::remove_file(&options.socket);
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}

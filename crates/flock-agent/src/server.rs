@@ -1,0 +1,114 @@
+//! The RPC server: a Unix socket in a 0700 directory, mode 0600, one request and one response
+//! per connection (DESIGN §2). Each connection is its own task; a client that sends nothing,
+//! half a line, an oversize line or garbage gets an error response (or a closed connection)
+//! and never holds up the others.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flock_cni_proto::rpc::{self, LineDecoder, Response};
+use flock_cni_proto::{CniError, ErrorCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tracing::{debug, warn};
+
+use crate::agent::Agent;
+use crate::{Error, Result};
+
+/// How long a client may take to send its request line.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Binds the agent socket: creates its directory with mode 0700 (so there is no window in
+/// which the socket is reachable with a looser mode), removes a stale socket, binds and sets
+/// the socket to 0600.
+pub fn bind(path: &Path) -> Result<UnixListener> {
+    let io = |op: &'static str, path: &Path| {
+        let path = path.to_owned();
+        move |source| Error::Store { op, path, source }
+    };
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io("create socket directory", dir))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(io("chmod socket directory", dir))?;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("remove stale socket", path)(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(io("bind", path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(io("chmod socket", path))?;
+    Ok(listener)
+}
+
+/// Serves connections until the listener fails.
+pub async fn serve(listener: UnixListener, agent: Arc<Agent>, socket: PathBuf) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let agent = agent.clone();
+                tokio::spawn(async move { serve_connection(stream, agent).await });
+            }
+            Err(e) => {
+                warn!(socket = %socket.display(), error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn serve_connection(mut stream: UnixStream, agent: Arc<Agent>) {
+    let response = match tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream)).await {
+        Err(_) => Response::error(bad_request(format!(
+            "no complete request line within {}s",
+            READ_TIMEOUT.as_secs()
+        ))),
+        Ok(Err(response)) => response,
+        Ok(Ok(request)) => agent.handle(request).await,
+    };
+    let line = rpc::encode_line(&response);
+    if let Err(e) = stream.write_all(&line).await {
+        debug!(error = %e, "client went away before the response");
+    }
+    let _ = stream.shutdown().await;
+}
+
+async fn read_request(stream: &mut UnixStream) -> Result<rpc::Request, Response> {
+    let mut decoder = LineDecoder::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match decoder.next_line() {
+            Ok(Some(line)) => {
+                return rpc::decode_request(&line)
+                    .map_err(|e| Response::error(bad_request(format!("invalid request: {e}"))));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Err(Response::error(bad_request(format!(
+                    "invalid request: {e}"
+                ))));
+            }
+        }
+        let n = stream
+            .read(&mut buf)
+            .await
+            .map_err(|e| Response::error(bad_request(format!("read request: {e}"))))?;
+        if n == 0 {
+            let e = decoder.finish().err().unwrap_or(rpc::FrameError::Empty);
+            return Err(Response::error(bad_request(format!(
+                "invalid request: {e}"
+            ))));
+        }
+        decoder.push(&buf[..n]);
+    }
+}
+
+fn bad_request(msg: String) -> CniError {
+    CniError::new(ErrorCode::DecodingFailure, msg)
+}
