@@ -25,16 +25,14 @@ pub fn workload_name(
     let Some((kind, name)) = owner else {
         return pod_name.to_owned();
     };
-    if kind == "ReplicaSet" {
-        if let Some(hash) = pod_template_hash.filter(|h| !h.is_empty()) {
-            if let Some(deployment) = name
-                .strip_suffix(hash)
-                .and_then(|rest| rest.strip_suffix('-'))
-                .filter(|d| !d.is_empty())
-            {
-                return deployment.to_owned();
-            }
-        }
+    if kind == "ReplicaSet"
+        && let Some(hash) = pod_template_hash.filter(|h| !h.is_empty())
+        && let Some(deployment) = name
+            .strip_suffix(hash)
+            .and_then(|rest| rest.strip_suffix('-'))
+            .filter(|d| !d.is_empty())
+    {
+        return deployment.to_owned();
     }
     name.to_owned()
 }
