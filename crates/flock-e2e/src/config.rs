@@ -1,0 +1,150 @@
+//! containerd 1.6's configuration for a harness instance (version 2 TOML).
+
+use std::path::{Path, PathBuf};
+
+/// The snapshotter containerd unpacks images with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Snapshotter {
+    /// overlayfs (needs a filesystem overlay can sit on; ext4 here).
+    #[default]
+    Overlayfs,
+    /// Plain copies: works on any filesystem, slower for big images.
+    Native,
+}
+
+impl Snapshotter {
+    /// containerd's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Snapshotter::Overlayfs => "overlayfs",
+            Snapshotter::Native => "native",
+        }
+    }
+}
+
+/// Everything that varies between two harness instances' containerd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerdConfig {
+    /// Persistent data (content store, snapshots).
+    pub root: PathBuf,
+    /// Runtime state (sockets of shims, sandbox netns pins).
+    pub state: PathBuf,
+    /// The gRPC socket (containerd API and CRI).
+    pub socket: PathBuf,
+    /// Where the CRI plugin finds CNI plugin binaries.
+    pub cni_bin_dir: PathBuf,
+    /// Where the CRI plugin reads the conflist.
+    pub cni_conf_dir: PathBuf,
+    /// The image reference of the sandbox image.
+    pub sandbox_image: String,
+    /// The snapshotter for images.
+    pub snapshotter: Snapshotter,
+}
+
+impl ContainerdConfig {
+    /// The config for a harness rooted at `dir` (root, state and socket
+    /// beneath it).
+    pub fn in_dir(dir: &Path, cni_bin_dir: &Path, cni_conf_dir: &Path, image: &str) -> Self {
+        ContainerdConfig {
+            root: dir.join("root"),
+            state: dir.join("state"),
+            socket: dir.join("containerd.sock"),
+            cni_bin_dir: cni_bin_dir.to_owned(),
+            cni_conf_dir: cni_conf_dir.to_owned(),
+            sandbox_image: image.to_owned(),
+            snapshotter: Snapshotter::default(),
+        }
+    }
+
+    /// Renders the TOML. Notes on the choices:
+    /// - `restrict_oom_score_adj`: root here lacks CAP_SYS_RESOURCE.
+    /// - `netns_mounts_under_state_dir`: sandbox netns pins live under our
+    ///   state dir, not the machine's `/run/netns`.
+    /// - no TCP, no streaming on a fixed port: two instances can run at once.
+    /// - `max_conf_num = 1`: the CRI plugin uses the first conflist, as
+    ///   kubelet's containerd does.
+    pub fn render(&self) -> String {
+        let q = |p: &Path| toml_string(&p.display().to_string());
+        format!(
+            r#"version = 2
+root = {root}
+state = {state}
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]
+
+[grpc]
+  address = {socket}
+
+[ttrpc]
+  address = {ttrpc}
+
+[debug]
+  address = ""
+  level = "info"
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = {image}
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  disable_apparmor = true
+  tolerate_missing_hugetlb_controller = true
+  disable_hugetlb_controller = true
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = {snapshotter}
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = {bin_dir}
+    conf_dir = {conf_dir}
+    max_conf_num = 1
+"#,
+            root = q(&self.root),
+            state = q(&self.state),
+            socket = q(&self.socket),
+            ttrpc = toml_string(&format!("{}.ttrpc", self.socket.display())),
+            image = toml_string(&self.sandbox_image),
+            snapshotter = toml_string(self.snapshotter.as_str()),
+            bin_dir = q(&self.cni_bin_dir),
+            conf_dir = q(&self.cni_conf_dir),
+        )
+    }
+}
+
+/// A TOML basic string (JSON's escaping is a subset TOML accepts).
+fn toml_string(s: &str) -> String {
+    serde_json::Value::String(s.to_owned()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_snapshot() {
+        let cfg = ContainerdConfig::in_dir(
+            Path::new("/tmp/e2e"),
+            Path::new("/usr/lib/cni"),
+            Path::new("/tmp/e2e/net.d"),
+            "flock.test/pause:e2e",
+        );
+        insta::assert_snapshot!(cfg.render());
+    }
+
+    #[test]
+    fn paths_with_quotes_are_escaped() {
+        assert_eq!(toml_string(r#"/a"b\c"#), r#""/a\"b\\c""#);
+    }
+}

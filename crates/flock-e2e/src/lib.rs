@@ -1,0 +1,158 @@
+//! End-to-end harness: containerd 1.6's CRI plugin as a real CNI client.
+//!
+//! Does I/O (processes, files, gRPC); test support only, never shipped.
+//!
+//! - [`PauseImage`]: a tiny sandbox image (busybox-static `sleep`) packed as
+//!   an OCI archive in Rust and imported with `ctr images import`.
+//! - [`ContainerdConfig`] / [`Containerd`]: containerd started inside a
+//!   stand-in node namespace with its own root, state and socket in a temp
+//!   dir, in a private mount namespace so every mount it makes dies with it;
+//!   killed with its shims and sandboxes on drop, also on panic.
+//! - [`CriClient`]: CRI v1 over tonic on the Unix socket — RunPodSandbox,
+//!   PodSandboxStatus (netns path and IPs), StopPodSandbox, RemovePodSandbox.
+//! - [`E2eNode`]: all of the above for any conflist and CNI bin dir, with a
+//!   hook that runs before containerd starts (where flock's agent goes).
+
+mod config;
+mod containerd;
+mod cri;
+mod image;
+mod node;
+mod tar;
+
+pub use config::{ContainerdConfig, Snapshotter};
+pub use containerd::Containerd;
+pub use cri::{CriClient, PodSandboxSpec, RunConditions, SandboxNetwork, SandboxRun};
+pub use image::{OciDocuments, PauseImage, oci_arch, oci_documents, sha256_digest};
+pub use node::{BeforeStart, E2eNode, NodeSetup};
+pub use tar::TarBuilder;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything the harness can fail at; each message names the operation and
+/// the value so a failing end-to-end test says what to look at.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file or directory operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done (`write containerd config`, `read busybox`).
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A program could not be started.
+    #[error("spawn {program}: {source}")]
+    Spawn {
+        /// The program and its arguments.
+        program: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A program ran and failed.
+    #[error("{command} failed ({status}): {stderr}")]
+    CommandFailed {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: String,
+        /// What it wrote on stderr (and stdout), trimmed.
+        stderr: String,
+    },
+    /// containerd exited while the harness waited for it.
+    #[error("containerd exited during start ({status}); last lines of {log}:\n{tail}")]
+    ContainerdExited {
+        /// Its exit status.
+        status: String,
+        /// The log file.
+        log: PathBuf,
+        /// The end of its log.
+        tail: String,
+    },
+    /// Something did not become ready in time.
+    #[error("timed out after {waited:?} waiting for {what}")]
+    Timeout {
+        /// What the harness waited for.
+        what: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The gRPC channel to the CRI socket could not be opened.
+    #[error("connect to CRI socket {socket}: {source}")]
+    Connect {
+        /// The containerd socket.
+        socket: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// A CRI call returned an error.
+    #[error("CRI {rpc} for {target}: {source}")]
+    Rpc {
+        /// The RPC (`RunPodSandbox`).
+        rpc: &'static str,
+        /// The pod or sandbox it was about.
+        target: String,
+        /// The status containerd answered with.
+        #[source]
+        source: Box<tonic::Status>,
+    },
+    /// A CRI answer lacked what the harness needs from it.
+    #[error("CRI {rpc} for {target}: {reason}")]
+    BadAnswer {
+        /// The RPC.
+        rpc: &'static str,
+        /// The pod or sandbox it was about.
+        target: String,
+        /// What was missing or malformed.
+        reason: String,
+    },
+    /// JSON could not be encoded or decoded.
+    #[error("{what}: {source}")]
+    Json {
+        /// The document.
+        what: &'static str,
+        /// The underlying error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The hook that runs before containerd failed.
+    #[error("before-start hook: {source}")]
+    BeforeStart {
+        /// Its error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Runs `cmd`, returning its stdout, or [`Error::CommandFailed`] with its
+/// stderr when it exits non-zero.
+pub(crate) fn run_checked(cmd: &mut std::process::Command) -> Result<String> {
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().map_err(|source| Error::Spawn {
+        program: shown.clone(),
+        source,
+    })?;
+    if !out.status.success() {
+        let mut text = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !stdout.trim().is_empty() {
+            text.push_str(" / stdout: ");
+            text.push_str(stdout.trim());
+        }
+        return Err(Error::CommandFailed {
+            command: shown,
+            status: out.status.to_string(),
+            stderr: text,
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

@@ -1,0 +1,168 @@
+//! A stand-in Kubernetes node: a network namespace, containerd with the CRI
+//! plugin using a given conflist and CNI bin dir, the pause image imported,
+//! and a hook that runs before containerd starts (flock's agent goes there).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use flock_testkit::Netns;
+use tempfile::TempDir;
+
+use crate::config::{ContainerdConfig, Snapshotter};
+use crate::containerd::Containerd;
+use crate::cri::CriClient;
+use crate::image::PauseImage;
+use crate::{Error, Result};
+
+/// Runs once the node namespace and the harness directory exist, before
+/// containerd starts: start an agent inside `node` (anything it spawns
+/// there is killed when the node is dropped), write files it needs.
+pub type BeforeStart = Box<
+    dyn FnOnce(&Netns, &Path) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>>
+        + Send,
+>;
+
+/// What a node runs: which CNI, from where, and what to start first.
+pub struct NodeSetup {
+    /// The conflist (JSON text) the CRI plugin loads.
+    pub conflist: String,
+    /// The file name it gets in the conf dir (libcni loads `*.conflist`).
+    pub conflist_file: String,
+    /// Where the CRI plugin looks for the plugins the conflist names.
+    pub cni_bin_dir: PathBuf,
+    /// Runs before containerd starts.
+    pub before_start: Option<BeforeStart>,
+    /// The pause image's reference.
+    pub image_name: String,
+    /// containerd's snapshotter.
+    pub snapshotter: Snapshotter,
+    /// How long to wait for the CRI plugin to report NetworkReady.
+    pub ready_timeout: Duration,
+}
+
+impl std::fmt::Debug for NodeSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeSetup")
+            .field("conflist_file", &self.conflist_file)
+            .field("cni_bin_dir", &self.cni_bin_dir)
+            .field("before_start", &self.before_start.is_some())
+            .field("image_name", &self.image_name)
+            .field("snapshotter", &self.snapshotter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeSetup {
+    /// A node whose CRI plugin uses `conflist` with plugins from
+    /// `cni_bin_dir`; no hook, image `flock.test/pause:e2e`, overlayfs.
+    pub fn new(conflist: impl Into<String>, cni_bin_dir: impl Into<PathBuf>) -> NodeSetup {
+        NodeSetup {
+            conflist: conflist.into(),
+            conflist_file: "10-e2e.conflist".into(),
+            cni_bin_dir: cni_bin_dir.into(),
+            before_start: None,
+            image_name: "flock.test/pause:e2e".into(),
+            snapshotter: Snapshotter::default(),
+            ready_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Sets the hook that runs before containerd starts.
+    pub fn before_start<F>(mut self, hook: F) -> NodeSetup
+    where
+        F: FnOnce(
+                &Netns,
+                &Path,
+            ) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>>
+            + Send
+            + 'static,
+    {
+        self.before_start = Some(Box::new(hook));
+        self
+    }
+}
+
+/// A running stand-in node. Dropping it kills containerd, its shims and
+/// sandboxes, then whatever runs in the node namespace, deletes the
+/// namespace, then the directory.
+#[derive(Debug)]
+pub struct E2eNode {
+    // Field order is drop order.
+    containerd: Containerd,
+    netns: Netns,
+    image: PauseImage,
+    dir: TempDir,
+}
+
+impl E2eNode {
+    /// Creates the node namespace and a temp dir, writes the conflist to
+    /// `DIR/net.d`, runs the hook, builds the pause image, starts containerd
+    /// (blocking while it comes up), imports the image and waits until the
+    /// CRI plugin reports the runtime and the network ready.
+    pub async fn start(setup: NodeSetup) -> Result<E2eNode> {
+        let dir = tempfile::Builder::new()
+            .prefix("flock-e2e-")
+            .tempdir()
+            .map_err(|source| Error::Io {
+                op: "create harness directory",
+                path: std::env::temp_dir(),
+                source,
+            })?;
+        let netns = Netns::new("ctd");
+        let conf_dir = dir.path().join("net.d");
+        std::fs::create_dir_all(&conf_dir).map_err(|source| Error::Io {
+            op: "create CNI conf dir",
+            path: conf_dir.clone(),
+            source,
+        })?;
+        let conflist_path = conf_dir.join(&setup.conflist_file);
+        std::fs::write(&conflist_path, &setup.conflist).map_err(|source| Error::Io {
+            op: "write conflist",
+            path: conflist_path,
+            source,
+        })?;
+        if let Some(hook) = setup.before_start {
+            hook(&netns, dir.path()).map_err(|source| Error::BeforeStart { source })?;
+        }
+        let image = PauseImage::build(&setup.image_name, dir.path())?;
+        let mut config =
+            ContainerdConfig::in_dir(dir.path(), &setup.cni_bin_dir, &conf_dir, &setup.image_name);
+        config.snapshotter = setup.snapshotter;
+        let containerd = Containerd::start(&netns.path(), config, dir.path())?;
+        let node = E2eNode {
+            containerd,
+            netns,
+            image,
+            dir,
+        };
+        node.image
+            .import(node.containerd.socket(), setup.snapshotter.as_str())?;
+        node.cri().await?.wait_ready(setup.ready_timeout).await?;
+        Ok(node)
+    }
+
+    /// The node's network namespace.
+    pub fn netns(&self) -> &Netns {
+        &self.netns
+    }
+
+    /// The containerd it runs.
+    pub fn containerd(&self) -> &Containerd {
+        &self.containerd
+    }
+
+    /// The harness directory (config, log, root, state, `net.d`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The imported pause image.
+    pub fn image(&self) -> &PauseImage {
+        &self.image
+    }
+
+    /// A new CRI client on containerd's socket.
+    pub async fn cri(&self) -> Result<CriClient> {
+        CriClient::connect(self.containerd.socket()).await
+    }
+}
