@@ -1,0 +1,846 @@
+//! One pod's layout (DESIGN §5): setup, teardown, check.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+
+use ipnet::IpNet;
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth};
+use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth};
+
+use crate::error::{Error, Result, TeardownError};
+use crate::nl::{self, KRoute, Link, RouteSpec};
+use crate::ns::{NlConn, NodeNs, NsTarget, Sysctl, ensure_sysctls, read_sysctl, run_in};
+
+/// Every host veth's name starts with this.
+pub const HOST_IF_PREFIX: &str = "flock";
+
+/// The host side's IPv6 gateway address (`fe80::1/64` on every host veth).
+pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+/// The IPv4 gateway the pod routes through (answered by `proxy_arp`).
+pub const GATEWAY4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+
+/// The host veth's name: `flock` + 8 hex digits of FNV-1a 32 of the
+/// container ID (13 characters, within the kernel's 15).
+pub fn host_ifname(container_id: &str) -> String {
+    let mut hash: u32 = 0x811c_9dc5;
+    for b in container_id.as_bytes() {
+        hash ^= u32::from(*b);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    format!("{HOST_IF_PREFIX}{hash:08x}")
+}
+
+/// Everything the kernel layout of one pod depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSpec {
+    /// The container (sandbox) ID; names the host veth.
+    pub container_id: String,
+    /// The pod's network namespace file (`CNI_NETNS`).
+    pub netns: PathBuf,
+    /// The pod's interface name (`CNI_IFNAME`, normally `eth0`).
+    pub if_name: String,
+    /// MTU of both veth ends.
+    pub mtu: u32,
+    /// Addresses on the pod interface: the pod's /128 and /32 and the
+    /// `addresses` annotation's entries. Each also gets a host route
+    /// (`/128` or `/32`) to the host veth.
+    pub addresses: Vec<IpNet>,
+    /// Anycast addresses: on the pod's `lo`, routed by one ECMP host route
+    /// per address over every local pod carrying it.
+    pub anycast: Vec<IpAddr>,
+}
+
+impl PodSpec {
+    /// The host veth's name.
+    pub fn host_if(&self) -> String {
+        host_ifname(&self.container_id)
+    }
+
+    fn has_v6(&self) -> bool {
+        self.addresses.iter().any(|a| a.addr().is_ipv6())
+    }
+
+    fn has_v4(&self) -> bool {
+        self.addresses.iter().any(|a| a.addr().is_ipv4())
+    }
+
+    fn first_v6(&self) -> Option<Ipv6Addr> {
+        self.addresses.iter().find_map(|a| match a.addr() {
+            IpAddr::V6(x) => Some(x),
+            IpAddr::V4(_) => None,
+        })
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |reason| {
+            Err(Error::InvalidIfName {
+                ifname: self.if_name.clone(),
+                reason,
+            })
+        };
+        if self.if_name.is_empty() {
+            return bad("empty");
+        }
+        if self.if_name.len() > 15 {
+            return bad("longer than 15 bytes");
+        }
+        if self.if_name == "." || self.if_name == ".." {
+            return bad("reserved name");
+        }
+        if self
+            .if_name
+            .bytes()
+            .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace())
+        {
+            return bad("contains '/', ':' or whitespace");
+        }
+        Ok(())
+    }
+
+    /// The pod's routes (only for the families it has addresses of).
+    pub fn pod_routes(&self) -> Vec<RouteSpec> {
+        let dev = self.if_name.clone();
+        let mut out = Vec::new();
+        if self.has_v6() {
+            out.push(RouteSpec {
+                dst: IpNet::V6(Default::default()),
+                gateway: Some(IpAddr::V6(GATEWAY6)),
+                dev: dev.clone(),
+            });
+        }
+        if self.has_v4() {
+            out.push(RouteSpec {
+                dst: IpNet::from(IpAddr::V4(GATEWAY4)),
+                gateway: None,
+                dev: dev.clone(),
+            });
+            out.push(RouteSpec {
+                dst: IpNet::V4(Default::default()),
+                gateway: Some(IpAddr::V4(GATEWAY4)),
+                dev,
+            });
+        }
+        out
+    }
+
+    /// The host routes (`<addr>/128|/32 dev flockXXXXXXXX`).
+    pub fn host_routes(&self) -> Vec<RouteSpec> {
+        let dev = self.host_if();
+        self.addresses
+            .iter()
+            .map(|a| RouteSpec {
+                dst: IpNet::from(a.addr()),
+                gateway: None,
+                dev: dev.clone(),
+            })
+            .collect()
+    }
+}
+
+/// What a setup built: what the CNI result reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupOutcome {
+    /// Host veth name.
+    pub host_if: String,
+    /// Host veth MAC (`aa:bb:cc:dd:ee:ff`).
+    pub host_mac: String,
+    /// Pod interface name.
+    pub pod_if: String,
+    /// Pod interface MAC.
+    pub pod_mac: String,
+    /// The pod's netns path (the CNI result's `sandbox`).
+    pub sandbox: PathBuf,
+}
+
+/// The sysctls of a host veth, with the values flock wants.
+fn host_sysctls(host_if: &str) -> Vec<Sysctl> {
+    vec![
+        Sysctl {
+            path: "net/ipv4/ip_forward".to_owned(),
+            want: "1",
+        },
+        Sysctl {
+            path: "net/ipv6/conf/all/forwarding".to_owned(),
+            want: "1",
+        },
+        Sysctl {
+            path: format!("net/ipv6/conf/{host_if}/addr_gen_mode"),
+            want: "1",
+        },
+        Sysctl {
+            path: format!("net/ipv4/conf/{host_if}/proxy_arp"),
+            want: "1",
+        },
+    ]
+}
+
+fn ns_name(path: &std::path::Path) -> String {
+    path.display().to_string()
+}
+
+/// Creates (or completes) the pod's kernel state; idempotent.
+pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
+    spec.validate()?;
+    let host_if = spec.host_if();
+    let nodename = node.name();
+    let podname = ns_name(&spec.netns);
+    let h = node.handle().await?;
+    let pod = NlConn::open(&NsTarget::Path(spec.netns.clone())).await?;
+    let p = &pod.handle;
+
+    let (host, peer) = ensure_veth(&h, p, spec, &host_if, &nodename, &podname).await?;
+
+    // Host side: sysctls before the link goes up (addr_gen_mode none: no
+    // kernel-made link-local), then up, then fe80::1.
+    let sysctls = host_sysctls(&host_if);
+    let ns = nodename.clone();
+    run_in(&node.target, move || ensure_sysctls(&ns, &sysctls)).await?;
+    if !host.up || host.mtu != spec.mtu {
+        nl::link_up(&h, &nodename, &host, Some(spec.mtu)).await?;
+    }
+    let gw6 = IpNet::new(IpAddr::V6(GATEWAY6), 64).expect("64 is a valid prefix");
+    nl::addr_replace(&h, &nodename, host.index, &host_if, gw6).await?;
+    if spec.has_v4() {
+        ensure_gateway4(&h, &nodename).await?;
+    }
+
+    // Pod side: up, addresses without DAD, routes.
+    if !peer.up || peer.mtu != spec.mtu {
+        nl::link_up(p, &podname, &peer, Some(spec.mtu)).await?;
+    }
+    for a in &spec.addresses {
+        nl::addr_replace(p, &podname, peer.index, &spec.if_name, *a).await?;
+    }
+    for r in spec.pod_routes() {
+        nl::route_replace(p, &podname, &r, peer.index).await?;
+    }
+    if !spec.anycast.is_empty() {
+        let lo = nl::link_by_name(p, &podname, "lo")
+            .await?
+            .ok_or_else(|| Error::LinkNotFound {
+                ifname: "lo".to_owned(),
+                ns: podname.clone(),
+            })?;
+        if !lo.up {
+            nl::link_up(p, &podname, &lo, None).await?;
+        }
+        for a in &spec.anycast {
+            nl::addr_replace(p, &podname, lo.index, "lo", IpNet::from(*a)).await?;
+        }
+    }
+    drop(pod);
+
+    // Host routes, then the anycast nexthop sets.
+    for r in spec.host_routes() {
+        nl::route_replace(&h, &nodename, &r, host.index).await?;
+    }
+    if !spec.anycast.is_empty() {
+        let gw = spec.first_v6();
+        let mut registry = node.anycast.lock().await;
+        for a in &spec.anycast {
+            if a.is_ipv6() && gw.is_none() {
+                return Err(Error::AnycastNeedsIpv6 {
+                    addr: *a,
+                    host_if: host_if.clone(),
+                });
+            }
+            let members = member_set(&h, &nodename, &mut registry, *a).await?;
+            members.insert(host_if.clone(), gw);
+            let members = members.clone();
+            program_anycast(&h, &nodename, *a, &members).await?;
+        }
+    }
+
+    Ok(SetupOutcome {
+        host_if,
+        host_mac: host.mac,
+        pod_if: spec.if_name.clone(),
+        pod_mac: peer.mac,
+        sandbox: spec.netns.clone(),
+    })
+}
+
+/// Makes `169.254.1.1` local to the node's namespace: `169.254.1.1/32 scope
+/// link` on its `lo`. `proxy_arp` alone answers a pod's ARP for the gateway
+/// only when the node routes `169.254.1.1` elsewhere, and would then forward
+/// the pod's packets to it instead of answering them. A link-scope address
+/// on `lo` is never picked as the source of traffic leaving by another
+/// interface, so the node's own traffic is unchanged.
+async fn ensure_gateway4(h: &Handle, nodename: &str) -> Result<()> {
+    let lo = nl::link_by_name(h, nodename, "lo")
+        .await?
+        .ok_or_else(|| Error::LinkNotFound {
+            ifname: "lo".to_owned(),
+            ns: nodename.to_owned(),
+        })?;
+    if !lo.up {
+        nl::link_up(h, nodename, &lo, None).await?;
+    }
+    nl::addr_replace_scoped(h, nodename, lo.index, "lo", gateway4_net(), true).await
+}
+
+/// `169.254.1.1/32`.
+pub(crate) fn gateway4_net() -> IpNet {
+    IpNet::from(IpAddr::V4(GATEWAY4))
+}
+
+/// Finds the veth pair, or (re)creates it with the pod end directly in the
+/// pod's namespace under `if_name`.
+async fn ensure_veth(
+    h: &Handle,
+    p: &Handle,
+    spec: &PodSpec,
+    host_if: &str,
+    nodename: &str,
+    podname: &str,
+) -> Result<(Link, Link)> {
+    let host = nl::link_by_name(h, nodename, host_if).await?;
+    let peer = nl::link_by_name(p, podname, &spec.if_name).await?;
+    match (host, peer) {
+        (Some(host), Some(peer)) if host.kind_veth && host.peer_index == Some(peer.index) => {
+            return Ok((host, peer));
+        }
+        (Some(host), _) => {
+            // Half-built or stale (its peer is elsewhere): start over.
+            nl::link_del(h, nodename, host.index, host_if).await?;
+            if let Some(peer) = nl::link_by_name(p, podname, &spec.if_name).await? {
+                return Err(Error::PodIfaceTaken {
+                    ifname: peer.name,
+                    ns: podname.to_owned(),
+                    host_if: host_if.to_owned(),
+                });
+            }
+        }
+        (None, Some(peer)) => {
+            return Err(Error::PodIfaceTaken {
+                ifname: peer.name,
+                ns: podname.to_owned(),
+                host_if: host_if.to_owned(),
+            });
+        }
+        (None, None) => {}
+    }
+    let netns = File::open(&spec.netns).map_err(|source| Error::OpenNetns {
+        path: spec.netns.clone(),
+        source,
+    })?;
+    let peer_msg = LinkUnspec::new_with_name(&spec.if_name)
+        .mtu(spec.mtu)
+        .setns_by_fd(netns.as_raw_fd())
+        .build();
+    let msg = LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
+        .name(host_if)
+        .mtu(spec.mtu)
+        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
+        .build();
+    h.link()
+        .add(msg)
+        .execute()
+        .await
+        .map_err(|source| Error::Link {
+            op: "create veth",
+            ifname: format!("{host_if} (peer {} in {podname})", spec.if_name),
+            ns: nodename.to_owned(),
+            source: Box::new(source),
+        })?;
+    drop(netns);
+    let host = nl::link_by_name(h, nodename, host_if)
+        .await?
+        .ok_or_else(|| Error::LinkNotFound {
+            ifname: host_if.to_owned(),
+            ns: nodename.to_owned(),
+        })?;
+    let peer = nl::link_by_name(p, podname, &spec.if_name)
+        .await?
+        .ok_or_else(|| Error::LinkNotFound {
+            ifname: spec.if_name.clone(),
+            ns: podname.to_owned(),
+        })?;
+    Ok((host, peer))
+}
+
+/// The registry entry for `addr`, seeded from the kernel's current route on
+/// first use (so an agent restart picks up what is installed).
+pub(crate) async fn member_set<'a>(
+    h: &Handle,
+    ns: &str,
+    registry: &'a mut std::collections::HashMap<IpAddr, BTreeMap<String, Option<Ipv6Addr>>>,
+    addr: IpAddr,
+) -> Result<&'a mut BTreeMap<String, Option<Ipv6Addr>>> {
+    let vacant = match registry.entry(addr) {
+        std::collections::hash_map::Entry::Occupied(o) => return Ok(o.into_mut()),
+        std::collections::hash_map::Entry::Vacant(v) => v,
+    };
+    let dst = IpNet::from(addr);
+    let routes = nl::main_routes(h, ns).await?;
+    let links = nl::links(h, ns).await?;
+    let mut seeded = BTreeMap::new();
+    if let Some(r) = routes.iter().find(|r| r.dst == dst && is_unicast(r)) {
+        for (idx, gw) in &r.nexthops {
+            if let Some(l) = links.iter().find(|l| l.index == *idx) {
+                let gw6 = match gw {
+                    Some(IpAddr::V6(g)) => Some(*g),
+                    _ => None,
+                };
+                seeded.insert(l.name.clone(), gw6);
+            }
+        }
+    }
+    Ok(vacant.insert(seeded))
+}
+
+fn is_unicast(r: &KRoute) -> bool {
+    r.kind == netlink_packet_route::route::RouteType::Unicast
+}
+
+/// Installs the route for `addr` over `members` (skipping links that no
+/// longer exist); no member left = no route.
+pub(crate) async fn program_anycast(
+    h: &Handle,
+    ns: &str,
+    addr: IpAddr,
+    members: &BTreeMap<String, Option<Ipv6Addr>>,
+) -> Result<()> {
+    let links = nl::links(h, ns).await?;
+    let mut hops = Vec::new();
+    for (name, gw6) in members {
+        let Some(l) = links.iter().find(|l| &l.name == name) else {
+            continue;
+        };
+        let gw = match addr {
+            IpAddr::V4(_) => None,
+            IpAddr::V6(_) => match gw6 {
+                Some(g) => Some(IpAddr::V6(*g)),
+                None => {
+                    return Err(Error::AnycastNeedsIpv6 {
+                        addr,
+                        host_if: name.clone(),
+                    });
+                }
+            },
+        };
+        hops.push((l.index, name.clone(), gw));
+    }
+    nl::multipath_replace(h, ns, IpNet::from(addr), &hops).await
+}
+
+/// Removes the pod's veth (which takes the pod end with it), its host
+/// routes and its anycast nexthops, and its anycast addresses from the pod's
+/// `lo` if the namespace still exists. Already gone = done; keeps going past
+/// errors and reports all of them.
+pub async fn teardown(node: &NodeNs, spec: &PodSpec) -> Result<(), TeardownError> {
+    let mut errors = Vec::new();
+    let host_if = spec.host_if();
+    let nodename = node.name();
+    let h = match node.handle().await {
+        Ok(h) => h,
+        Err(e) => return Err(TeardownError { errors: vec![e] }),
+    };
+
+    // Anycast first: IPv4 drops a whole multipath route when one nexthop's
+    // device disappears, so the new set goes in before the veth goes away.
+    if !spec.anycast.is_empty() {
+        let mut registry = node.anycast.lock().await;
+        for a in &spec.anycast {
+            let result = async {
+                let members = member_set(&h, &nodename, &mut registry, *a).await?;
+                members.remove(&host_if);
+                let members = members.clone();
+                program_anycast(&h, &nodename, *a, &members).await
+            }
+            .await;
+            if let Err(e) = result {
+                errors.push(e);
+            }
+        }
+    }
+
+    match nl::link_by_name(&h, &nodename, &host_if).await {
+        Ok(Some(host)) => {
+            for r in spec.host_routes() {
+                if let Err(e) = nl::route_del(&h, &nodename, &r, host.index).await {
+                    errors.push(e);
+                }
+            }
+            if let Err(e) = nl::link_del(&h, &nodename, host.index, &host_if).await {
+                errors.push(e);
+            }
+        }
+        // no veth: the kernel removed its routes with it
+        Ok(None) => {}
+        Err(e) => errors.push(e),
+    }
+
+    if !spec.anycast.is_empty() && spec.netns.exists() {
+        let podname = ns_name(&spec.netns);
+        match NlConn::open(&NsTarget::Path(spec.netns.clone())).await {
+            Ok(pod) => match nl::link_by_name(&pod.handle, &podname, "lo").await {
+                Ok(Some(lo)) => {
+                    for a in &spec.anycast {
+                        let net = IpNet::from(*a);
+                        if let Err(e) =
+                            nl::addr_del(&pod.handle, &podname, lo.index, "lo", net).await
+                        {
+                            errors.push(e);
+                        }
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => errors.push(e),
+            },
+            // the namespace vanished in between: nothing left to clean
+            Err(e) if matches!(e.errno(), Some(nl::ENOENT)) => {}
+            Err(e) => errors.push(e),
+        }
+    }
+
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(TeardownError { errors })
+    }
+}
+
+/// Which namespace a [`Mismatch`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// The node's namespace (host veth, host routes).
+    Host,
+    /// The pod's namespace.
+    Pod,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Host => "host",
+            Side::Pod => "pod",
+        })
+    }
+}
+
+/// One difference between the kernel and what a pod should have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mismatch {
+    /// The pod's namespace file does not exist.
+    NetnsMissing {
+        /// The path.
+        path: PathBuf,
+    },
+    /// An interface is missing.
+    LinkMissing {
+        /// Where.
+        side: Side,
+        /// Which.
+        ifname: String,
+    },
+    /// An interface is administratively down.
+    LinkDown {
+        /// Where.
+        side: Side,
+        /// Which.
+        ifname: String,
+    },
+    /// An interface has the wrong MTU.
+    Mtu {
+        /// Where.
+        side: Side,
+        /// Which.
+        ifname: String,
+        /// Wanted.
+        expected: u32,
+        /// Found.
+        actual: u32,
+    },
+    /// An address is missing from an interface.
+    AddressMissing {
+        /// Where.
+        side: Side,
+        /// Which interface.
+        ifname: String,
+        /// Which address.
+        addr: IpNet,
+    },
+    /// An interface carries an address it should not.
+    AddressExtra {
+        /// Where.
+        side: Side,
+        /// Which interface.
+        ifname: String,
+        /// Which address.
+        addr: IpNet,
+    },
+    /// A route is missing (or goes elsewhere).
+    RouteMissing {
+        /// Where.
+        side: Side,
+        /// The route that should be there.
+        route: RouteSpec,
+    },
+    /// The anycast route lacks this pod's nexthop.
+    AnycastNexthopMissing {
+        /// The anycast address.
+        addr: IpAddr,
+        /// The pod's host veth.
+        host_if: String,
+    },
+    /// A sysctl has the wrong value.
+    Sysctl {
+        /// Where.
+        side: Side,
+        /// Path under `/proc/sys`.
+        path: String,
+        /// Wanted.
+        expected: String,
+        /// Found (or the read error).
+        actual: String,
+    },
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mismatch::NetnsMissing { path } => {
+                write!(f, "network namespace {} is missing", path.display())
+            }
+            Mismatch::LinkMissing { side, ifname } => {
+                write!(f, "{side} interface {ifname} is missing")
+            }
+            Mismatch::LinkDown { side, ifname } => write!(f, "{side} interface {ifname} is down"),
+            Mismatch::Mtu {
+                side,
+                ifname,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "{side} interface {ifname} has mtu {actual}, expected {expected}"
+            ),
+            Mismatch::AddressMissing { side, ifname, addr } => {
+                write!(f, "address {addr} is missing on {side} interface {ifname}")
+            }
+            Mismatch::AddressExtra { side, ifname, addr } => {
+                write!(f, "unexpected address {addr} on {side} interface {ifname}")
+            }
+            Mismatch::RouteMissing { side, route } => {
+                write!(f, "{side} route {route} is missing")
+            }
+            Mismatch::AnycastNexthopMissing { addr, host_if } => {
+                write!(f, "anycast route {addr} has no nexthop via {host_if}")
+            }
+            Mismatch::Sysctl {
+                side,
+                path,
+                expected,
+                actual,
+            } => write!(f, "{side} sysctl {path} is {actual}, expected {expected}"),
+        }
+    }
+}
+
+/// Compares both namespaces with what `spec` should have; an empty list
+/// means the pod is intact. `Err` only when the kernel could not be read.
+pub async fn check(node: &NodeNs, spec: &PodSpec) -> Result<Vec<Mismatch>> {
+    let mut out = Vec::new();
+    let host_if = spec.host_if();
+    let nodename = node.name();
+    let h = node.handle().await?;
+
+    // Host side.
+    let host = nl::link_by_name(&h, &nodename, &host_if).await?;
+    let host_routes = nl::main_routes(&h, &nodename).await?;
+    match &host {
+        None => out.push(Mismatch::LinkMissing {
+            side: Side::Host,
+            ifname: host_if.clone(),
+        }),
+        Some(host) => {
+            link_state(&mut out, Side::Host, host, spec.mtu);
+            let gw6 = IpNet::new(IpAddr::V6(GATEWAY6), 64).expect("64 is a valid prefix");
+            let have = nl::addrs(&h, &nodename, host.index, &host_if).await?;
+            addr_diff(&mut out, Side::Host, &host_if, &[gw6], &have, false);
+            let sysctls = host_sysctls(&host_if);
+            let ns = nodename.clone();
+            let values = run_in(&node.target, move || {
+                Ok(sysctls
+                    .into_iter()
+                    .map(|s| {
+                        let v = read_sysctl(&ns, &s.path).unwrap_or_else(|e| e.to_string());
+                        (s, v)
+                    })
+                    .collect::<Vec<_>>())
+            })
+            .await?;
+            for (s, v) in values {
+                if v != s.want {
+                    out.push(Mismatch::Sysctl {
+                        side: Side::Host,
+                        path: s.path,
+                        expected: s.want.to_owned(),
+                        actual: v,
+                    });
+                }
+            }
+        }
+    }
+    if spec.has_v4() {
+        match nl::link_by_name(&h, &nodename, "lo").await? {
+            Some(lo) => {
+                let have = nl::addrs(&h, &nodename, lo.index, "lo").await?;
+                if !have.iter().any(|a| a.net == gateway4_net()) {
+                    out.push(Mismatch::AddressMissing {
+                        side: Side::Host,
+                        ifname: "lo".to_owned(),
+                        addr: gateway4_net(),
+                    });
+                }
+            }
+            None => out.push(Mismatch::LinkMissing {
+                side: Side::Host,
+                ifname: "lo".to_owned(),
+            }),
+        }
+    }
+    let host_index = host.as_ref().map(|l| l.index);
+    for r in spec.host_routes() {
+        let ok = host_index.is_some_and(|idx| {
+            host_routes
+                .iter()
+                .any(|k| k.dst == r.dst && is_unicast(k) && k.nexthops == vec![(idx, None)])
+        });
+        if !ok {
+            out.push(Mismatch::RouteMissing {
+                side: Side::Host,
+                route: r,
+            });
+        }
+    }
+    for a in &spec.anycast {
+        let dst = IpNet::from(*a);
+        let ok = host_index.is_some_and(|idx| {
+            host_routes
+                .iter()
+                .any(|k| k.dst == dst && k.nexthops.iter().any(|(i, _)| *i == idx))
+        });
+        if !ok {
+            out.push(Mismatch::AnycastNexthopMissing {
+                addr: *a,
+                host_if: host_if.clone(),
+            });
+        }
+    }
+
+    // Pod side.
+    if !spec.netns.exists() {
+        out.push(Mismatch::NetnsMissing {
+            path: spec.netns.clone(),
+        });
+        return Ok(out);
+    }
+    let podname = ns_name(&spec.netns);
+    let pod = NlConn::open(&NsTarget::Path(spec.netns.clone())).await?;
+    let p = &pod.handle;
+    let Some(peer) = nl::link_by_name(p, &podname, &spec.if_name).await? else {
+        out.push(Mismatch::LinkMissing {
+            side: Side::Pod,
+            ifname: spec.if_name.clone(),
+        });
+        return Ok(out);
+    };
+    link_state(&mut out, Side::Pod, &peer, spec.mtu);
+    let have = nl::addrs(p, &podname, peer.index, &spec.if_name).await?;
+    addr_diff(
+        &mut out,
+        Side::Pod,
+        &spec.if_name,
+        &spec.addresses,
+        &have,
+        true,
+    );
+    let routes = nl::main_routes(p, &podname).await?;
+    for r in spec.pod_routes() {
+        let ok = routes.iter().any(|k| {
+            k.dst == r.dst && is_unicast(k) && k.nexthops == vec![(peer.index, r.gateway)]
+        });
+        if !ok {
+            out.push(Mismatch::RouteMissing {
+                side: Side::Pod,
+                route: r,
+            });
+        }
+    }
+    if !spec.anycast.is_empty() {
+        match nl::link_by_name(p, &podname, "lo").await? {
+            None => out.push(Mismatch::LinkMissing {
+                side: Side::Pod,
+                ifname: "lo".to_owned(),
+            }),
+            Some(lo) => {
+                let have = nl::addrs(p, &podname, lo.index, "lo").await?;
+                for a in &spec.anycast {
+                    let net = IpNet::from(*a);
+                    if !have.iter().any(|x| x.net == net) {
+                        out.push(Mismatch::AddressMissing {
+                            side: Side::Pod,
+                            ifname: "lo".to_owned(),
+                            addr: net,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn link_state(out: &mut Vec<Mismatch>, side: Side, link: &Link, mtu: u32) {
+    if !link.up {
+        out.push(Mismatch::LinkDown {
+            side,
+            ifname: link.name.clone(),
+        });
+    }
+    if link.mtu != mtu {
+        out.push(Mismatch::Mtu {
+            side,
+            ifname: link.name.clone(),
+            expected: mtu,
+            actual: link.mtu,
+        });
+    }
+}
+
+fn addr_diff(
+    out: &mut Vec<Mismatch>,
+    side: Side,
+    ifname: &str,
+    want: &[IpNet],
+    have: &[nl::Addr],
+    ignore_link_local: bool,
+) {
+    for w in want {
+        if !have.iter().any(|h| h.net == *w) {
+            out.push(Mismatch::AddressMissing {
+                side,
+                ifname: ifname.to_owned(),
+                addr: *w,
+            });
+        }
+    }
+    for h in have {
+        let link_local = matches!(h.net.addr(), IpAddr::V6(a) if a.is_unicast_link_local());
+        if ignore_link_local && link_local {
+            continue;
+        }
+        if !want.contains(&h.net) {
+            out.push(Mismatch::AddressExtra {
+                side,
+                ifname: ifname.to_owned(),
+                addr: h.net,
+            });
+        }
+    }
+}

@@ -1,0 +1,419 @@
+//! Kernel tests: real veths, addresses, routes and pings in namespaces made
+//! by the test (a stand-in node namespace and pod namespaces); never the
+//! machine's own namespace.
+#![cfg(feature = "root-tests")]
+
+use flock_netns::{
+    AnycastMember, Mismatch, NodeNs, PodSpec, RouteSpec, Side, check, ensure_blackholes,
+    host_ifname, host_routes, list_host_ifaces, remove_blackhole, remove_host_iface, setup,
+    sync_anycast, teardown,
+};
+use flock_testkit::Netns;
+use ipnet::IpNet;
+use std::net::IpAddr;
+
+fn spec(pod: &Netns, id: &str, addrs: &[&str], anycast: &[&str]) -> PodSpec {
+    PodSpec {
+        container_id: id.to_owned(),
+        netns: pod.path(),
+        if_name: "eth0".to_owned(),
+        mtu: 1500,
+        addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+        anycast: anycast.iter().map(|a| a.parse().unwrap()).collect(),
+    }
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+/// `ip` dumps of a namespace with volatile fields removed: address
+/// lifetimes, carrier/operational state and the pod's kernel-made link-local
+/// address (it appears and finishes DAD on its own time).
+fn dump(ns: &Netns) -> String {
+    let mut out = String::new();
+    for args in [
+        &["ip", "-d", "addr"][..],
+        &["ip", "route"][..],
+        &["ip", "-6", "route"][..],
+    ] {
+        out.push_str(
+            &ns.ok(args)
+                .lines()
+                .filter(|l| !l.contains("valid_lft") && !l.contains("inet6 fe80::"))
+                .map(|l| {
+                    l.replace("NO-CARRIER,", "")
+                        .replace("state DOWN", "state UP")
+                        .replace("state LOWERLAYERDOWN", "state UP")
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        );
+        out.push('\n');
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_reach_the_gateway_and_each_other_over_both_families() {
+    let node_ns = Netns::new("node");
+    let (pa, pb) = (Netns::new("pod"), Netns::new("pod"));
+    let node = NodeNs::at(node_ns.path());
+    let a = spec(&pa, "ctr-a", &["2001:db8:1::a/128", "10.244.1.10/32"], &[]);
+    let b = spec(&pb, "ctr-b", &["2001:db8:1::b/128", "10.244.1.11/32"], &[]);
+    let out = setup(&node, &a).await.unwrap();
+    assert_eq!(out.host_if, host_ifname("ctr-a"));
+    assert_eq!(out.pod_if, "eth0");
+    assert_eq!(out.sandbox, pa.path());
+    assert_eq!(out.host_mac.len(), 17);
+    assert_ne!(out.host_mac, out.pod_mac);
+    setup(&node, &b).await.unwrap();
+
+    assert!(pa.pings("fe80::1%eth0"), "pod a → host gateway over IPv6");
+    assert!(pa.pings("169.254.1.1"), "pod a → host gateway over IPv4");
+    assert!(pa.pings("2001:db8:1::b"), "pod a → pod b over IPv6");
+    assert!(pa.pings("10.244.1.11"), "pod a → pod b over IPv4");
+    assert!(pb.pings("2001:db8:1::a"), "pod b → pod a over IPv6");
+    assert!(pb.pings("10.244.1.10"), "pod b → pod a over IPv4");
+
+    // the pod side is exactly DESIGN §5
+    let routes6 = pa.ok(["ip", "-6", "route", "show", "default"]);
+    assert!(
+        routes6.contains("default via fe80::1 dev eth0"),
+        "{routes6}"
+    );
+    let routes4 = pa.ok(["ip", "route"]);
+    assert!(
+        routes4.contains("default via 169.254.1.1 dev eth0"),
+        "{routes4}"
+    );
+    assert!(
+        routes4.contains("169.254.1.1 dev eth0 proto static scope link"),
+        "{routes4}"
+    );
+    let addrs = pa.ok(["ip", "-6", "addr", "show", "dev", "eth0"]);
+    assert!(addrs.contains("2001:db8:1::a/128"), "{addrs}");
+    let global = addrs.lines().find(|l| l.contains("2001:db8:1::a")).unwrap();
+    assert!(
+        global.contains("nodad") && !global.contains("tentative"),
+        "{addrs}"
+    );
+    let host = node_ns.ok(["ip", "-6", "addr", "show", "dev", &out.host_if]);
+    assert!(host.contains("fe80::1/64"), "{host}");
+    assert_eq!(host.matches("inet6").count(), 1, "only fe80::1: {host}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_and_teardown_are_idempotent() {
+    let node_ns = Netns::new("node");
+    let pod = Netns::new("pod");
+    let node = NodeNs::at(node_ns.path());
+    let s = spec(
+        &pod,
+        "ctr-idem",
+        &["2001:db8:2::5/128", "10.244.2.5/32", "2001:db8:ff::5/128"],
+        &["2001:db8:aa::1", "10.100.0.1"],
+    );
+    let first = setup(&node, &s).await.unwrap();
+    let (node1, pod1) = (dump(&node_ns), dump(&pod));
+    let second = setup(&node, &s).await.unwrap();
+    assert_eq!(first, second);
+    assert_eq!(dump(&node_ns), node1);
+    assert_eq!(dump(&pod), pod1);
+
+    // half-built: routes and an address gone → completed by a new setup
+    node_ns.ok(["ip", "route", "del", "10.244.2.5/32"]);
+    pod.ok(["ip", "-6", "route", "del", "default"]);
+    pod.ok(["ip", "addr", "del", "10.244.2.5/32", "dev", "eth0"]);
+    setup(&node, &s).await.unwrap();
+    assert_eq!(dump(&node_ns), node1);
+    assert_eq!(dump(&pod), pod1);
+    assert_eq!(check(&node, &s).await.unwrap(), vec![]);
+
+    teardown(&node, &s).await.unwrap();
+    teardown(&node, &s).await.unwrap();
+    assert!(list_host_ifaces(&node).await.unwrap().is_empty());
+    assert!(host_routes(&node).await.unwrap().is_empty());
+    assert!(!node_ns.ok(["ip", "-6", "route"]).contains("2001:db8"));
+
+    // teardown after the pod namespace was deleted
+    let gone = Netns::new("pod");
+    let s2 = spec(
+        &gone,
+        "ctr-gone",
+        &["2001:db8:2::6/128", "10.244.2.6/32"],
+        &[],
+    );
+    setup(&node, &s2).await.unwrap();
+    drop(gone);
+    teardown(&node, &s2).await.unwrap();
+    let routes = format!(
+        "{}{}",
+        node_ns.ok(["ip", "route"]),
+        node_ns.ok(["ip", "-6", "route"])
+    );
+    assert!(!routes.contains("10.244.2.6"), "{routes}");
+    assert!(!routes.contains("2001:db8:2::6"), "{routes}");
+    assert!(host_routes(&node).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_each_difference_precisely() {
+    let node_ns = Netns::new("node");
+    let pod = Netns::new("pod");
+    let node = NodeNs::at(node_ns.path());
+    let s = spec(
+        &pod,
+        "ctr-check",
+        &["2001:db8:3::7/128", "10.244.3.7/32"],
+        &[],
+    );
+    let host_if = host_ifname("ctr-check");
+    setup(&node, &s).await.unwrap();
+    assert_eq!(check(&node, &s).await.unwrap(), vec![]);
+
+    pod.ok([
+        "ip",
+        "-6",
+        "addr",
+        "del",
+        "2001:db8:3::7/128",
+        "dev",
+        "eth0",
+    ]);
+    assert_eq!(
+        check(&node, &s).await.unwrap(),
+        vec![Mismatch::AddressMissing {
+            side: Side::Pod,
+            ifname: "eth0".into(),
+            addr: net("2001:db8:3::7/128"),
+        }]
+    );
+    setup(&node, &s).await.unwrap();
+
+    node_ns.ok(["ip", "route", "del", "10.244.3.7/32"]);
+    assert_eq!(
+        check(&node, &s).await.unwrap(),
+        vec![Mismatch::RouteMissing {
+            side: Side::Host,
+            route: RouteSpec {
+                dst: net("10.244.3.7/32"),
+                gateway: None,
+                dev: host_if.clone(),
+            },
+        }]
+    );
+    setup(&node, &s).await.unwrap();
+
+    node_ns.ok([
+        "sysctl",
+        "-qw",
+        &format!("net.ipv4.conf.{host_if}.proxy_arp=0"),
+    ]);
+    let m = check(&node, &s).await.unwrap();
+    assert_eq!(
+        m,
+        vec![Mismatch::Sysctl {
+            side: Side::Host,
+            path: format!("net/ipv4/conf/{host_if}/proxy_arp"),
+            expected: "1".into(),
+            actual: "0".into(),
+        }]
+    );
+    assert_eq!(
+        m[0].to_string(),
+        format!("host sysctl net/ipv4/conf/{host_if}/proxy_arp is 0, expected 1")
+    );
+    setup(&node, &s).await.unwrap();
+    assert_eq!(check(&node, &s).await.unwrap(), vec![]);
+
+    // a link down on the pod side also drops its IPv6 address and route
+    pod.ok(["ip", "link", "set", "eth0", "down"]);
+    let m = check(&node, &s).await.unwrap();
+    assert!(
+        m.contains(&Mismatch::LinkDown {
+            side: Side::Pod,
+            ifname: "eth0".into()
+        }),
+        "{m:?}"
+    );
+    setup(&node, &s).await.unwrap();
+    assert_eq!(check(&node, &s).await.unwrap(), vec![]);
+
+    // host link down: reported as such (its fe80::1 goes with it)
+    node_ns.ok(["ip", "link", "set", &host_if, "down"]);
+    let m = check(&node, &s).await.unwrap();
+    assert_eq!(
+        m[0],
+        Mismatch::LinkDown {
+            side: Side::Host,
+            ifname: host_if.clone()
+        },
+        "{m:?}"
+    );
+    setup(&node, &s).await.unwrap();
+    assert_eq!(check(&node, &s).await.unwrap(), vec![]);
+
+    // MTU and missing namespace
+    node_ns.ok(["ip", "link", "set", &host_if, "mtu", "1400"]);
+    assert_eq!(
+        check(&node, &s).await.unwrap(),
+        vec![Mismatch::Mtu {
+            side: Side::Host,
+            ifname: host_if.clone(),
+            expected: 1500,
+            actual: 1400
+        }]
+    );
+    let path = pod.path();
+    drop(pod);
+    // the kernel destroys a namespace's links asynchronously
+    for _ in 0..100 {
+        if list_host_ifaces(&node).await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let m = check(&node, &s).await.unwrap();
+    assert!(
+        m.contains(&Mismatch::LinkMissing {
+            side: Side::Host,
+            ifname: host_if.clone()
+        }),
+        "{m:?}"
+    );
+    assert!(m.contains(&Mismatch::NetnsMissing { path }), "{m:?}");
+}
+
+fn anycast_route(node_ns: &Netns, family: &str, addr: &str) -> String {
+    node_ns.ok(["ip", family, "route", "show", addr])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anycast_route_follows_its_pods() {
+    let node_ns = Netns::new("node");
+    let (pa, pb, pc) = (Netns::new("pod"), Netns::new("pod"), Netns::new("pod"));
+    let node = NodeNs::at(node_ns.path());
+    // a client pod without the anycast address
+    let c = spec(&pc, "any-c", &["2001:db8:4::c/128", "10.244.4.12/32"], &[]);
+    setup(&node, &c).await.unwrap();
+    let any = ["2001:db8:aa::53", "10.100.0.53"];
+    let a = spec(&pa, "any-a", &["2001:db8:4::a/128", "10.244.4.10/32"], &any);
+    let b = spec(&pb, "any-b", &["2001:db8:4::b/128", "10.244.4.11/32"], &any);
+    let (ha, hb) = (host_ifname("any-a"), host_ifname("any-b"));
+    setup(&node, &a).await.unwrap();
+    setup(&node, &b).await.unwrap();
+
+    for (fam, addr) in [("-6", any[0]), ("-4", any[1])] {
+        let r = anycast_route(&node_ns, fam, addr);
+        assert_eq!(r.matches("nexthop").count(), 2, "{r}");
+        assert!(r.contains(&ha) && r.contains(&hb), "{r}");
+    }
+    assert!(
+        pa.ok(["ip", "addr", "show", "dev", "lo"])
+            .contains("10.100.0.53/32")
+    );
+    // a pod of the node reaches the anycast address over both families
+    assert!(pc.pings("2001:db8:aa::53"));
+    assert!(pc.pings("10.100.0.53"));
+    assert_eq!(check(&node, &a).await.unwrap(), vec![]);
+
+    teardown(&node, &a).await.unwrap();
+    for (fam, addr) in [("-6", any[0]), ("-4", any[1])] {
+        let r = anycast_route(&node_ns, fam, addr);
+        assert_eq!(r.lines().count(), 1, "one nexthop left: {r}");
+        assert!(r.contains(&hb) && !r.contains(&ha), "{r}");
+        assert!(!r.contains("nexthop"), "{r}");
+    }
+    assert!(pc.pings("10.100.0.53"));
+    assert!(pc.pings("2001:db8:aa::53"));
+
+    teardown(&node, &b).await.unwrap();
+    for (fam, addr) in [("-6", any[0]), ("-4", any[1])] {
+        assert_eq!(anycast_route(&node_ns, fam, addr), "");
+    }
+
+    // sync_anycast sets the whole set; empty deletes
+    setup(&node, &a).await.unwrap();
+    setup(&node, &b).await.unwrap();
+    let addr: IpAddr = any[1].parse().unwrap();
+    sync_anycast(
+        &node,
+        addr,
+        &[AnycastMember {
+            host_if: hb.clone(),
+            pod_ip6: None,
+        }],
+    )
+    .await
+    .unwrap();
+    let r = anycast_route(&node_ns, "-4", any[1]);
+    assert!(r.contains(&hb) && !r.contains(&ha), "{r}");
+    sync_anycast(&node, addr, &[]).await.unwrap();
+    assert_eq!(anycast_route(&node_ns, "-4", any[1]), "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackholes_and_inventory() {
+    let node_ns = Netns::new("node");
+    let pod = Netns::new("pod");
+    let node = NodeNs::at(node_ns.path());
+    let cidrs = [net("2001:db8:5::/64"), net("10.244.5.0/24")];
+    ensure_blackholes(&node, &cidrs).await.unwrap();
+    ensure_blackholes(&node, &cidrs).await.unwrap();
+    assert!(
+        node_ns
+            .ok(["ip", "-6", "route"])
+            .contains("blackhole 2001:db8:5::/64")
+    );
+    assert_eq!(
+        node_ns.ok(["ip", "route"]).trim(),
+        "blackhole 10.244.5.0/24 proto static"
+    );
+    let s = spec(&pod, "inv", &["2001:db8:5::9/128", "10.244.5.9/32"], &[]);
+    setup(&node, &s).await.unwrap();
+    let ifaces = list_host_ifaces(&node).await.unwrap();
+    assert_eq!(ifaces.len(), 1);
+    assert_eq!(ifaces[0].name, host_ifname("inv"));
+    assert!(ifaces[0].up);
+    let routes = host_routes(&node).await.unwrap();
+    let dsts: Vec<String> = routes.iter().map(|r| r.dst.to_string()).collect();
+    assert_eq!(dsts, ["10.244.5.9/32", "2001:db8:5::9/128"]);
+    // a more specific host route wins over the blackhole
+    assert!(pod.pings("10.244.5.9"));
+    assert!(remove_host_iface(&node, &ifaces[0].name).await.unwrap());
+    assert!(!remove_host_iface(&node, &ifaces[0].name).await.unwrap());
+    assert!(host_routes(&node).await.unwrap().is_empty());
+    for c in cidrs {
+        remove_blackhole(&node, c).await.unwrap();
+        remove_blackhole(&node, c).await.unwrap();
+    }
+    assert_eq!(node_ns.ok(["ip", "route"]), "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_the_namespace_and_interface() {
+    let node_ns = Netns::new("node");
+    let node = NodeNs::at(node_ns.path());
+    let pod = Netns::new("pod");
+    let mut s = spec(&pod, "err", &["2001:db8:6::1/128"], &[]);
+    s.netns = "/run/netns/flock-no-such-netns".into();
+    let e = setup(&node, &s).await.unwrap_err();
+    assert_eq!(e.errno(), Some(2));
+    assert!(
+        e.to_string().contains("/run/netns/flock-no-such-netns"),
+        "{e}"
+    );
+    s.netns = pod.path();
+    s.if_name = "a-very-long-interface-name".into();
+    let e = setup(&node, &s).await.unwrap_err();
+    assert!(e.to_string().contains("a-very-long-interface-name"), "{e}");
+    // the pod's interface name is taken by something that is not ours
+    pod.ok([
+        "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "other",
+    ]);
+    s.if_name = "eth0".into();
+    let e = setup(&node, &s).await.unwrap_err();
+    assert!(e.to_string().contains("eth0"), "{e}");
+    assert!(list_host_ifaces(&node).await.unwrap().is_empty());
+}
