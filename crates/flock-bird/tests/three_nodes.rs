@@ -11,7 +11,8 @@
 //! carries both families (IPv4 with extended next hop). The test checks that
 //! sessions come up, that each node CIDR reaches the other nodes' kernels,
 //! that an anycast address appears and disappears with `birdc configure`,
-//! and that an anycast address hosted on A and B gives C a two-path route.
+//! that an anycast address hosted on A and B gives C a two-path route, and
+//! that learned routes stay in the kernel when BIRD shuts down.
 #![cfg(feature = "root-tests")]
 
 use std::path::PathBuf;
@@ -152,6 +153,22 @@ impl Node {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+impl Node {
+    /// Waits for BIRD to exit on its own (after `birdc down`).
+    fn wait_exit(&mut self) {
+        let child = self.bird.as_mut().expect("bird was started");
+        let start = Instant::now();
+        while child.try_wait().expect("wait for bird").is_none() {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "BIRD did not exit after `birdc down`"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.bird = None;
     }
 }
 
@@ -308,4 +325,15 @@ fn three_nodes_route_cidrs_and_anycast() {
         let r = node.route(anycast);
         assert!(!r.contains(other), "{}: {r}", node.ns.name());
     }
+
+    // A clean BIRD shutdown on B leaves its learned routes in the kernel
+    // (`persist`), so pod traffic keeps flowing while BIRD restarts.
+    let down = b.birdc(&["down"]);
+    assert!(down.contains("Shutdown requested"), "birdc down: {down}");
+    b.wait_exit();
+    let kept = b.route("2001:db8:a::/64");
+    assert!(
+        kept.contains("proto bird"),
+        "route lost on shutdown: {kept:?}"
+    );
 }
