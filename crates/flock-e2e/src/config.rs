@@ -60,6 +60,7 @@ impl ContainerdConfig {
     /// - `restrict_oom_score_adj`: root here lacks CAP_SYS_RESOURCE.
     /// - `netns_mounts_under_state_dir`: sandbox netns pins live under our
     ///   state dir, not the machine's `/run/netns`.
+    /// - runc's state under ours, not the machine's `/run/containerd/runc`.
     /// - no TCP, no streaming on a fixed port: two instances can run at once.
     /// - `max_conf_num = 1`: the CRI plugin uses the first conflist, as
     ///   kubelet's containerd does.
@@ -105,6 +106,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        Root = {runc_root}
 
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = {bin_dir}
@@ -117,6 +119,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             ttrpc = toml_string(&format!("{}.ttrpc", self.socket.display())),
             image = toml_string(&self.sandbox_image),
             snapshotter = toml_string(self.snapshotter.as_str()),
+            runc_root = q(&self.state.join("runc")),
             bin_dir = q(&self.cni_bin_dir),
             conf_dir = q(&self.cni_conf_dir),
         )

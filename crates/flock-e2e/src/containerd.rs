@@ -179,6 +179,7 @@ impl Containerd {
     /// run (sandboxes), so that nothing holds its mount namespace. Done on
     /// drop; safe to call twice.
     pub fn kill(&mut self) {
+        let tasks = self.tasks();
         let shims = shims_of(&self.config.socket);
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -197,12 +198,62 @@ impl Containerd {
         while killed.iter().any(|&pid| is_alive(pid)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
+        // What a clean RemovePodSandbox would have removed: the shims'
+        // sockets (under the machine's /run/containerd/s) and the cgroups.
+        for task in tasks {
+            if let Some(socket) = &task.shim_socket {
+                let _ = std::fs::remove_file(socket);
+            }
+            remove_cgroups(&task.id);
+        }
+    }
+
+    /// The tasks (sandboxes, containers) whose bundles are in the state dir.
+    fn tasks(&self) -> Vec<Task> {
+        let dir = self
+            .config
+            .state
+            .join("io.containerd.runtime.v2.task")
+            .join("k8s.io");
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .map(|e| Task {
+                id: e.file_name().to_string_lossy().into_owned(),
+                shim_socket: std::fs::read_to_string(e.path().join("address"))
+                    .ok()
+                    .and_then(|a| a.trim().strip_prefix("unix://").map(PathBuf::from)),
+            })
+            .collect()
     }
 }
 
 impl Drop for Containerd {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A task bundle containerd left in its state dir.
+struct Task {
+    id: String,
+    shim_socket: Option<PathBuf>,
+}
+
+/// Removes the (empty, once its processes are dead) cgroup runc made for
+/// task `id` under the CRI plugin's `k8s.io` parent, in every hierarchy.
+fn remove_cgroups(id: &str) {
+    if id.is_empty() || id.contains('/') || id.starts_with('.') {
+        return;
+    }
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup/k8s.io").join(id));
+    for h in hierarchies.flatten() {
+        let _ = std::fs::remove_dir(h.path().join("k8s.io").join(id));
     }
 }
 

@@ -264,6 +264,14 @@ async fn drop_kills_containerd_shims_sandboxes_and_hooked_processes() {
     let containerd_pid = node.containerd().pid();
     let netns_name = node.netns().name().to_owned();
     let dir = node.dir().to_owned();
+    let address = std::fs::read_to_string(
+        dir.join("state/io.containerd.runtime.v2.task/k8s.io")
+            .join(&run.id)
+            .join("address"),
+    )
+    .expect("the sandbox's shim address file");
+    let shim_socket = address.trim().trim_start_matches("unix://").to_owned();
+    assert!(Path::new(&shim_socket).exists(), "{shim_socket}");
     drop(cri);
 
     // Dropped with a sandbox still running, as when a test panics.
@@ -276,6 +284,17 @@ async fn drop_kills_containerd_shims_sandboxes_and_hooked_processes() {
     }
     assert!(!Path::new("/run/netns").join(&netns_name).exists());
     assert!(!dir.exists(), "harness directory left");
+    assert!(
+        !Path::new(&shim_socket).exists(),
+        "shim socket {shim_socket} left"
+    );
+    for h in std::fs::read_dir("/sys/fs/cgroup")
+        .expect("cgroup fs")
+        .flatten()
+    {
+        let cg = h.path().join("k8s.io").join(&run.id);
+        assert!(!cg.exists(), "cgroup {} left", cg.display());
+    }
     let shims = std::process::Command::new("pgrep")
         .args(["-f", &dir.display().to_string()])
         .output()
