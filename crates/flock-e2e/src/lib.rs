@@ -156,3 +156,8 @@ pub(crate) fn run_checked(cmd: &mut std::process::Command) -> Result<String> {
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// The README's examples, compiled (and the pure one run) as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
