@@ -19,11 +19,13 @@ const TEST_PACKAGES: &[&str] = &[
     "iproute2",
     "iputils-ping",
     "procps",
+    "curl",
     "bird2",
     "containernetworking-plugins",
     "containerd",
     "runc",
     "busybox-static",
+    "protobuf-compiler",
 ];
 
 fn main() -> Result<()> {

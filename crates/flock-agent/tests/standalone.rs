@@ -1,0 +1,519 @@
+//! End to end, standalone: the real agent in a stand-in node namespace, the real shim exec'd
+//! as a runtime does (through testkit's libcni-like runtime), real pod namespaces and `ping`.
+#![cfg(feature = "root-tests")]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use flock_testkit::Netns;
+use flock_testkit::cni::{Attachment, GcAttachment};
+use flock_testkit::node::FlockNode;
+use serde_json::{Value, json};
+
+const NODE: &str = "apiVersion: flock.fritzlab.net/v1alpha1
+kind: NodeConfig
+metadata:
+  name: node-a
+spec:
+  cidr6: 2001:db8:a1::/64
+  cidr4: 10.71.0.0/24
+";
+
+fn attach(id: &str, pod: &Netns) -> Attachment {
+    Attachment::new(id, pod.path(), "eth0")
+        .with_arg("K8S_POD_NAMESPACE", "default")
+        .with_arg("K8S_POD_NAME", id)
+}
+
+fn pod_ips(result: &Value) -> Vec<String> {
+    result["ips"]
+        .as_array()
+        .expect("ips")
+        .iter()
+        .map(|ip| ip["address"].as_str().expect("address").to_owned())
+        .collect()
+}
+
+fn host_links(node: &FlockNode) -> Vec<String> {
+    node.ns()
+        .ok(["ip", "-o", "link", "show"])
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+        .filter(|n| n.starts_with("flock"))
+        .collect()
+}
+
+fn host_routes(node: &FlockNode) -> String {
+    let mut out = node.ns().ok(["ip", "route", "show"]);
+    out.push_str(&node.ns().ok(["ip", "-6", "route", "show"]));
+    out.lines()
+        .filter(|l| l.contains("dev flock"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn records(node: &FlockNode) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(node.state_dir().join("allocations"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn add_check_del_lifecycle() {
+    let node = FlockNode::start("node", NODE);
+    let rt = node.runtime("flock");
+    let pod = Netns::new("pod");
+    let att = attach("lifecycle1", &pod);
+
+    let result = rt.add(&att).expect("ADD");
+    let ips = pod_ips(&result);
+    assert_eq!(ips.len(), 2, "{result}");
+    assert!(
+        ips[0].starts_with("2001:db8:a1:") && ips[0].ends_with("/128"),
+        "{ips:?}"
+    );
+    assert!(
+        ips[1].starts_with("10.71.0.") && ips[1].ends_with("/32"),
+        "{ips:?}"
+    );
+    let addrs = pod.ok(["ip", "addr", "show", "eth0"]);
+    for ip in &ips {
+        assert!(addrs.contains(ip.as_str()), "{ip} not on eth0: {addrs}");
+    }
+    assert!(pod.pings("169.254.1.1"), "pod cannot ping its IPv4 gateway");
+    assert!(
+        pod.pings("fe80::1%eth0"),
+        "pod cannot ping its IPv6 gateway"
+    );
+    // The node (with an address of its own, as a real node has) reaches the pod on its routed
+    // addresses.
+    node.ns()
+        .ok(["ip", "addr", "add", "10.99.0.1/32", "dev", "lo"]);
+    for ip in &ips {
+        let addr = ip.split('/').next().unwrap();
+        assert!(node.ns().pings(addr), "node cannot ping pod address {addr}");
+    }
+
+    // kubelet retries ADD: the same attachment gets the same result.
+    let again = rt.add(&att).expect("second ADD");
+    assert_eq!(again, result);
+
+    rt.check(&att).expect("CHECK after ADD");
+    pod.ok(["ip", "route", "del", "default", "via", "169.254.1.1"]);
+    let err = rt
+        .check(&att)
+        .expect_err("CHECK must see the missing route");
+    let cni = err.cni_error().expect("a CNI error");
+    assert!(
+        cni.msg.contains("default via 169.254.1.1"),
+        "the error names the route: {cni:?}"
+    );
+
+    rt.del(&att).expect("DEL");
+    assert!(
+        host_links(&node).is_empty(),
+        "veth left: {:?}",
+        host_links(&node)
+    );
+    assert_eq!(host_routes(&node), "", "routes left");
+    assert!(
+        records(&node).is_empty(),
+        "records left: {:?}",
+        records(&node)
+    );
+    assert!(
+        !pod.ok(["ip", "link"]).contains("eth0"),
+        "pod interface left"
+    );
+    rt.del(&att).expect("second DEL");
+    rt.del(&att.clone().without_netns())
+        .expect("DEL with empty CNI_NETNS");
+}
+
+#[test]
+fn pods_on_one_node_reach_each_other() {
+    let node = FlockNode::start("node", NODE);
+    let rt = node.runtime("flock");
+    let (p1, p2) = (Netns::new("pod"), Netns::new("pod"));
+    let r1 = rt.add(&attach("peer1", &p1)).expect("ADD 1");
+    let r2 = rt.add(&attach("peer2", &p2)).expect("ADD 2");
+    for ip in pod_ips(&r2) {
+        let addr = ip.split('/').next().unwrap().to_owned();
+        assert!(p1.pings(&addr), "pod 1 cannot reach pod 2 at {addr}");
+    }
+    for ip in pod_ips(&r1) {
+        let addr = ip.split('/').next().unwrap().to_owned();
+        assert!(p2.pings(&addr), "pod 2 cannot reach pod 1 at {addr}");
+    }
+}
+
+#[test]
+fn gc_removes_exactly_the_stale_attachments_of_its_network() {
+    let node = FlockNode::start("node", NODE);
+    let flock = node.runtime("flock");
+    let other = node.runtime("other");
+    let pods: Vec<Netns> = (0..4).map(|_| Netns::new("pod")).collect();
+    let a: Vec<Attachment> = ["gckeep", "gcdrop1", "gcdrop2"]
+        .iter()
+        .zip(&pods)
+        .map(|(id, p)| attach(id, p))
+        .collect();
+    for att in &a {
+        flock.add(att).expect("ADD flock");
+    }
+    let foreign = attach("gcother", &pods[3]);
+    other.add(&foreign).expect("ADD other");
+    assert_eq!(records(&node).len(), 4);
+
+    flock
+        .gc(&[GcAttachment {
+            container_id: "gckeep".into(),
+            if_name: "eth0".into(),
+        }])
+        .expect("GC");
+    assert_eq!(
+        records(&node),
+        ["gckeep.eth0.json", "gcother.eth0.json"],
+        "GC must remove exactly the stale attachments of its own network"
+    );
+    assert_eq!(host_links(&node).len(), 2, "{:?}", host_links(&node));
+
+    // The older key, `cni.dev/attachments`, as runtimes before CNI 1.1 final passed it.
+    let gc_old = json!({
+        "cniVersion": "1.1.0",
+        "name": "other",
+        "type": "flock",
+        "agentSocket": node.socket(),
+        "cni.dev/attachments": [],
+    });
+    let out = node
+        .raw_rpc(
+            format!(
+                "{}\n",
+                json!({"v":1,"op":"GC","containerId":"","netns":"","ifName":"","args":"","path":"","config":gc_old})
+            )
+            .as_bytes(),
+            Duration::from_secs(10),
+        )
+        .expect("GC over the socket");
+    assert!(
+        !out.contains("\"error\""),
+        "GC with cni.dev/attachments failed: {out}"
+    );
+    assert_eq!(records(&node), ["gckeep.eth0.json"]);
+    assert_eq!(host_links(&node).len(), 1);
+}
+
+#[test]
+fn del_queued_while_the_agent_is_down_runs_at_its_start() {
+    let mut node = FlockNode::start("node", NODE);
+    let rt = node.runtime("flock");
+    let pod = Netns::new("pod");
+    let att = attach("queued1", &pod);
+    rt.add(&att).expect("ADD");
+    node.stop_agent();
+    rt.del(&att)
+        .expect("a DEL the shim cannot deliver still succeeds");
+    let queued: Vec<_> = std::fs::read_dir(node.del_queue_dir())
+        .expect("queue dir")
+        .flatten()
+        .collect();
+    assert_eq!(queued.len(), 1, "the DEL waits in the queue");
+    assert_eq!(host_links(&node).len(), 1, "nothing torn down yet");
+    node.start_agent();
+    assert!(host_links(&node).is_empty(), "veth left after drain");
+    assert_eq!(host_routes(&node), "");
+    assert!(records(&node).is_empty());
+    let left: Vec<_> = std::fs::read_dir(node.del_queue_dir())
+        .expect("queue dir")
+        .flatten()
+        .collect();
+    assert!(left.is_empty(), "queue not drained: {left:?}");
+}
+
+const TINY: &str = "apiVersion: flock.fritzlab.net/v1alpha1
+kind: NodeConfig
+metadata:
+  name: node-t
+spec:
+  cidr4: 10.72.0.0/30
+";
+
+/// A /30 has exactly one address a pod may get: if a crashed ADD leaked it, the next ADD fails.
+fn crash_at(point: &str) {
+    let mut node = FlockNode::start("node", TINY);
+    node.stop_agent();
+    node.set_env("FLOCK_FAILPOINT", point);
+    node.start_agent();
+    let rt = node.runtime("flock");
+    let pod = Netns::new("pod");
+    let err = rt
+        .add(&attach("crash1", &pod))
+        .expect_err("the agent dies mid-ADD");
+    let status = node.wait_agent_exit(Duration::from_secs(5));
+    assert!(!status.success(), "{status}");
+    drop(err);
+    node.unset_env("FLOCK_FAILPOINT");
+    node.start_agent();
+    assert!(
+        host_links(&node).is_empty(),
+        "{point}: veth leaked: {:?}",
+        host_links(&node)
+    );
+    assert_eq!(host_routes(&node), "", "{point}: routes leaked");
+    assert!(records(&node).is_empty(), "{point}: record leaked");
+    assert!(
+        !pod.ok(["ip", "-o", "addr"]).contains("10.72.0."),
+        "{point}: address left in the pod"
+    );
+    let pod2 = Netns::new("pod");
+    let result = rt
+        .add(&attach("crash2", &pod2))
+        .expect("the only address is allocatable again");
+    assert_eq!(pod_ips(&result), ["10.72.0.2/32"]);
+}
+
+#[test]
+fn crash_after_pending_leaks_nothing() {
+    crash_at("after-pending");
+}
+
+#[test]
+fn crash_after_kernel_before_commit_leaks_nothing() {
+    crash_at("after-kernel");
+}
+
+#[test]
+fn concurrent_adds_get_distinct_addresses_and_survive_kill_9() {
+    let mut node = FlockNode::start("node", NODE);
+    let rt = node.runtime("flock");
+    let pods: Vec<Netns> = (0..100).map(|_| Netns::new("p")).collect();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .iter()
+            .enumerate()
+            .map(|(i, pod)| {
+                let rt = &rt;
+                s.spawn(move || rt.add(&attach(&format!("conc{i}"), pod)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    let mut all = BTreeSet::new();
+    for r in &results {
+        let r = r.as_ref().expect("every concurrent ADD succeeds");
+        for ip in pod_ips(r) {
+            assert!(all.insert(ip.clone()), "{ip} handed out twice");
+        }
+    }
+    assert_eq!(all.len(), 200);
+
+    // Now kill -9 in the middle of a second burst, restart, and compare kernel and store.
+    let more: Vec<Netns> = (0..40).map(|_| Netns::new("q")).collect();
+    std::thread::scope(|s| {
+        for (i, pod) in more.iter().enumerate() {
+            let rt = &rt;
+            s.spawn(move || {
+                let _ = rt.add(&attach(&format!("burst{i}"), pod));
+            });
+        }
+        std::thread::sleep(Duration::from_millis(40));
+        node.kill_agent();
+    });
+    node.start_agent();
+    let links: BTreeSet<String> = host_links(&node).into_iter().collect();
+    let recs = records(&node);
+    assert_eq!(
+        links.len(),
+        recs.len(),
+        "every veth has a record and vice versa"
+    );
+    for rec in &recs {
+        let text = std::fs::read_to_string(node.state_dir().join("allocations").join(rec))
+            .expect("read record");
+        let v: Value = serde_json::from_str(&text).expect("record JSON");
+        assert_eq!(
+            v["state"], "committed",
+            "{rec} survived start-up as pending"
+        );
+        let host_if = v["hostIf"].as_str().expect("hostIf");
+        assert!(
+            links.contains(host_if),
+            "{rec}: its veth {host_if} is missing"
+        );
+        for key in ["ipv6", "ipv4"] {
+            let addr = v[key].as_str().expect("address");
+            assert!(
+                host_routes(&node).contains(&format!("{addr} dev {host_if}")),
+                "{rec}: route for {addr} missing"
+            );
+        }
+    }
+    assert!(
+        recs.len() >= 100,
+        "the first 100 committed pods survive a crash"
+    );
+}
+
+#[test]
+fn bad_input_gets_errors_and_the_agent_keeps_serving() {
+    let node = FlockNode::start("node", NODE);
+    let t = Duration::from_secs(15);
+    // A client that sends half a line and hangs must not hold up the others.
+    let hanging = std::os::unix::net::UnixStream::connect(node.socket()).expect("connect");
+    {
+        use std::io::Write;
+        (&hanging)
+            .write_all(b"{\"v\":1,\"op\":")
+            .expect("write half");
+    }
+    let cases: [(&[u8], &str); 5] = [
+        (b"this is not json\n", "JSON"),
+        (b"{\"v\":1,\"op\":\"FROB\",\"containerId\":\"x\",\"netns\":\"\",\"ifName\":\"eth0\",\"args\":\"\",\"path\":\"\",\"config\":{}}\n", "FROB"),
+        (b"{\"v\":1,\"op\":\"ADD\"}\n", "missing field"),
+        (b"\xff\xfe\n", "UTF-8"),
+        (b"{\"v\":1}", "without a newline"),
+    ];
+    for (bytes, expect) in cases {
+        let out = node.raw_rpc(bytes, t).expect("an answer");
+        assert!(out.contains("\"error\""), "{expect}: {out}");
+        assert!(out.contains(expect), "error for {expect:?} says so: {out}");
+    }
+    let mut big = vec![b'x'; (1 << 20) + 10];
+    big.push(b'\n');
+    let out = node.raw_rpc(&big, t).unwrap_or_default();
+    assert!(
+        out.is_empty() || out.contains("longer than"),
+        "an oversize line is refused: {out}"
+    );
+
+    // Bad network configuration and bad annotations name the field.
+    let rt = node.runtime("flock");
+    let pod = Netns::new("pod");
+    let mut conf = node.conflist("flock");
+    conf["plugins"][0]["mtu"] = json!(20);
+    let bad_mtu = flock_testkit::cni::Runtime::new(
+        conf,
+        [flock_testkit::workspace_bin("flock")
+            .parent()
+            .unwrap()
+            .to_owned()],
+        node.dir().join("cache-mtu"),
+    )
+    .unwrap()
+    .in_netns(node.ns().path());
+    let err = bad_mtu.add(&attach("badmtu", &pod)).expect_err("mtu 20");
+    let cni = err.cni_error().expect("CNI error");
+    assert_eq!(cni.code, 7);
+    assert!(cni.msg.contains("mtu") && cni.msg.contains("20"), "{cni:?}");
+
+    let annotated = attach("badann", &pod).with_capability(
+        "io.kubernetes.cri.pod-annotations",
+        json!({"flock.fritzlab.net/ipv6": "maybe"}),
+    );
+    let err = rt.add(&annotated).expect_err("bad annotation");
+    let cni = err.cni_error().expect("CNI error");
+    assert!(
+        cni.msg.contains("flock.fritzlab.net/ipv6") && cni.msg.contains("maybe"),
+        "{cni:?}"
+    );
+
+    // Still serving, while the hanging client waits for its timeout.
+    rt.add(&attach("afterbad", &pod))
+        .expect("ADD after bad input");
+    let mut rest = String::new();
+    {
+        use std::io::Read;
+        hanging
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        (&hanging)
+            .read_to_string(&mut rest)
+            .expect("timeout answer");
+    }
+    assert!(
+        rest.contains("within"),
+        "the silent client is timed out: {rest}"
+    );
+}
+
+const BGP_NODE: &str = "apiVersion: flock.fritzlab.net/v1alpha1
+kind: NodeConfig
+metadata:
+  name: node-b
+spec:
+  cidr6: 2001:db8:b1::/64
+  cidr4: 10.73.0.0/24
+  bgp:
+    asn: 64512
+    routerId: 10.73.255.1
+    neighbors:
+      - { address: \"2001:db8:b1ff::fe\", asn: 65000 }
+";
+
+#[test]
+fn a_burst_of_adds_is_one_or_two_bird_reloads() {
+    let mut node = FlockNode::start("node", BGP_NODE);
+    node.start_bird();
+    let rt = node.runtime("flock");
+    let base = node.metric("flock_bird_reloads_total");
+    // The agent's first render happened before BIRD ran: that reload failed, and is retried.
+    let failures = node.metric("flock_bird_reload_failures_total");
+    let pods: Vec<Netns> = (0..100).map(|_| Netns::new("b")).collect();
+    std::thread::scope(|s| {
+        for (i, pod) in pods.iter().enumerate() {
+            let rt = &rt;
+            s.spawn(move || {
+                let att = attach(&format!("bird{i}"), pod).with_capability(
+                    "io.kubernetes.cri.pod-annotations",
+                    json!({"flock.fritzlab.net/addresses": format!("2001:db8:ff00::{:x}", i + 1)}),
+                );
+                rt.add(&att).expect("ADD with a fixed address");
+            });
+        }
+    });
+    // Let the debounce window close.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let config = loop {
+        let config = std::fs::read_to_string(node.bird_config()).unwrap_or_default();
+        if (1..=100).all(|i| config.contains(&format!("2001:db8:ff00::{i:x}/128")))
+            || std::time::Instant::now() > deadline
+        {
+            break config;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let reloads = node.metric("flock_bird_reloads_total") - base;
+    assert!(
+        (1.0..=3.0).contains(&reloads),
+        "100 ADDs in a burst made {reloads} reloads"
+    );
+    for i in 1..=100 {
+        assert!(
+            config.contains(&format!("2001:db8:ff00::{i:x}/128")),
+            "address {i} is not announced"
+        );
+    }
+    assert!(
+        config.contains("2001:db8:b1::/64"),
+        "the node CIDR is announced"
+    );
+    assert_eq!(node.metric("flock_bird_reload_failures_total"), failures);
+    assert!(
+        node.http_get("/readyz").starts_with("ok"),
+        "{}",
+        node.http_get("/readyz")
+    );
+}

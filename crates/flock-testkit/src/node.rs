@@ -1,0 +1,326 @@
+//! [`FlockNode`]: the real `flock-agent` binary running standalone inside a stand-in node
+//! namespace, with its socket, state, DEL queue and BIRD paths in a private directory, and a
+//! [`Runtime`](crate::cni::Runtime) that execs the real shim inside that namespace exactly as
+//! a container runtime would. Used by the agent's end-to-end tests, the bench and the lab.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::cni::Runtime;
+use crate::{Netns, workspace_bin};
+
+static DIRS: AtomicU32 = AtomicU32::new(0);
+
+/// A directory under the system temp dir removed (recursively) on drop.
+#[derive(Debug)]
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    /// Creates `flk<pid>-<tag><n>` in the temp dir.
+    pub fn new(tag: &str) -> ScratchDir {
+        let n = DIRS.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "{}{}-{tag}{n}",
+            crate::NETNS_PREFIX,
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create scratch dir");
+        ScratchDir(path)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One stand-in node running the real agent.
+#[derive(Debug)]
+pub struct FlockNode {
+    ns: Netns,
+    dir: ScratchDir,
+    agent_bin: PathBuf,
+    agent: Option<Child>,
+    env: Vec<(String, String)>,
+    bird: Option<Child>,
+}
+
+impl FlockNode {
+    /// Creates a node namespace, writes `node_yaml` as its NodeConfig and starts the agent;
+    /// returns once the agent serves its socket.
+    pub fn start(tag: &str, node_yaml: &str) -> FlockNode {
+        let ns = Netns::new(tag);
+        let dir = ScratchDir::new(tag);
+        std::fs::write(dir.path().join("node.yaml"), node_yaml).expect("write node.yaml");
+        let mut node = FlockNode {
+            ns,
+            dir,
+            agent_bin: workspace_bin("flock-agent"),
+            agent: None,
+            env: Vec::new(),
+            bird: None,
+        };
+        node.start_agent();
+        node
+    }
+
+    /// The node's namespace.
+    pub fn ns(&self) -> &Netns {
+        &self.ns
+    }
+
+    /// The node's private directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The agent's socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir().join("run/agent.sock")
+    }
+
+    /// The agent's state directory.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir().join("state")
+    }
+
+    /// The DEL queue directory shared by the shim and the agent.
+    pub fn del_queue_dir(&self) -> PathBuf {
+        self.dir().join("del-queue")
+    }
+
+    /// The BIRD configuration the agent renders.
+    pub fn bird_config(&self) -> PathBuf {
+        self.dir().join("bird/bird.conf")
+    }
+
+    /// BIRD's control socket.
+    pub fn bird_socket(&self) -> PathBuf {
+        self.dir().join("run/bird.ctl")
+    }
+
+    /// The agent's log (stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir().join("agent.log")).unwrap_or_default()
+    }
+
+    /// Sets an environment variable for the next agent start (e.g. `FLOCK_FAILPOINT`).
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_owned(), value.to_owned()));
+    }
+
+    /// Removes an environment variable for the next agent start.
+    pub fn unset_env(&mut self, key: &str) {
+        self.env.retain(|(k, _)| k != key);
+    }
+
+    /// Starts the agent and waits (up to 10 s) until its socket accepts connections.
+    pub fn start_agent(&mut self) {
+        assert!(self.agent.is_none(), "agent already running");
+        let _ = std::fs::remove_file(self.socket());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir().join("agent.log"))
+            .expect("open agent log");
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.ns.name()])
+            .arg(&self.agent_bin)
+            .args(["run", "--standalone", "--node-config"])
+            .arg(self.dir().join("node.yaml"))
+            .arg("--socket")
+            .arg(self.socket())
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("--del-queue-dir")
+            .arg(self.del_queue_dir())
+            .arg("--bird-config")
+            .arg(self.bird_config())
+            .arg("--bird-socket")
+            .arg(self.bird_socket())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.agent = Some(cmd.spawn().expect("spawn flock-agent"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
+                return;
+            }
+            if let Some(status) = self
+                .agent
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.agent = None;
+                panic!("flock-agent exited at start ({status}):\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "flock-agent did not serve within 10 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Stops the agent with SIGTERM and waits for it.
+    pub fn stop_agent(&mut self) {
+        if let Some(mut child) = self.agent.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the agent with SIGKILL (a crash) and waits for it.
+    pub fn kill_agent(&mut self) {
+        if let Some(mut child) = self.agent.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits (up to `timeout`) for the agent to exit by itself (a failpoint).
+    pub fn wait_agent_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut child = self.agent.take().expect("agent running");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait for agent") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "flock-agent did not exit within {timeout:?}:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The agent's pid, while it runs.
+    pub fn agent_pid(&self) -> Option<u32> {
+        self.agent.as_ref().map(Child::id)
+    }
+
+    /// The flock conflist for this node (network `name`).
+    pub fn conflist(&self, name: &str) -> Value {
+        json!({
+            "cniVersion": "1.1.0",
+            "name": name,
+            "plugins": [{
+                "type": "flock",
+                "agentSocket": self.socket(),
+                "delQueueDir": self.del_queue_dir(),
+                "capabilities": { "io.kubernetes.cri.pod-annotations": true }
+            }]
+        })
+    }
+
+    /// A runtime stand-in that execs the real shim inside this node's namespace for network
+    /// `name`, caching results under this node's directory.
+    pub fn runtime(&self, name: &str) -> Runtime {
+        let shim_dir = workspace_bin("flock")
+            .parent()
+            .expect("shim directory")
+            .to_owned();
+        Runtime::new(
+            self.conflist(name),
+            [shim_dir],
+            self.dir().join(format!("cni-cache-{name}")),
+        )
+        .expect("valid conflist")
+        .in_netns(self.ns.path())
+    }
+
+    /// Sends raw bytes to the agent socket, closes the sending side, and returns what it
+    /// answers (until it closes the connection, at most `timeout`).
+    pub fn raw_rpc(&self, bytes: &[u8], timeout: Duration) -> std::io::Result<String> {
+        let mut stream = std::os::unix::net::UnixStream::connect(self.socket())?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.write_all(bytes)?;
+        stream.shutdown(std::net::Shutdown::Write)?;
+        let mut out = String::new();
+        stream.read_to_string(&mut out)?;
+        Ok(out)
+    }
+
+    /// GETs `path` from the agent's metrics server (127.0.0.1:9641 inside the node).
+    pub fn http_get(&self, path: &str) -> String {
+        let out = self
+            .ns
+            .exec(["curl", "-s", &format!("http://127.0.0.1:9641{path}")]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The value of a metric line `name` (exact, with labels) from `/metrics`, 0 if absent.
+    pub fn metric(&self, name: &str) -> f64 {
+        self.http_get("/metrics")
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+
+    /// Starts BIRD in the node namespace on the agent's rendered config (the agent must have
+    /// written it already).
+    pub fn start_bird(&mut self) {
+        assert!(self.bird.is_none(), "bird already running");
+        let out = self
+            .ns
+            .exec(["bird", "-p", "-c", &self.bird_config().to_string_lossy()]);
+        assert!(
+            out.status.success(),
+            "bird -p rejects the agent's config: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let child = Command::new("ip")
+            .args(["netns", "exec", self.ns.name(), "bird", "-f", "-c"])
+            .arg(self.bird_config())
+            .arg("-s")
+            .arg(self.bird_socket())
+            .arg("-P")
+            .arg(self.dir().join("run/bird.pid"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn bird");
+        self.bird = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.bird_socket().exists() {
+            assert!(
+                Instant::now() < deadline,
+                "bird did not open its control socket"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for FlockNode {
+    fn drop(&mut self) {
+        self.kill_agent();
+        if let Some(mut b) = self.bird.take() {
+            let _ = b.kill();
+            let _ = b.wait();
+        }
+    }
+}
