@@ -17,6 +17,8 @@ use crate::ns::{NlConn, NodeNs, NsTarget, Sysctl, ensure_sysctls, read_sysctl, r
 /// Every host veth's name starts with this.
 pub const HOST_IF_PREFIX: &str = "flock";
 
+const EEXIST: i32 = 17;
+
 /// The host side's IPv6 gateway address (`fe80::1/64` on every host veth).
 pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 /// The IPv4 gateway the pod routes through (answered by `proxy_arp`).
@@ -96,6 +98,14 @@ impl PodSpec {
             .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace())
         {
             return bad("contains '/', ':' or whitespace");
+        }
+        if let Some(addr) = self.anycast.iter().find(|a| a.is_ipv6())
+            && !self.has_v6()
+        {
+            return Err(Error::AnycastNeedsIpv6 {
+                addr: *addr,
+                host_if: self.host_if(),
+            });
         }
         Ok(())
     }
@@ -188,65 +198,72 @@ pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
     let nodename = node.name();
     let podname = ns_name(&spec.netns);
     let h = node.handle().await?;
-    let pod = NlConn::open(&NsTarget::Path(spec.netns.clone())).await?;
+    // The pod's socket (a namespace thread) and the host lookup overlap.
+    let pod_target = NsTarget::Path(spec.netns.clone());
+    let (pod, host) = futures::join!(
+        NlConn::open(&pod_target),
+        nl::link_by_name(&h, &nodename, &host_if)
+    );
+    let pod = pod?;
     let p = &pod.handle;
+    let (host, peer) = ensure_veth(&h, p, spec, host?, &host_if, &nodename, &podname).await?;
 
-    let (host, peer) = ensure_veth(&h, p, spec, &host_if, &nodename, &podname).await?;
-
-    // Host side: sysctls before the link goes up (addr_gen_mode none: no
-    // kernel-made link-local), then up, then fe80::1.
-    let sysctls = host_sysctls(&host_if);
-    let ns = nodename.clone();
-    run_in(&node.target, move || ensure_sysctls(&ns, &sysctls)).await?;
-    if !host.up || host.mtu != spec.mtu {
-        nl::link_up(&h, &nodename, &host, Some(spec.mtu)).await?;
-    }
-    let gw6 = IpNet::new(IpAddr::V6(GATEWAY6), 64).expect("64 is a valid prefix");
-    nl::addr_replace(&h, &nodename, host.index, &host_if, gw6).await?;
-    if spec.has_v4() {
-        ensure_gateway4(&h, &nodename).await?;
-    }
-
-    // Pod side: up, addresses without DAD, routes.
-    if !peer.up || peer.mtu != spec.mtu {
-        nl::link_up(p, &podname, &peer, Some(spec.mtu)).await?;
-    }
-    for a in &spec.addresses {
-        nl::addr_replace(p, &podname, peer.index, &spec.if_name, *a).await?;
-    }
-    for r in spec.pod_routes() {
-        nl::route_replace(p, &podname, &r, peer.index).await?;
-    }
-    if !spec.anycast.is_empty() {
-        let lo = nl::link_by_name(p, &podname, "lo")
-            .await?
-            .ok_or_else(|| Error::LinkNotFound {
-                ifname: "lo".to_owned(),
-                ns: podname.clone(),
-            })?;
-        if !lo.up {
-            nl::link_up(p, &podname, &lo, None).await?;
+    // The two sides are independent: program them concurrently.
+    let host_side = async {
+        // sysctls before the link goes up (addr_gen_mode none: no
+        // kernel-made link-local), then up, then fe80::1.
+        let sysctls = host_sysctls(&host_if);
+        let ns = nodename.clone();
+        run_in(&node.target, move || ensure_sysctls(&ns, &sysctls)).await?;
+        if !host.up || host.mtu != spec.mtu {
+            nl::link_up(&h, &nodename, &host, Some(spec.mtu)).await?;
         }
-        for a in &spec.anycast {
-            nl::addr_replace(p, &podname, lo.index, "lo", IpNet::from(*a)).await?;
+        let gw6 = IpNet::new(IpAddr::V6(GATEWAY6), 64).expect("64 is a valid prefix");
+        nl::addr_replace(&h, &nodename, host.index, &host_if, gw6).await?;
+        if spec.has_v4() {
+            ensure_gateway4(&h, &nodename).await?;
         }
-    }
+        for r in spec.host_routes() {
+            nl::route_replace(&h, &nodename, &r, host.index).await?;
+        }
+        Ok::<(), Error>(())
+    };
+    let pod_side = async {
+        // up, addresses without DAD, routes, anycast on lo
+        if !peer.up || peer.mtu != spec.mtu {
+            nl::link_up(p, &podname, &peer, Some(spec.mtu)).await?;
+        }
+        for a in &spec.addresses {
+            nl::addr_replace(p, &podname, peer.index, &spec.if_name, *a).await?;
+        }
+        for r in spec.pod_routes() {
+            nl::route_replace(p, &podname, &r, peer.index).await?;
+        }
+        if !spec.anycast.is_empty() {
+            let lo =
+                nl::link_by_name(p, &podname, "lo")
+                    .await?
+                    .ok_or_else(|| Error::LinkNotFound {
+                        ifname: "lo".to_owned(),
+                        ns: podname.clone(),
+                    })?;
+            if !lo.up {
+                nl::link_up(p, &podname, &lo, None).await?;
+            }
+            for a in &spec.anycast {
+                nl::addr_replace(p, &podname, lo.index, "lo", IpNet::from(*a)).await?;
+            }
+        }
+        Ok::<(), Error>(())
+    };
+    futures::try_join!(host_side, pod_side)?;
     drop(pod);
 
-    // Host routes, then the anycast nexthop sets.
-    for r in spec.host_routes() {
-        nl::route_replace(&h, &nodename, &r, host.index).await?;
-    }
+    // The anycast nexthop sets.
     if !spec.anycast.is_empty() {
         let gw = spec.first_v6();
         let mut registry = node.anycast.lock().await;
         for a in &spec.anycast {
-            if a.is_ipv6() && gw.is_none() {
-                return Err(Error::AnycastNeedsIpv6 {
-                    addr: *a,
-                    host_if: host_if.clone(),
-                });
-            }
             let members = member_set(&h, &nodename, &mut registry, *a).await?;
             members.insert(host_if.clone(), gw);
             let members = members.clone();
@@ -289,39 +306,35 @@ pub(crate) fn gateway4_net() -> IpNet {
 
 /// Finds the veth pair, or (re)creates it with the pod end directly in the
 /// pod's namespace under `if_name`.
+#[allow(clippy::too_many_arguments)]
 async fn ensure_veth(
     h: &Handle,
     p: &Handle,
     spec: &PodSpec,
+    host: Option<Link>,
     host_if: &str,
     nodename: &str,
     podname: &str,
 ) -> Result<(Link, Link)> {
-    let host = nl::link_by_name(h, nodename, host_if).await?;
-    let peer = nl::link_by_name(p, podname, &spec.if_name).await?;
-    match (host, peer) {
-        (Some(host), Some(peer)) if host.kind_veth && host.peer_index == Some(peer.index) => {
-            return Ok((host, peer));
-        }
-        (Some(host), _) => {
-            // Half-built or stale (its peer is elsewhere): start over.
-            nl::link_del(h, nodename, host.index, host_if).await?;
-            if let Some(peer) = nl::link_by_name(p, podname, &spec.if_name).await? {
-                return Err(Error::PodIfaceTaken {
-                    ifname: peer.name,
-                    ns: podname.to_owned(),
-                    host_if: host_if.to_owned(),
-                });
+    let taken = |ifname: String| Error::PodIfaceTaken {
+        ifname,
+        ns: podname.to_owned(),
+        host_if: host_if.to_owned(),
+    };
+    if let Some(host) = host {
+        let peer = nl::link_by_name(p, podname, &spec.if_name).await?;
+        match peer {
+            Some(peer) if host.kind_veth && host.peer_index == Some(peer.index) => {
+                return Ok((host, peer));
+            }
+            _ => {
+                // Half-built or stale (its peer is elsewhere): start over.
+                nl::link_del(h, nodename, host.index, host_if).await?;
+                if let Some(peer) = nl::link_by_name(p, podname, &spec.if_name).await? {
+                    return Err(taken(peer.name));
+                }
             }
         }
-        (None, Some(peer)) => {
-            return Err(Error::PodIfaceTaken {
-                ifname: peer.name,
-                ns: podname.to_owned(),
-                host_if: host_if.to_owned(),
-            });
-        }
-        (None, None) => {}
     }
     let netns = File::open(&spec.netns).map_err(|source| Error::OpenNetns {
         path: spec.netns.clone(),
@@ -340,11 +353,15 @@ async fn ensure_veth(
         .add(msg)
         .execute()
         .await
-        .map_err(|source| Error::Link {
-            op: "create veth",
-            ifname: format!("{host_if} (peer {} in {podname})", spec.if_name),
-            ns: nodename.to_owned(),
-            source: Box::new(source),
+        .map_err(|source| match crate::error::nl_errno(&source) {
+            // the pod end's name exists in the pod (the host end was absent)
+            Some(EEXIST) => taken(spec.if_name.clone()),
+            _ => Error::Link {
+                op: "create veth",
+                ifname: format!("{host_if} (peer {} in {podname})", spec.if_name),
+                ns: nodename.to_owned(),
+                source: Box::new(source),
+            },
         })?;
     drop(netns);
     let host = nl::link_by_name(h, nodename, host_if)
