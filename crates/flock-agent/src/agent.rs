@@ -623,6 +623,18 @@ impl Agent {
         self.del_locked(&key, &req.netns).await
     }
 
+    /// Tears down and releases one attachment by key, as a DEL would (used by the Kubernetes
+    /// leak reconcile for pods gone from the node).
+    pub async fn release_attachment(&self, key: &AttachmentKey) -> Result<(), CniError> {
+        let _guard = self.lock_container(&key.container_id).await;
+        self.del_locked(key, "").await
+    }
+
+    /// The health of the agent's components.
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
     /// Tears down and releases one attachment; the caller holds its container lock.
     async fn del_locked(&self, key: &AttachmentKey, netns: &str) -> Result<(), CniError> {
         let record = self.records.lock().expect("records lock").get(key).cloned();
