@@ -33,6 +33,11 @@ pub use result::{CniResult, Dns, Interface, IpConfig, Route};
 pub use skel::{Call, Plugin};
 pub use version::{CniVersion, VersionInfo};
 
+// The README's examples are compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// The JSON library of this crate's API (results, configs and RPC payloads
 /// are `serde_json::Value`s), re-exported so a plugin needs no own copy.
 pub use serde_json;
