@@ -666,7 +666,8 @@ impl Runtime {
         let mut out = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
-            if path.extension().is_some_and(|e| e == "tmp") {
+            // `.<name>.tmp`: a write in progress (no network name starts with a dot).
+            if entry.file_name().to_string_lossy().starts_with('.') {
                 continue;
             }
             if let Some(c) = read_cache_file(&path)? {
@@ -711,7 +712,13 @@ impl Runtime {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
-        let tmp = path.with_extension("tmp");
+        // Not `with_extension`: container IDs may contain dots, and two
+        // attachments must never share a temporary file.
+        let file_name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = path.with_file_name(format!(".{file_name}.tmp"));
         let bytes = serde_json::to_vec(&record).map_err(|e| err(e.into()))?;
         std::fs::write(&tmp, bytes).map_err(err)?;
         std::fs::rename(&tmp, &path).map_err(err)

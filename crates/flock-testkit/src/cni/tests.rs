@@ -422,3 +422,28 @@ fn base64_matches_go_encoding() {
         assert_eq!(base64(raw.as_bytes()), enc);
     }
 }
+
+#[test]
+fn concurrent_adds_keep_separate_cache_entries() {
+    let fx = Fixture::new();
+    let rt = fx.runtime("1.0.0", json!([{"type": "one"}]));
+    // IDs that differ only after a dot: their temporary files must differ too.
+    let atts: Vec<Attachment> = (0..8)
+        .map(|i| Attachment::new(format!("pod.{i}"), fx.dir.path().join("netns"), "eth0"))
+        .collect();
+    std::thread::scope(|s| {
+        for att in &atts {
+            let rt = &rt;
+            s.spawn(move || rt.add(att).expect("add"));
+        }
+    });
+    let cached = rt.cached_attachments().expect("cache");
+    let ids: Vec<&str> = cached.iter().map(|c| c.container_id.as_str()).collect();
+    assert_eq!(ids, (0..8).map(|i| format!("pod.{i}")).collect::<Vec<_>>());
+    let names: Vec<String> = std::fs::read_dir(fx.dir.path().join("cache/results"))
+        .expect("results dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 8, "no temporary file left: {names:?}");
+}
