@@ -176,8 +176,8 @@ fn allocations(state_dir: &std::path::Path, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<14} {:<6} {:<8} {:<10} {:<28} {:<16} {:<24} {}",
-        "CONTAINER", "IF", "NETWORK", "STATE", "IPV6", "IPV4", "POD", "HOST-IF"
+        "{:<14} {:<6} {:<8} {:<10} {:<28} {:<16} {:<24} HOST-IF",
+        "CONTAINER", "IF", "NETWORK", "STATE", "IPV6", "IPV4", "POD"
     );
     for r in &records {
         let pod = r

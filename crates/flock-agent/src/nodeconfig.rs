@@ -187,33 +187,33 @@ impl NodeConfig {
             ("spec.cidr6", spec.cidr6.as_deref(), cidr6.map(IpNet::V6)),
             ("spec.cidr4", spec.cidr4.as_deref(), cidr4.map(IpNet::V4)),
         ] {
-            if let (Some(given), Some(net)) = (given, net) {
-                if net.trunc() != net {
-                    return Err(invalid(
-                        field,
-                        given,
-                        &format!("has host bits set; did you mean {}?", net.trunc()),
-                    ));
-                }
-            }
-        }
-        if let Some(c) = cidr6 {
-            if c.prefix_len() > 120 {
+            if let (Some(given), Some(net)) = (given, net)
+                && net.trunc() != net
+            {
                 return Err(invalid(
-                    "spec.cidr6",
-                    &c.to_string(),
-                    "a pod CIDR must be /120 or larger",
+                    field,
+                    given,
+                    &format!("has host bits set; did you mean {}?", net.trunc()),
                 ));
             }
         }
-        if let Some(c) = cidr4 {
-            if c.prefix_len() > 30 {
-                return Err(invalid(
-                    "spec.cidr4",
-                    &c.to_string(),
-                    "a pod CIDR must be /30 or larger",
-                ));
-            }
+        if let Some(c) = cidr6
+            && c.prefix_len() > 120
+        {
+            return Err(invalid(
+                "spec.cidr6",
+                &c.to_string(),
+                "a pod CIDR must be /120 or larger",
+            ));
+        }
+        if let Some(c) = cidr4
+            && c.prefix_len() > 30
+        {
+            return Err(invalid(
+                "spec.cidr4",
+                &c.to_string(),
+                "a pod CIDR must be /30 or larger",
+            ));
         }
         let defaults = spec.defaults.clone().unwrap_or_default();
         let default_ipv6 = defaults.ipv6.unwrap_or(true);

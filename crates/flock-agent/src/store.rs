@@ -240,7 +240,7 @@ impl Store {
             }
             records.push(record);
         }
-        records.sort_by(|a, b| a.key().cmp(&b.key()));
+        records.sort_by_key(AllocationRecord::key);
         Ok(records)
     }
 
