@@ -10,6 +10,8 @@
 //!
 //! Everything is idempotent: [`setup`] twice yields the same state,
 //! [`teardown`] of something already gone succeeds.
+//!
+#![doc = include_str!("../README.md")]
 
 mod error;
 mod host;
