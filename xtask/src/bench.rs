@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use flock_testkit::Netns;
 use flock_testkit::cni::{Attachment, Runtime};
+use flock_testkit::node::{AgentLayout, spawn_agent, wait_until_serving};
 use serde_json::{Value, json};
 
 use crate::sys;
@@ -30,10 +31,6 @@ use crate::sys;
 const REFERENCE_BIN_DIR: &str = "/usr/lib/cni";
 
 /// Everything a subject needs to set itself up.
-#[allow(
-    dead_code,
-    reason = "`node` and `release_dir` are for subjects with a daemon (flock); the reference needs neither"
-)]
 pub struct SetupContext<'a> {
     /// The stand-in node namespace the plugins run in (and a daemon, if any).
     pub node: &'a Netns,
@@ -118,9 +115,64 @@ impl Subject for ReferencePtp {
     }
 }
 
+/// flock: the release shim and a standalone release agent in the node namespace, dual stack.
+#[derive(Default)]
+pub struct Flock {
+    agent: Option<std::process::Child>,
+}
+
+impl Subject for Flock {
+    fn key(&self) -> &str {
+        "flock"
+    }
+
+    fn label(&self) -> &str {
+        "flock (shim + agent)"
+    }
+
+    fn release_packages(&self) -> &[&'static str] {
+        &["flock-agent", "flock-plugin"]
+    }
+
+    fn setup(&mut self, ctx: &SetupContext<'_>) -> Result<SubjectConfig> {
+        let layout = AgentLayout::new(&ctx.work_dir.join("agent"));
+        std::fs::create_dir_all(ctx.work_dir.join("agent"))?;
+        std::fs::write(
+            &layout.node_config,
+            "apiVersion: flock.fritzlab.net/v1alpha1\nkind: NodeConfig\nmetadata:\n  name: bench\n\
+             spec:\n  cidr6: 2001:db8:98::/64\n  cidr4: 10.98.0.0/16\n",
+        )?;
+        let mut child = spawn_agent(
+            ctx.node.name(),
+            &ctx.release_dir.join("flock-agent"),
+            &layout,
+            &[("FLOCK_LOG".into(), "warn".into())],
+        )
+        .map_err(anyhow::Error::msg)?;
+        wait_until_serving(&mut child, &layout).map_err(anyhow::Error::msg)?;
+        self.agent = Some(child);
+        Ok(SubjectConfig {
+            conflist: layout.conflist("bench-flock"),
+            bin_dirs: vec![ctx.release_dir.to_owned()],
+        })
+    }
+
+    fn daemon_pid(&self) -> Option<u32> {
+        self.agent.as_ref().map(std::process::Child::id)
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        if let Some(mut child) = self.agent.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        Ok(())
+    }
+}
+
 /// Every subject the harness knows, in column order.
 pub fn subjects() -> Vec<Box<dyn Subject>> {
-    vec![Box::new(ReferencePtp)]
+    vec![Box::new(Flock::default()), Box::new(ReferencePtp)]
 }
 
 /// Builds `packages` with `cargo build --release` and returns `target/release`.
@@ -152,16 +204,19 @@ fn workspace_root() -> PathBuf {
 
 struct Options {
     pods: usize,
+    /// Pods up when a daemon's RSS is read (extra ones are added untimed).
+    rss_pods: usize,
     concurrency: usize,
     only: Option<Vec<String>>,
     write: bool,
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--pods N] [--concurrency C] [--subjects reference,flock] [--no-write]";
+const USAGE: &str = "usage: cargo xtask bench [--pods N] [--concurrency C] [--rss-pods N] [--subjects reference,flock] [--no-write]";
 
 fn parse_options(args: &[String]) -> Result<Options> {
     let mut opts = Options {
         pods: 100,
+        rss_pods: 250,
         concurrency: 10,
         only: None,
         write: true,
@@ -176,6 +231,10 @@ fn parse_options(args: &[String]) -> Result<Options> {
             "--pods" => {
                 let v = value("--pods")?;
                 opts.pods = v.parse().with_context(|| format!("--pods {v:?}"))?;
+            }
+            "--rss-pods" => {
+                let v = value("--rss-pods")?;
+                opts.rss_pods = v.parse().with_context(|| format!("--rss-pods {v:?}"))?;
             }
             "--concurrency" => {
                 let v = value("--concurrency")?;
@@ -322,7 +381,30 @@ fn measure(
             .with_context(|| format!("ADD {}", att.container_id))?;
         add_seq.push(start.elapsed());
     }
-    let rss_kib = subject.daemon_pid().map(rss_kib).transpose()?;
+    let rss_kib = match subject.daemon_pid() {
+        None => None,
+        Some(pid) => {
+            // Bring the daemon up to `rss_pods` pods (untimed), read its RSS, take them away.
+            let extra = make_pods(opts.rss_pods.saturating_sub(opts.pods));
+            let extra_atts: Vec<Attachment> = extra
+                .iter()
+                .enumerate()
+                .map(|(i, ns)| attachment(&key, "rss", i, ns))
+                .collect();
+            for att in &extra_atts {
+                runtime
+                    .add(att)
+                    .with_context(|| format!("ADD {}", att.container_id))?;
+            }
+            let rss = rss_kib(pid)?;
+            for att in &extra_atts {
+                runtime
+                    .del(att)
+                    .with_context(|| format!("DEL {}", att.container_id))?;
+            }
+            Some(rss)
+        }
+    };
     let mut del_seq = Vec::with_capacity(atts.len());
     for att in &atts {
         let start = Instant::now();
@@ -492,7 +574,7 @@ fn render_table(all: &[Figures], opts: &Options) -> String {
             "pods/s",
         ),
         (
-            format!("daemon RSS with {} pods", opts.pods),
+            format!("daemon RSS with {} pods", opts.rss_pods.max(opts.pods)),
             Box::new(|f| f.rss_kib.map(|k| k as f64 / 1024.0)),
             "MiB",
         ),
@@ -633,6 +715,7 @@ mod tests {
     fn ratio_column_only_with_both_subjects() {
         let opts = Options {
             pods: 2,
+            rss_pods: 250,
             concurrency: 10,
             only: None,
             write: false,
@@ -652,7 +735,7 @@ mod tests {
             .expect("row");
         assert_eq!(add, "| ADD p50, sequential | ms | 1800 | 18.0 | 0.010 |");
         let rss = both.lines().find(|l| l.contains("RSS")).expect("row");
-        assert_eq!(rss, "| daemon RSS with 2 pods | MiB | — | 10.0 | — |");
+        assert_eq!(rss, "| daemon RSS with 250 pods | MiB | — | 10.0 | — |");
     }
 
     #[test]

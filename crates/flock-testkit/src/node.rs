@@ -63,7 +63,8 @@ impl FlockNode {
     pub fn start(tag: &str, node_yaml: &str) -> FlockNode {
         let ns = Netns::new(tag);
         let dir = ScratchDir::new(tag);
-        std::fs::write(dir.path().join("node.yaml"), node_yaml).expect("write node.yaml");
+        std::fs::write(AgentLayout::new(dir.path()).node_config, node_yaml)
+            .expect("write node.yaml");
         let mut node = FlockNode {
             ns,
             dir,
@@ -88,32 +89,32 @@ impl FlockNode {
 
     /// The agent's socket.
     pub fn socket(&self) -> PathBuf {
-        self.dir().join("run/agent.sock")
+        AgentLayout::new(self.dir()).socket
     }
 
     /// The agent's state directory.
     pub fn state_dir(&self) -> PathBuf {
-        self.dir().join("state")
+        AgentLayout::new(self.dir()).state_dir
     }
 
     /// The DEL queue directory shared by the shim and the agent.
     pub fn del_queue_dir(&self) -> PathBuf {
-        self.dir().join("del-queue")
+        AgentLayout::new(self.dir()).del_queue_dir
     }
 
     /// The BIRD configuration the agent renders.
     pub fn bird_config(&self) -> PathBuf {
-        self.dir().join("bird/bird.conf")
+        AgentLayout::new(self.dir()).bird_config
     }
 
     /// BIRD's control socket.
     pub fn bird_socket(&self) -> PathBuf {
-        self.dir().join("run/bird.ctl")
+        AgentLayout::new(self.dir()).bird_socket
     }
 
     /// The agent's log (stderr).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir().join("agent.log")).unwrap_or_default()
+        std::fs::read_to_string(AgentLayout::new(self.dir()).log).unwrap_or_default()
     }
 
     /// Sets an environment variable for the next agent start (e.g. `FLOCK_FAILPOINT`).
@@ -130,53 +131,13 @@ impl FlockNode {
     /// Starts the agent and waits (up to 10 s) until its socket accepts connections.
     pub fn start_agent(&mut self) {
         assert!(self.agent.is_none(), "agent already running");
-        let _ = std::fs::remove_file(self.socket());
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir().join("agent.log"))
-            .expect("open agent log");
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", self.ns.name()])
-            .arg(&self.agent_bin)
-            .args(["run", "--standalone", "--node-config"])
-            .arg(self.dir().join("node.yaml"))
-            .arg("--socket")
-            .arg(self.socket())
-            .arg("--state-dir")
-            .arg(self.state_dir())
-            .arg("--del-queue-dir")
-            .arg(self.del_queue_dir())
-            .arg("--bird-config")
-            .arg(self.bird_config())
-            .arg("--bird-socket")
-            .arg(self.bird_socket())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        self.agent = Some(cmd.spawn().expect("spawn flock-agent"));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
-                return;
-            }
-            if let Some(status) = self
-                .agent
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                self.agent = None;
-                panic!("flock-agent exited at start ({status}):\n{}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "flock-agent did not serve within 10 s:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
+        let layout = AgentLayout::new(self.dir());
+        let child = spawn_agent(self.ns.name(), &self.agent_bin, &layout, &self.env)
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.agent = Some(child);
+        if let Err(e) = wait_until_serving(self.agent.as_mut().expect("agent"), &layout) {
+            self.agent = None;
+            panic!("{e}");
         }
     }
 
@@ -224,16 +185,7 @@ impl FlockNode {
 
     /// The flock conflist for this node (network `name`).
     pub fn conflist(&self, name: &str) -> Value {
-        json!({
-            "cniVersion": "1.1.0",
-            "name": name,
-            "plugins": [{
-                "type": "flock",
-                "agentSocket": self.socket(),
-                "delQueueDir": self.del_queue_dir(),
-                "capabilities": { "io.kubernetes.cri.pod-annotations": true }
-            }]
-        })
+        AgentLayout::new(self.dir()).conflist(name)
     }
 
     /// A runtime stand-in that execs the real shim inside this node's namespace for network
@@ -322,5 +274,119 @@ impl Drop for FlockNode {
             let _ = b.kill();
             let _ = b.wait();
         }
+    }
+}
+
+/// Where one standalone agent keeps its files: everything under one directory, `node.yaml`
+/// (its NodeConfig) included.
+#[derive(Debug, Clone)]
+pub struct AgentLayout {
+    /// The NodeConfig file.
+    pub node_config: PathBuf,
+    /// The RPC socket.
+    pub socket: PathBuf,
+    /// The state directory.
+    pub state_dir: PathBuf,
+    /// The DEL queue.
+    pub del_queue_dir: PathBuf,
+    /// The rendered BIRD configuration.
+    pub bird_config: PathBuf,
+    /// BIRD's control socket.
+    pub bird_socket: PathBuf,
+    /// The agent's stderr.
+    pub log: PathBuf,
+}
+
+impl AgentLayout {
+    /// The layout under `dir`.
+    pub fn new(dir: &Path) -> AgentLayout {
+        AgentLayout {
+            node_config: dir.join("node.yaml"),
+            socket: dir.join("run/agent.sock"),
+            state_dir: dir.join("state"),
+            del_queue_dir: dir.join("del-queue"),
+            bird_config: dir.join("bird/bird.conf"),
+            bird_socket: dir.join("run/bird.ctl"),
+            log: dir.join("agent.log"),
+        }
+    }
+
+    /// flock's conflist for this agent (network `name`, CNI 1.1.0, with the CRI
+    /// pod-annotations capability).
+    pub fn conflist(&self, name: &str) -> Value {
+        json!({
+            "cniVersion": "1.1.0",
+            "name": name,
+            "plugins": [{
+                "type": "flock",
+                "agentSocket": self.socket,
+                "delQueueDir": self.del_queue_dir,
+                "capabilities": { "io.kubernetes.cri.pod-annotations": true }
+            }]
+        })
+    }
+}
+
+/// Starts `agent_bin run --standalone` inside namespace `netns` with the files of `layout`
+/// (its stderr appended to `layout.log`) and extra environment `env`.
+pub fn spawn_agent(
+    netns: &str,
+    agent_bin: &Path,
+    layout: &AgentLayout,
+    env: &[(String, String)],
+) -> Result<Child, String> {
+    let _ = std::fs::remove_file(&layout.socket);
+    if let Some(dir) = layout.log.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&layout.log)
+        .map_err(|e| format!("open {}: {e}", layout.log.display()))?;
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", netns])
+        .arg(agent_bin)
+        .args(["run", "--standalone", "--node-config"])
+        .arg(&layout.node_config)
+        .arg("--socket")
+        .arg(&layout.socket)
+        .arg("--state-dir")
+        .arg(&layout.state_dir)
+        .arg("--del-queue-dir")
+        .arg(&layout.del_queue_dir)
+        .arg("--bird-config")
+        .arg(&layout.bird_config)
+        .arg("--bird-socket")
+        .arg(&layout.bird_socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn()
+        .map_err(|e| format!("spawn {}: {e}", agent_bin.display()))
+}
+
+/// Waits (up to 10 s) until the agent serves its socket; an agent that exits first is an
+/// error carrying its log.
+pub fn wait_until_serving(child: &mut Child, layout: &AgentLayout) -> Result<(), String> {
+    let log = || std::fs::read_to_string(&layout.log).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if std::os::unix::net::UnixStream::connect(&layout.socket).is_ok() {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "flock-agent exited at start ({status}):\n{}",
+                log()
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("flock-agent did not serve within 10 s:\n{}", log()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
