@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use nix::sched::{CloneFlags, setns};
 use rtnetlink::Handle;
-use tokio::sync::{Mutex, OnceCell};
+use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
@@ -43,12 +43,12 @@ impl NsTarget {
 /// Open once, share it (`Arc<NodeNs>`): the connection is opened on first
 /// use and reused by every call, and the anycast membership it keeps (see
 /// [`crate::sync_anycast`]) is only coherent if one `NodeNs` per namespace
-/// is used. The connection runs as a task of the tokio runtime that first
-/// used it; that runtime must outlive the `NodeNs`.
+/// is used. The connection runs as a task of the tokio runtime that opened
+/// it; if that task ends, the next call opens a new one.
 #[derive(Debug)]
 pub struct NodeNs {
     pub(crate) target: NsTarget,
-    conn: OnceCell<NlConn>,
+    conn: Mutex<Option<NlConn>>,
     /// Anycast address → host veth → the pod's IPv6 address (the IPv6
     /// nexthop's gateway). The lock serialises every anycast
     /// read-modify-write of this namespace.
@@ -70,7 +70,7 @@ impl NodeNs {
     pub fn new(target: NsTarget) -> NodeNs {
         NodeNs {
             target,
-            conn: OnceCell::new(),
+            conn: Mutex::new(None),
             anycast: Mutex::new(HashMap::new()),
         }
     }
@@ -80,13 +80,20 @@ impl NodeNs {
         &self.target
     }
 
-    /// The cached netlink handle (opened on first use).
+    /// The cached netlink handle: opened on first use, reopened if its
+    /// driver task has ended (socket error, or the runtime that ran it shut
+    /// down).
     pub(crate) async fn handle(&self) -> Result<Handle> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| NlConn::open(&self.target))
-            .await?;
-        Ok(conn.handle.clone())
+        let mut conn = self.conn.lock().await;
+        if let Some(c) = conn.as_ref()
+            && !c.task.is_finished()
+        {
+            return Ok(c.handle.clone());
+        }
+        let fresh = NlConn::open(&self.target).await?;
+        let handle = fresh.handle.clone();
+        *conn = Some(fresh);
+        Ok(handle)
     }
 
     pub(crate) fn name(&self) -> String {

@@ -82,3 +82,23 @@ fn fifty_concurrent_pods_and_no_leaks_after_200_cycles() {
         "threads {threads} → {threads_after}"
     );
 }
+
+#[test]
+fn node_connection_survives_its_runtime() {
+    let node_ns = Netns::new("node");
+    let pod = Netns::new("pod");
+    let node = NodeNs::at(node_ns.path());
+    let s = spec(&pod, 0);
+    for _ in 0..2 {
+        // each runtime ends with the node connection it opened
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            setup(&node, &s).await.unwrap();
+            assert_eq!(check(&node, &s).await.unwrap(), vec![]);
+            teardown(&node, &s).await.unwrap();
+        });
+    }
+}
