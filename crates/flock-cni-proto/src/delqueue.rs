@@ -58,7 +58,11 @@ impl DelQueue {
     }
 
     /// The file an attachment's DEL is kept in: `<containerId>.<ifName>.json`.
-    /// A second DEL for the same attachment replaces the first.
+    /// A second DEL for the same attachment replaces the first. Both parts
+    /// may contain dots, so two attachments can share that name (`a.b` +
+    /// `c`, `a` + `b.c`); the later one then goes to
+    /// `<containerId>.<ifName>.<n>.json`, the first such file that is free or
+    /// already holds the same attachment.
     pub fn file_for(&self, req: &Request) -> Result<PathBuf, QueueError> {
         let bad = |reason| QueueError::BadName {
             container_id: req.container_id.clone(),
@@ -68,9 +72,31 @@ impl DelQueue {
         crate::env::validate_container_id(&req.container_id)
             .map_err(|_| bad("invalid container ID"))?;
         crate::env::validate_if_name(&req.if_name).map_err(|_| bad("invalid interface name"))?;
-        Ok(self
-            .dir
-            .join(format!("{}.{}.json", req.container_id, req.if_name)))
+        for n in 0u32.. {
+            let name = match n {
+                0 => format!("{}.{}.json", req.container_id, req.if_name),
+                n => format!("{}.{}.{n}.json", req.container_id, req.if_name),
+            };
+            let path = self.dir.join(name);
+            let same_attachment = match fs::read(&path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+                Err(source) => {
+                    return Err(QueueError::Io {
+                        op: "read",
+                        path,
+                        source,
+                    });
+                }
+                // An undecodable file is kept for the agent to report, not
+                // overwritten.
+                Ok(bytes) => rpc::decode_request(&bytes)
+                    .is_ok_and(|q| q.container_id == req.container_id && q.if_name == req.if_name),
+            };
+            if same_attachment {
+                return Ok(path);
+            }
+        }
+        Err(bad("no free queue file name"))
     }
 
     /// Writes `req` durably: directory created with mode 0700, the request
@@ -224,6 +250,27 @@ mod tests {
         q.remove(&p1).unwrap();
         q.remove(&p2).unwrap();
         assert_eq!(q.pending().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn dotted_names_that_collide_get_their_own_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let q = DelQueue::new(tmp.path());
+        let a = q.enqueue(&del("a.b", "c")).unwrap();
+        let b = q.enqueue(&del("a", "b.c")).unwrap();
+        assert_eq!(a.file_name().unwrap(), "a.b.c.json");
+        assert_eq!(b.file_name().unwrap(), "a.b.c.1.json");
+        // Repeating either replaces its own file.
+        assert_eq!(q.enqueue(&del("a", "b.c")).unwrap(), b);
+        assert_eq!(q.enqueue(&del("a.b", "c")).unwrap(), a);
+        let reqs: Vec<_> = q
+            .pending()
+            .unwrap()
+            .into_iter()
+            .map(|(_, r)| r.unwrap())
+            .collect();
+        // Sorted by path: "a.b.c.1.json" before "a.b.c.json".
+        assert_eq!(reqs, [del("a", "b.c"), del("a.b", "c")]);
     }
 
     #[test]

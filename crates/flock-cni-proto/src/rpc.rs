@@ -640,6 +640,105 @@ mod tests {
         assert_eq!(r.op, Op::Gc);
     }
 
+    /// A one-connection server in a temp dir answering `reply` (or nothing
+    /// and holding the connection open for `hold`).
+    fn serve(
+        reply: Vec<u8>,
+        hold: Duration,
+    ) -> (tempfile::TempDir, Client, std::thread::JoinHandle<Vec<u8>>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut got = Vec::new();
+            // The client shuts its write side down after the request.
+            conn.read_to_end(&mut got).unwrap();
+            // The client may hang up first (oversize reply): not a failure here.
+            let _ = conn.write_all(&reply);
+            std::thread::sleep(hold);
+            got
+        });
+        (
+            dir,
+            Client::new(path).read_timeout(Duration::from_millis(300)),
+            server,
+        )
+    }
+
+    #[test]
+    fn client_round_trip_and_failures() {
+        let (_dir, client, server) = serve(encode_line(&Response::done()), Duration::ZERO);
+        assert_eq!(client.call(&request()).unwrap(), Response::done());
+        assert_eq!(decode_request(&server.join().unwrap()).unwrap(), request());
+
+        let (_dir, client, server) = serve(Vec::new(), Duration::from_millis(800));
+        let e = client.call(&request()).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::Receive { source, .. } if matches!(source.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)),
+            "{e:?}"
+        );
+        assert!(!e.is_undelivered());
+        server.join().unwrap();
+
+        let (_dir, client, server) = serve(b"{\"v\":1".to_vec(), Duration::ZERO);
+        let e = client.call(&request()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::Frame {
+                    source: FrameError::NoNewline { len: 6 },
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        server.join().unwrap();
+
+        let (_dir, client, server) = serve(Vec::new(), Duration::ZERO);
+        let e = client.call(&request()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::Frame {
+                    source: FrameError::Empty,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        server.join().unwrap();
+
+        let (_dir, client, server) = serve(vec![b'x'; MAX_LINE + 10], Duration::ZERO);
+        let e = client.call(&request()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::Frame {
+                    source: FrameError::TooLong { .. },
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        server.join().unwrap();
+
+        let e = Client::new("/nonexistent/flock/agent.sock")
+            .call(&request())
+            .unwrap_err();
+        assert!(e.is_unreachable() && e.is_undelivered());
+        assert_eq!(
+            e.to_cni(ErrorCode::TryAgainLater).code,
+            ErrorCode::TryAgainLater
+        );
+        assert!(
+            e.chain()
+                .contains("/nonexistent/flock/agent.sock: No such file"),
+            "{}",
+            e.chain()
+        );
+    }
+
     #[test]
     fn framing() {
         let mut d = LineDecoder::with_limit(8);

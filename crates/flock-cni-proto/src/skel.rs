@@ -98,9 +98,14 @@ fn handle<P: Plugin + ?Sized>(
         Ok(env) => env,
         Err(e) => return (None, Err(e)),
     };
+    let version_reply = || {
+        serde_json::to_value(VersionInfo::new(supported))
+            .map(Some)
+            .map_err(internal)
+    };
     if env.command == Command::Version {
-        let info = VersionInfo::new(supported);
-        return (None, serde_json::to_value(info).map(Some).map_err(internal));
+        // Answered before stdin is read: a runtime may pass no config at all.
+        return (None, version_reply());
     }
     let mut bytes = Vec::new();
     if let Err(e) = stdin.read_to_end(&mut bytes) {
@@ -155,17 +160,9 @@ fn handle<P: Plugin + ?Sized>(
         }
         Command::Status => plugin.status(&call).map(|()| None),
         Command::Gc => plugin.gc(&call).map(|()| None),
-        Command::Version => unreachable_version(),
+        Command::Version => version_reply(),
     };
     (Some(version), outcome)
-}
-
-// VERSION returns before the config is read.
-fn unreachable_version() -> Outcome {
-    Err(CniError::new(
-        ErrorCode::Internal,
-        "VERSION reached the command dispatch",
-    ))
 }
 
 fn internal(e: serde_json::Error) -> CniError {

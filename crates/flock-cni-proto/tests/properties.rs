@@ -199,3 +199,48 @@ proptest! {
         prop_assert_eq!(decode_response(&line).unwrap(), resp);
     }
 }
+
+proptest! {
+    #[test]
+    fn framing_is_independent_of_chunking(
+        lines in proptest::collection::vec(proptest::collection::vec(any::<u8>().prop_filter("no newline", |b| *b != b'\n'), 1..40), 0..6),
+        cuts in proptest::collection::vec(any::<usize>(), 0..8),
+    ) {
+        use flock_cni_proto::rpc::{FrameError, LineDecoder};
+        let mut stream = Vec::new();
+        for l in &lines {
+            stream.extend_from_slice(l);
+            stream.push(b'\n');
+        }
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (stream.len() + 1)).collect();
+        cuts.push(stream.len());
+        cuts.sort_unstable();
+        let mut d = LineDecoder::with_limit(32);
+        let mut got = Vec::new();
+        let mut at = 0;
+        let mut error = None;
+        'feed: for cut in cuts {
+            d.push(&stream[at..cut]);
+            at = cut;
+            loop {
+                match d.next_line() {
+                    Ok(Some(l)) => got.push(l),
+                    Ok(None) => break,
+                    Err(e) => { error = Some(e); break 'feed; }
+                }
+            }
+        }
+        match lines.iter().position(|l| l.len() > 32) {
+            // Every line before the first oversize one is delivered, then TooLong.
+            Some(i) => {
+                prop_assert_eq!(error, Some(FrameError::TooLong { limit: 32 }));
+                prop_assert_eq!(&got[..], &lines[..i]);
+            }
+            None => {
+                prop_assert_eq!(error, None);
+                prop_assert_eq!(got, lines);
+                prop_assert_eq!(d.finish(), Ok(()));
+            }
+        }
+    }
+}
