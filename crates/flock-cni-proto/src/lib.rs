@@ -9,7 +9,7 @@
 //! - [`netconf`]: [`NetConf`], [`Conflist`], flock's [`FlockNetConf`].
 //! - [`result`]: the CNI [`CniResult`] for 0.4.0, 1.0.0 and 1.1.0.
 //! - [`error`]: [`CniError`] and [`ErrorCode`].
-//! - [`env`]: [`CniEnv`] and [`CniArgs`].
+//! - [`env`](mod@env): [`CniEnv`] and [`CniArgs`].
 //! - [`skel`]: the [`Plugin`] trait, [`skel::dispatch`] and [`skel::run`].
 //! - [`rpc`]: requests, responses, framing and the blocking [`rpc::Client`].
 //! - [`delqueue`]: the durable queue of DELs the agent could not take.
