@@ -74,6 +74,21 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// A Kubernetes API call or client set-up failed.
+    #[error("kubernetes: {op}: {source}")]
+    Kube {
+        /// What the agent was doing (`load kubeconfig /path`, `patch nodeconfigs/host001/status`).
+        op: String,
+        /// The client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Kubernetes mode was started without something it needs.
+    #[error("kubernetes mode: {reason}")]
+    KubeMode {
+        /// What is missing and how to give it.
+        reason: String,
+    },
 }
 
 /// The agent's result type.

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -66,7 +67,7 @@ struct RunArgs {
     /// The NodeConfig YAML file (standalone mode).
     #[arg(long, env = "FLOCK_NODE_CONFIG")]
     node_config: Option<PathBuf>,
-    /// This node's name (default: the NodeConfig's name in standalone mode, else the hostname).
+    /// This node's name (standalone: default the NodeConfig's name; Kubernetes mode: required).
     #[arg(long, env = "FLOCK_NODE_NAME")]
     node: Option<String>,
     /// The RPC socket the shim connects to.
@@ -95,6 +96,43 @@ struct RunArgs {
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, env = "FLOCK_METRICS_ADDR", default_value = "127.0.0.1:9641")]
     metrics_addr: SocketAddr,
+    /// Kubernetes mode: a kubeconfig file (default: in-cluster service account, or $KUBECONFIG).
+    #[arg(long, env = "FLOCK_KUBECONFIG", conflicts_with = "standalone")]
+    kubeconfig: Option<PathBuf>,
+    /// Kubernetes mode: how long a pod may be gone from this node before its allocation is
+    /// released (`300`, `300s`, `5m`, `1h`).
+    #[arg(long, env = "FLOCK_LEAK_GRACE", default_value = "5m", value_parser = parse_duration)]
+    leak_grace: Duration,
+    /// Kubernetes mode: the shortest time between two NodeConfig status writes.
+    #[arg(long, env = "FLOCK_STATUS_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    status_interval: Duration,
+    /// Kubernetes mode: how long ADD waits for the pod watcher to see its pod.
+    #[arg(long, env = "FLOCK_POD_WAIT", default_value = "10s", value_parser = parse_duration)]
+    pod_wait: Duration,
+}
+
+/// `300`, `300s`, `5m`, `1h`, `250ms`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (like 300s, 5m, 1h)"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        "ms" => return Ok(Duration::from_millis(n)),
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit {unit:?} (use ms, s, m or h)"
+            ));
+        }
+    };
+    Ok(Duration::from_secs(secs))
 }
 
 fn main() -> Result<()> {
@@ -142,7 +180,14 @@ fn run(args: RunArgs) -> Result<()> {
     if args.standalone {
         runtime.block_on(flock_agent::daemon::run_standalone(options))?;
     } else {
-        runtime.block_on(flock_agent::k8s::run(options))?;
+        let kube = flock_agent::k8s::KubeOptions {
+            kubeconfig: args.kubeconfig,
+            leak_grace: args.leak_grace,
+            status_interval: args.status_interval,
+            pod_wait: args.pod_wait,
+            ..flock_agent::k8s::KubeOptions::default()
+        };
+        runtime.block_on(flock_agent::k8s::run(options, kube))?;
     }
     Ok(())
 }

@@ -1,0 +1,140 @@
+//! Kubernetes mode of `flock-agent run` (DESIGN §3, §7): the pod watcher that ADD asks for a
+//! pod's annotations and workload, the watcher of this node's NodeConfig, the status writer
+//! and the leak reconcile, around the same agent and server as standalone mode.
+
+pub mod leaks;
+pub mod nodeconfig;
+pub mod pods;
+pub mod status;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flock_netns::NodeNs;
+use kube::Client;
+use tracing::info;
+
+use crate::agent::{Agent, AgentParts, DEFAULT_POD_WAIT};
+use crate::daemon::RunOptions;
+use crate::metrics::{Health, Metrics};
+use crate::{Error, Result};
+
+pub use leaks::{DEFAULT_LEAK_GRACE, DEFAULT_LEAK_INTERVAL, LeakTracker};
+pub use pods::{PodWatcher, Presence};
+pub use status::DEFAULT_STATUS_INTERVAL;
+
+/// What only Kubernetes mode needs.
+#[derive(Clone, Debug)]
+pub struct KubeOptions {
+    /// A kubeconfig file; `None`: in-cluster config or `$KUBECONFIG` (`kube::Config::infer`).
+    pub kubeconfig: Option<PathBuf>,
+    /// How long a pod may be gone from this node before its allocation is released.
+    pub leak_grace: Duration,
+    /// How often the leak reconcile runs.
+    pub leak_interval: Duration,
+    /// The shortest time between two status writes.
+    pub status_interval: Duration,
+    /// How long ADD waits for the pod watcher to see a pod.
+    pub pod_wait: Duration,
+}
+
+impl Default for KubeOptions {
+    fn default() -> Self {
+        KubeOptions {
+            kubeconfig: None,
+            leak_grace: DEFAULT_LEAK_GRACE,
+            leak_interval: DEFAULT_LEAK_INTERVAL,
+            status_interval: DEFAULT_STATUS_INTERVAL,
+            pod_wait: DEFAULT_POD_WAIT,
+        }
+    }
+}
+
+/// A client from `kubeconfig`, or from the in-cluster service account / `$KUBECONFIG`.
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| Error::Kube {
+                op: format!("read kubeconfig {}", path.display()),
+                source: Box::new(e),
+            })?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| Error::Kube {
+                    op: format!("load kubeconfig {}", path.display()),
+                    source: Box::new(e),
+                })?
+        }
+        None => kube::Config::infer().await.map_err(|e| Error::Kube {
+            op: "infer the client config (in-cluster service account or $KUBECONFIG)".into(),
+            source: Box::new(e),
+        })?,
+    };
+    Client::try_from(config).map_err(|e| Error::Kube {
+        op: "build the client".into(),
+        source: Box::new(e),
+    })
+}
+
+/// Runs the leak reconcile every `interval` until the agent stops.
+pub async fn run_leak_reconcile(
+    agent: Arc<Agent>,
+    pods: Arc<PodWatcher>,
+    grace: Duration,
+    interval: Duration,
+) {
+    let mut tracker = LeakTracker::new();
+    loop {
+        tokio::time::sleep(interval).await;
+        leaks::reconcile_once(&agent, &pods, &mut tracker, Instant::now(), grace).await;
+    }
+}
+
+/// Runs the agent against the Kubernetes API until a termination signal.
+pub async fn run(options: RunOptions, kube: KubeOptions) -> Result<()> {
+    let node = options
+        .node
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| Error::KubeMode {
+            reason: "the node name is required: pass --node or set FLOCK_NODE_NAME \
+                     (the DaemonSet sets it from spec.nodeName)"
+                .into(),
+        })?;
+    let client = client(kube.kubeconfig.as_deref()).await?;
+    info!(%node, "Kubernetes mode");
+    let pods = PodWatcher::spawn(client.clone(), &node);
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let (agent, report) = Agent::start(AgentParts {
+        node_ns: NodeNs::current(),
+        state_dir: options.state_dir.clone(),
+        settings: None,
+        pods: Some(pods.clone()),
+        pod_wait: kube.pod_wait,
+        metrics: metrics.clone(),
+        health: health.clone(),
+    })
+    .await?;
+    health.set_problem("nodeconfig", Some(format!("waiting for NodeConfig {node}")));
+    tokio::spawn(nodeconfig::follow_node_config(
+        client.clone(),
+        node.clone(),
+        agent.clone(),
+    ));
+    tokio::spawn(status::run_status_writer(
+        client.clone(),
+        node.clone(),
+        agent.clone(),
+        options.bird.clone(),
+        kube.status_interval,
+    ));
+    tokio::spawn(run_leak_reconcile(
+        agent.clone(),
+        pods,
+        kube.leak_grace,
+        kube.leak_interval,
+    ));
+    crate::daemon::serve(agent, report, options, metrics, health).await
+}

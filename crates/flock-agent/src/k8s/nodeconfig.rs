@@ -1,0 +1,106 @@
+//! The watcher of this node's NodeConfig (server-side field selector `metadata.name=<node>`):
+//! a valid NodeConfig becomes the agent's settings, a deleted one (or none at all) stops new
+//! ADDs with a clear error while existing pods keep working, and an invalid one is logged and
+//! reported in `/readyz` and the status while the previous settings stay in force.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tracing::{info, warn};
+
+use crate::agent::Agent;
+use crate::nodeconfig::NodeConfig;
+
+/// The server-side field selector of the NodeConfig of `node`.
+pub fn name_field_selector(node: &str) -> String {
+    format!("metadata.name={node}")
+}
+
+/// Applies NodeConfig watch events to the agent; kept apart from the stream so it can be
+/// driven by a test.
+pub struct NodeConfigFollower {
+    node: String,
+    agent: Arc<Agent>,
+    seen_in_listing: bool,
+}
+
+impl NodeConfigFollower {
+    /// Follows the NodeConfig of `node` into `agent`.
+    pub fn new(node: &str, agent: Arc<Agent>) -> NodeConfigFollower {
+        NodeConfigFollower {
+            node: node.to_owned(),
+            agent,
+            seen_in_listing: false,
+        }
+    }
+
+    /// Applies one watch event.
+    pub async fn apply(&mut self, event: watcher::Event<NodeConfig>) {
+        match event {
+            watcher::Event::Init => self.seen_in_listing = false,
+            watcher::Event::InitApply(nc) => {
+                self.seen_in_listing = true;
+                self.applied(&nc).await;
+            }
+            watcher::Event::Apply(nc) => self.applied(&nc).await,
+            watcher::Event::InitDone => {
+                if !self.seen_in_listing {
+                    self.deleted("no NodeConfig exists for this node").await;
+                }
+            }
+            watcher::Event::Delete(_) => self.deleted("the NodeConfig was deleted").await,
+        }
+    }
+
+    async fn applied(&self, nc: &NodeConfig) {
+        if nc.metadata.name.as_deref() != Some(self.node.as_str()) {
+            // The field selector makes this impossible; never serve another node's CIDRs.
+            warn!(node = %self.node, other = ?nc.metadata.name, "ignoring another node's NodeConfig");
+            return;
+        }
+        match nc.settings() {
+            Ok(settings) => {
+                if self.agent.settings().as_deref() == Some(&settings) {
+                    return; // a status write or a resync: nothing changed
+                }
+                info!(node = %self.node, cidr6 = ?settings.cidr6, cidr4 = ?settings.cidr4,
+                    bgp = settings.bgp.is_some(), "NodeConfig applied");
+                self.agent.set_settings(Some(settings)).await;
+            }
+            Err(e) => {
+                let kept = if self.agent.settings().is_some() {
+                    "the previous settings stay in force"
+                } else {
+                    "new pods cannot be served"
+                };
+                warn!(node = %self.node, error = %e, kept, "invalid NodeConfig");
+                self.agent
+                    .health()
+                    .set_problem("nodeconfig", Some(format!("{e}; {kept}")));
+            }
+        }
+    }
+
+    async fn deleted(&self, why: &str) {
+        info!(node = %self.node, why, "no NodeConfig: new pods cannot be served, existing pods keep working");
+        self.agent.set_settings(None).await;
+    }
+}
+
+/// Watches the NodeConfig of `node` until the agent stops; errors are logged and retried with
+/// kube's default backoff.
+pub async fn follow_node_config(client: Client, node: String, agent: Arc<Agent>) {
+    let api: Api<NodeConfig> = Api::all(client);
+    let config = watcher::Config::default().fields(&name_field_selector(&node));
+    let mut follower = NodeConfigFollower::new(&node, agent);
+    let stream = watcher(api, config).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => follower.apply(event).await,
+            Err(e) => warn!(%node, error = %e, "NodeConfig watch failed; retrying"),
+        }
+    }
+}

@@ -1,0 +1,419 @@
+//! The NodeConfig status writer: allocation counts, BGP neighbor states (from `birdc show
+//! protocols`) and conditions, merge-PATCHed to the status subresource only when they changed
+//! and at most once per interval.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use tokio::process::Command;
+use tracing::{debug, warn};
+
+use crate::agent::Agent;
+use crate::bird::BirdTarget;
+use crate::metrics::Health;
+use crate::nodeconfig::{NeighborStatus, NodeConfig, NodeConfigStatus, NodeSettings};
+use crate::store::AllocationRecord;
+use crate::{Error, Result};
+
+/// The default shortest time between two status writes.
+pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Parses `birdc show protocols` into protocol name → state. For a BGP protocol the state is
+/// the session state of the Info column (`Established`, `Active`, `Idle`, …), for others the
+/// State column (`up`, `down`, `start`).
+pub fn parse_show_protocols(text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        // name proto table state since [info…]; skip the banner and the header.
+        if cols.len() < 5 || cols[0] == "Name" || cols[0] == "BIRD" {
+            continue;
+        }
+        let state = if cols[1] == "BGP" {
+            cols.get(5).copied().unwrap_or(cols[3])
+        } else {
+            cols[3]
+        };
+        out.insert(cols[0].to_owned(), state.to_owned());
+    }
+    out
+}
+
+/// Runs `birdc -s SOCK show protocols`.
+pub async fn show_protocols(target: &BirdTarget) -> Result<BTreeMap<String, String>, String> {
+    let out = Command::new(&target.birdc)
+        .arg("-s")
+        .arg(&target.socket)
+        .arg("show")
+        .arg("protocols")
+        .output()
+        .await
+        .map_err(|e| format!("run {}: {e}", target.birdc.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !stdout.contains("Name") {
+        return Err(format!(
+            "{} -s {} show protocols: {}{}",
+            target.birdc.display(),
+            target.socket.display(),
+            stdout.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(parse_show_protocols(&stdout))
+}
+
+/// Everything the status is computed from, gathered at one instant.
+#[derive(Debug, Clone, Default)]
+pub struct StatusInputs {
+    /// The node's current settings (`None`: no valid NodeConfig yet, or it was deleted).
+    pub settings: Option<Arc<NodeSettings>>,
+    /// The committed allocations.
+    pub records: Vec<AllocationRecord>,
+    /// BIRD's protocols and states, or why they could not be read (`None`: no BGP).
+    pub protocols: Option<Result<BTreeMap<String, String>, String>>,
+    /// The agent's problem per component (`nodeconfig`, `bird`, `store`, `kernel`).
+    pub problems: BTreeMap<&'static str, String>,
+    /// Whether the RPC server serves.
+    pub serving: bool,
+}
+
+impl StatusInputs {
+    /// Gathers the inputs from the agent (and BIRD, when the node has BGP).
+    pub async fn gather(agent: &Agent, bird: &BirdTarget) -> StatusInputs {
+        let settings = agent.settings();
+        let protocols = match settings.as_ref().and_then(|s| s.bgp.as_ref()) {
+            Some(_) => Some(show_protocols(bird).await),
+            None => None,
+        };
+        let health: &Health = agent.health();
+        let problems = ["nodeconfig", "bird", "store", "kernel"]
+            .into_iter()
+            .filter_map(|c| health.problem(c).map(|p| (c, p)))
+            .collect();
+        StatusInputs {
+            settings,
+            records: agent.records(),
+            protocols,
+            problems,
+            serving: health.is_serving(),
+        }
+    }
+}
+
+/// Computes the status. `previous` carries each condition's `lastTransitionTime` over while
+/// its status does not change; `now` stamps the conditions that do.
+pub fn build_status(
+    inputs: &StatusInputs,
+    previous: Option<&NodeConfigStatus>,
+    now: Timestamp,
+) -> NodeConfigStatus {
+    let allocated6 = inputs
+        .records
+        .iter()
+        .map(|r| r.pooled_addresses().iter().filter(|a| a.is_ipv6()).count() as u64)
+        .sum();
+    let allocated4 = inputs
+        .records
+        .iter()
+        .map(|r| r.pooled_addresses().iter().filter(|a| a.is_ipv4()).count() as u64)
+        .sum();
+
+    let neighbors: Vec<(String, String)> = inputs
+        .settings
+        .as_ref()
+        .and_then(|s| s.bgp.as_ref())
+        .and_then(|m| m.validate().ok())
+        .map(|valid| {
+            valid
+                .neighbors()
+                .iter()
+                .map(|n| (n.name().to_owned(), n.address().to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let bgp: Vec<NeighborStatus> = neighbors
+        .iter()
+        .map(|(name, address)| NeighborStatus {
+            neighbor: address.clone(),
+            state: match &inputs.protocols {
+                Some(Ok(p)) => p.get(name).cloned().unwrap_or_else(|| "Unknown".into()),
+                _ => "Unknown".into(),
+            },
+        })
+        .collect();
+
+    let mut conditions = Vec::new();
+    let nodeconfig_problem = inputs.problems.get("nodeconfig");
+    conditions.push(match (&inputs.settings, nodeconfig_problem) {
+        (_, Some(problem)) => cond("NodeConfigValid", false, "Invalid", problem),
+        (None, None) => cond(
+            "NodeConfigValid",
+            false,
+            "NotLoaded",
+            "the agent has not loaded this NodeConfig",
+        ),
+        (Some(_), None) => cond(
+            "NodeConfigValid",
+            true,
+            "Valid",
+            "the agent serves this NodeConfig",
+        ),
+    });
+    conditions.push(match &inputs.protocols {
+        None => cond("BirdReady", true, "NoBgp", "the NodeConfig has no spec.bgp"),
+        Some(Err(e)) => cond("BirdReady", false, "BirdUnreachable", e),
+        Some(Ok(_)) => match inputs.problems.get("bird") {
+            Some(problem) => cond("BirdReady", false, "ReloadFailed", problem),
+            None => cond(
+                "BirdReady",
+                true,
+                "Configured",
+                "BIRD runs the rendered configuration",
+            ),
+        },
+    });
+    if !neighbors.is_empty() {
+        let up = bgp.iter().filter(|n| n.state == "Established").count();
+        conditions.push(cond(
+            "BgpEstablished",
+            up == bgp.len(),
+            if up == bgp.len() {
+                "AllEstablished"
+            } else {
+                "NotAllEstablished"
+            },
+            &format!("{up} of {} BGP sessions established", bgp.len()),
+        ));
+    }
+    let blocking: Vec<String> = ["store", "kernel"]
+        .iter()
+        .filter_map(|c| inputs.problems.get(c).map(|p| format!("{c}: {p}")))
+        .collect();
+    conditions.push(if !inputs.serving {
+        cond(
+            "Ready",
+            false,
+            "Starting",
+            "the agent is not serving CNI requests yet",
+        )
+    } else if inputs.settings.is_none() {
+        cond(
+            "Ready",
+            false,
+            "NoNodeConfig",
+            "no valid NodeConfig: new pods on this node cannot get addresses",
+        )
+    } else if !blocking.is_empty() {
+        cond("Ready", false, "Degraded", &blocking.join("; "))
+    } else {
+        cond("Ready", true, "Serving", "the agent serves CNI requests")
+    });
+    for c in &mut conditions {
+        let kept = previous
+            .and_then(|p| p.conditions.iter().find(|o| o.type_ == c.type_))
+            .filter(|o| o.status == c.status)
+            .map(|o| o.last_transition_time.clone());
+        c.last_transition_time = kept.unwrap_or_else(|| Time(now));
+    }
+    NodeConfigStatus {
+        allocated6,
+        allocated4,
+        bgp,
+        conditions,
+    }
+}
+
+fn cond(type_: &str, ok: bool, reason: &str, message: &str) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
+        status: if ok { "True" } else { "False" }.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        observed_generation: None,
+    }
+}
+
+/// Decides when the status is written: only when it changed, at most once per `interval`.
+#[derive(Debug, Clone)]
+pub struct StatusGate {
+    interval: Duration,
+    last: Option<(NodeConfigStatus, Instant)>,
+}
+
+impl StatusGate {
+    /// A gate that has written nothing yet.
+    pub fn new(interval: Duration) -> StatusGate {
+        StatusGate {
+            interval,
+            last: None,
+        }
+    }
+
+    /// The last status written.
+    pub fn last_written(&self) -> Option<&NodeConfigStatus> {
+        self.last.as_ref().map(|(s, _)| s)
+    }
+
+    /// Whether `status` should be written at `now`.
+    pub fn should_write(&self, status: &NodeConfigStatus, now: Instant) -> bool {
+        match &self.last {
+            None => true,
+            Some((last, at)) => {
+                last != status && now.saturating_duration_since(*at) >= self.interval
+            }
+        }
+    }
+
+    /// Records a successful write.
+    pub fn written(&mut self, status: NodeConfigStatus, now: Instant) {
+        self.last = Some((status, now));
+    }
+
+    /// Forgets what was written (the resource was re-created: write again).
+    pub fn reset(&mut self) {
+        self.last = None;
+    }
+}
+
+/// The merge patch body of a status write.
+pub fn status_patch(status: &NodeConfigStatus) -> serde_json::Value {
+    serde_json::json!({ "status": status })
+}
+
+/// Merge-PATCHes `nodeconfigs/<node>/status`.
+pub async fn write_status(client: &Client, node: &str, status: &NodeConfigStatus) -> Result<()> {
+    let api: Api<NodeConfig> = Api::all(client.clone());
+    api.patch_status(
+        node,
+        &PatchParams::default(),
+        &Patch::Merge(status_patch(status)),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| Error::Kube {
+        op: format!("patch nodeconfigs/{node}/status"),
+        source: Box::new(e),
+    })
+}
+
+/// The status writer's loop: every `tick` it recomputes the status and writes it when the
+/// [`StatusGate`] says so.
+pub async fn run_status_writer(
+    client: Client,
+    node: String,
+    agent: Arc<Agent>,
+    bird: BirdTarget,
+    interval: Duration,
+) {
+    let mut gate = StatusGate::new(interval);
+    let tick = interval
+        .min(Duration::from_secs(2))
+        .max(Duration::from_millis(100));
+    loop {
+        let inputs = StatusInputs::gather(&agent, &bird).await;
+        let status = build_status(&inputs, gate.last_written(), Timestamp::now());
+        let now = Instant::now();
+        if gate.should_write(&status, now) {
+            match write_status(&client, &node, &status).await {
+                Ok(()) => {
+                    debug!(%node, "NodeConfig status written");
+                    gate.written(status, now);
+                }
+                Err(Error::Kube { source, .. })
+                    if matches!(source.downcast_ref::<kube::Error>(),
+                        Some(kube::Error::Api(s)) if s.code == 404) =>
+                {
+                    debug!(%node, "no NodeConfig to write the status of");
+                    gate.reset();
+                }
+                Err(e) => warn!(%node, error = %e, "writing the NodeConfig status failed"),
+            }
+        }
+        tokio::time::sleep(tick).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHOW: &str = "BIRD 2.0.12 ready.
+Name       Proto      Table      State  Since         Info
+device1    Device     ---        up     03:10:39.588  
+kernel6    Kernel     master6    up     03:10:39.588  
+n_2001_db8__fe BGP        ---        up     03:10:40.101  Established   
+n_10_0_0_9 BGP        ---        start  03:10:39.588  Active        Socket: Connection refused
+n_10_0_0_8 BGP        ---        start  2026-11-21    Idle          
+";
+
+    #[test]
+    fn parses_show_protocols() {
+        let p = parse_show_protocols(SHOW);
+        assert_eq!(p["device1"], "up");
+        assert_eq!(p["kernel6"], "up");
+        assert_eq!(p["n_2001_db8__fe"], "Established");
+        assert_eq!(p["n_10_0_0_9"], "Active");
+        assert_eq!(p["n_10_0_0_8"], "Idle");
+        assert_eq!(p.len(), 5);
+    }
+
+    fn status(allocated6: u64) -> NodeConfigStatus {
+        NodeConfigStatus {
+            allocated6,
+            ..NodeConfigStatus::default()
+        }
+    }
+
+    #[test]
+    fn gate_writes_changes_at_most_once_per_interval() {
+        let t0 = Instant::now();
+        let mut gate = StatusGate::new(Duration::from_secs(10));
+        assert!(gate.should_write(&status(1), t0));
+        gate.written(status(1), t0);
+        assert!(
+            !gate.should_write(&status(1), t0 + Duration::from_secs(60)),
+            "unchanged"
+        );
+        assert!(
+            !gate.should_write(&status(2), t0 + Duration::from_secs(5)),
+            "too soon"
+        );
+        assert!(gate.should_write(&status(2), t0 + Duration::from_secs(10)));
+        gate.reset();
+        assert!(gate.should_write(&status(1), t0));
+    }
+
+    #[test]
+    fn transition_times_survive_an_unchanged_condition() {
+        let t1 = Timestamp::from_second(1_800_000_000).expect("time");
+        let t2 = Timestamp::from_second(1_800_000_100).expect("time");
+        let mut inputs = StatusInputs {
+            serving: true,
+            ..StatusInputs::default()
+        };
+        let first = build_status(&inputs, None, t1);
+        let ready = |s: &NodeConfigStatus| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .cloned()
+                .expect("Ready")
+        };
+        assert_eq!(ready(&first).status, "False");
+        let second = build_status(&inputs, Some(&first), t2);
+        assert_eq!(first, second, "nothing changed: same status, same times");
+        inputs
+            .problems
+            .insert("store", "read-only file system".into());
+        inputs.serving = true;
+        let third = build_status(&inputs, Some(&second), t2);
+        assert_eq!(ready(&third).last_transition_time, Time(t1), "still False");
+        assert_eq!(ready(&third).reason, "NoNodeConfig");
+    }
+}
