@@ -15,6 +15,25 @@ use crate::metrics::{Health, Metrics};
 use crate::nodeconfig::NodeConfig;
 use crate::{Error, Result};
 
+/// The default paths and addresses of DESIGN §9 (the command line's defaults; the manifests
+/// under `deploy/` use the same, which a test checks).
+pub mod defaults {
+    /// The RPC socket the shim connects to.
+    pub const SOCKET: &str = "/run/flock/agent.sock";
+    /// Where allocations are persisted.
+    pub const STATE_DIR: &str = "/var/lib/flock";
+    /// The BIRD configuration file the agent renders.
+    pub const BIRD_CONFIG: &str = "/etc/flock/bird/bird.conf";
+    /// BIRD's control socket.
+    pub const BIRD_SOCKET: &str = "/run/flock/bird.ctl";
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub const METRICS_ADDR: &str = "127.0.0.1:9641";
+    /// The CNI binary directory.
+    pub const CNI_BIN_DIR: &str = "/opt/cni/bin";
+    /// The CNI configuration directory.
+    pub const CNI_CONF_DIR: &str = "/etc/cni/net.d";
+}
+
 /// How often the DEL queue is drained while serving (a shim may have queued a DEL while the
 /// agent was briefly unreachable).
 pub const DRAIN_INTERVAL: Duration = Duration::from_secs(10);

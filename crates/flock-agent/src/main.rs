@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use flock_agent::bird::{BirdTarget, Debounce};
-use flock_agent::daemon::RunOptions;
+use flock_agent::daemon::{RunOptions, defaults};
 use flock_agent::store::Store;
 
 #[derive(Parser, Debug)]
@@ -29,7 +29,7 @@ enum Command {
     /// Show what the allocation store holds.
     Allocations {
         /// The agent's state directory.
-        #[arg(long, env = "FLOCK_STATE_DIR", default_value = "/var/lib/flock")]
+        #[arg(long, env = "FLOCK_STATE_DIR", default_value = defaults::STATE_DIR)]
         state_dir: PathBuf,
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -43,16 +43,16 @@ struct InstallArgs {
     #[arg(long, env = "FLOCK_SHIM")]
     shim: Option<PathBuf>,
     /// The CNI binary directory.
-    #[arg(long, env = "FLOCK_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    #[arg(long, env = "FLOCK_CNI_BIN_DIR", default_value = defaults::CNI_BIN_DIR)]
     bin_dir: PathBuf,
     /// The CNI configuration directory.
-    #[arg(long, env = "FLOCK_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
+    #[arg(long, env = "FLOCK_CNI_CONF_DIR", default_value = defaults::CNI_CONF_DIR)]
     conf_dir: PathBuf,
     /// The CNI network name.
     #[arg(long, env = "FLOCK_NETWORK", default_value = "flock")]
     network: String,
     /// The agent socket written into the conflist.
-    #[arg(long, env = "FLOCK_SOCKET", default_value = "/run/flock/agent.sock")]
+    #[arg(long, env = "FLOCK_SOCKET", default_value = defaults::SOCKET)]
     agent_socket: PathBuf,
     /// The MTU of pod interfaces.
     #[arg(long, env = "FLOCK_MTU", default_value_t = 1500)]
@@ -71,20 +71,20 @@ struct RunArgs {
     #[arg(long, env = "FLOCK_NODE_NAME")]
     node: Option<String>,
     /// The RPC socket the shim connects to.
-    #[arg(long, env = "FLOCK_SOCKET", default_value = "/run/flock/agent.sock")]
+    #[arg(long, env = "FLOCK_SOCKET", default_value = defaults::SOCKET)]
     socket: PathBuf,
     /// Where allocations are persisted.
-    #[arg(long, env = "FLOCK_STATE_DIR", default_value = "/var/lib/flock")]
+    #[arg(long, env = "FLOCK_STATE_DIR", default_value = defaults::STATE_DIR)]
     state_dir: PathBuf,
     /// The BIRD configuration file the agent renders.
     #[arg(
         long,
         env = "FLOCK_BIRD_CONFIG",
-        default_value = "/etc/flock/bird/bird.conf"
+        default_value = defaults::BIRD_CONFIG
     )]
     bird_config: PathBuf,
     /// BIRD's control socket.
-    #[arg(long, env = "FLOCK_BIRD_SOCKET", default_value = "/run/flock/bird.ctl")]
+    #[arg(long, env = "FLOCK_BIRD_SOCKET", default_value = defaults::BIRD_SOCKET)]
     bird_socket: PathBuf,
     /// The birdc program.
     #[arg(long, env = "FLOCK_BIRDC", default_value = "birdc")]
@@ -94,7 +94,7 @@ struct RunArgs {
     #[arg(long, env = "FLOCK_DEL_QUEUE_DIR")]
     del_queue_dir: Option<PathBuf>,
     /// Where /metrics, /healthz and /readyz are served.
-    #[arg(long, env = "FLOCK_METRICS_ADDR", default_value = "127.0.0.1:9641")]
+    #[arg(long, env = "FLOCK_METRICS_ADDR", default_value = defaults::METRICS_ADDR)]
     metrics_addr: SocketAddr,
     /// Kubernetes mode: a kubeconfig file (default: in-cluster service account, or $KUBECONFIG).
     #[arg(long, env = "FLOCK_KUBECONFIG", conflicts_with = "standalone")]

@@ -36,9 +36,11 @@ pub const IP_ALGO_ANNOTATION: &str = "flock.fritzlab.net/ip-algo";
 pub struct NodeConfigSpec {
     /// The node's IPv6 pod CIDR.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"), extend("format" = "cidr"))]
     pub cidr6: Option<String>,
     /// The node's IPv4 pod CIDR.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$"), extend("format" = "cidr"))]
     pub cidr4: Option<String>,
     /// Which families a pod gets when its annotations do not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -64,8 +66,10 @@ pub struct FamilyDefaults {
 #[serde(rename_all = "camelCase")]
 pub struct BgpSpec {
     /// The node's autonomous system number (1–4294967295).
+    #[schemars(range(min = 1, max = 4294967295u32))]
     pub asn: u32,
     /// The BGP router ID, an IPv4 address.
+    #[schemars(extend("format" = "ipv4"))]
     pub router_id: String,
     /// The BGP neighbors of the node.
     #[serde(default)]
@@ -81,9 +85,11 @@ pub struct BgpSpec {
 /// One BGP neighbor (`spec.bgp.neighbors[]`).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct NeighborSpec {
-    /// The neighbor's address.
+    /// The neighbor's address (IPv6 or IPv4).
+    #[schemars(pattern(r"^[0-9a-fA-F:.]+$"))]
     pub address: String,
-    /// The neighbor's ASN.
+    /// The neighbor's ASN (1–4294967295).
+    #[schemars(range(min = 1, max = 4294967295u32))]
     pub asn: u32,
     /// TCP MD5 password.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -93,6 +99,7 @@ pub struct NeighborSpec {
     pub bfd: bool,
     /// eBGP multihop TTL; direct when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 255))]
     pub multihop: Option<u8>,
 }
 

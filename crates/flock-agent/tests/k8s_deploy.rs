@@ -1,0 +1,456 @@
+//! What a cluster installs: the CRD, the manifests under `deploy/`, and what
+//! `flock-agent install-cni` writes on every node.
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use flock_agent::daemon::defaults;
+use flock_agent::install::{CONFLIST_NAME, InstallPlan, conflist, install};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Container, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde::Deserialize;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
+}
+
+/// Every YAML document of a file.
+fn documents(rel: &str) -> Vec<serde_yaml::Value> {
+    serde_yaml::Deserializer::from_str(&read(rel))
+        .map(|d| serde_yaml::Value::deserialize(d).unwrap_or_else(|e| panic!("{rel}: {e}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn typed<T: serde::de::DeserializeOwned>(v: &serde_yaml::Value) -> T {
+    serde_yaml::from_value(v.clone()).expect("a valid object of its kind")
+}
+
+#[test]
+fn committed_crd_is_what_flock_agent_crd_prints() {
+    let printed = flock_agent::nodeconfig::crd_yaml();
+    let committed = read("deploy/crds/nodeconfigs.flock.fritzlab.net.yaml");
+    assert!(
+        printed == committed,
+        "deploy/crds/nodeconfigs.flock.fritzlab.net.yaml is stale: regenerate it with \
+         `cargo run -p flock-agent -- crd > deploy/crds/nodeconfigs.flock.fritzlab.net.yaml`"
+    );
+    insta::assert_snapshot!(printed);
+}
+
+#[test]
+fn crd_schema_validates_what_it_can() {
+    let crd: serde_yaml::Value =
+        serde_yaml::from_str(&flock_agent::nodeconfig::crd_yaml()).expect("the CRD is YAML");
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(crd["spec"]["scope"], "Cluster");
+    assert_eq!(crd["spec"]["names"]["shortNames"][0], "nc");
+    assert_eq!(
+        version["subresources"]["status"],
+        serde_yaml::Value::Mapping(Default::default())
+    );
+    let spec = &version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    for cidr in ["cidr6", "cidr4"] {
+        assert_eq!(spec[cidr]["format"], "cidr", "{cidr}");
+        assert!(spec[cidr]["pattern"].is_string(), "{cidr}");
+    }
+    let bgp = &spec["bgp"]["properties"];
+    for asn in [&bgp["asn"], &bgp["neighbors"]["items"]["properties"]["asn"]] {
+        assert_eq!(asn["minimum"].as_f64(), Some(1.0));
+        assert_eq!(asn["maximum"].as_f64(), Some(4294967295.0));
+    }
+    assert_eq!(bgp["routerId"]["format"], "ipv4");
+    let columns: Vec<String> = version["additionalPrinterColumns"]
+        .as_sequence()
+        .expect("printer columns")
+        .iter()
+        .map(|c| c["jsonPath"].as_str().expect("jsonPath").to_owned())
+        .collect();
+    for path in [
+        ".spec.cidr6",
+        ".spec.cidr4",
+        ".status.allocated6",
+        ".status.allocated4",
+    ] {
+        assert!(
+            columns.iter().any(|c| c == path),
+            "no printer column {path}"
+        );
+    }
+    assert!(columns.iter().any(|c| c.starts_with(".status.bgp")));
+}
+
+#[test]
+fn example_nodeconfig_is_valid() {
+    let nc: flock_agent::nodeconfig::NodeConfig =
+        serde_yaml::from_str(&read("deploy/nodeconfig-example.yaml")).expect("parses");
+    let settings = nc.settings().expect("validates");
+    assert!(settings.cidr6.is_some() && settings.bgp.is_some());
+}
+
+fn image_of_dockerfile() -> String {
+    let dockerfile = read("deploy/Dockerfile");
+    let tag = dockerfile
+        .split_whitespace()
+        .skip_while(|w| *w != "-t")
+        .nth(1)
+        .expect("the Dockerfile says how to build and tag the image (`-t IMAGE`)")
+        .to_owned();
+    assert!(
+        dockerfile.contains("/usr/local/bin/flock-agent")
+            && dockerfile.contains("/usr/local/bin/flock\n"),
+        "the image holds the agent and the shim under /usr/local/bin"
+    );
+    assert!(
+        dockerfile.contains("bird2"),
+        "the image holds bird and birdc"
+    );
+    tag
+}
+
+fn env(c: &Container, name: &str) -> Option<String> {
+    c.env
+        .as_deref()?
+        .iter()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone())
+}
+
+fn mount_paths(c: &Container) -> BTreeSet<String> {
+    c.volume_mounts
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|m| m.mount_path.clone())
+        .collect()
+}
+
+fn parent(path: &str) -> String {
+    Path::new(path)
+        .parent()
+        .expect("parent")
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn daemonset_uses_one_image_and_the_code_defaults() {
+    let ds: DaemonSet = typed(&documents("deploy/daemonset.yaml")[0]);
+    let pod = ds.spec.expect("spec").template.spec.expect("pod spec");
+    assert_eq!(
+        pod.host_network,
+        Some(true),
+        "flock programs the node's namespace"
+    );
+    assert_eq!(pod.service_account_name.as_deref(), Some("flock"));
+    let image = image_of_dockerfile();
+    assert_eq!(
+        image,
+        format!("ghcr.io/fritzlab/flock:v{}", env!("CARGO_PKG_VERSION"))
+    );
+    let init = pod.init_containers.clone().unwrap_or_default();
+    let all: Vec<&Container> = init.iter().chain(pod.containers.iter()).collect();
+    assert_eq!(all.len(), 3, "install-cni, agent, bird");
+    for c in &all {
+        assert_eq!(
+            c.image.as_deref(),
+            Some(image.as_str()),
+            "container {}",
+            c.name
+        );
+    }
+
+    let install = init
+        .iter()
+        .find(|c| c.name == "install-cni")
+        .expect("install-cni");
+    let args = install.args.clone().unwrap_or_default();
+    assert_eq!(args.first().map(String::as_str), Some("install-cni"));
+    let arg = |flag: &str| {
+        args.iter()
+            .skip_while(|a| *a != flag)
+            .nth(1)
+            .cloned()
+            .unwrap_or_else(|| panic!("install-cni {flag}"))
+    };
+    assert_eq!(arg("--shim"), "/usr/local/bin/flock");
+    let host_path = |volume_of_mount: &str| {
+        let mount = install
+            .volume_mounts
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .find(|m| m.mount_path == volume_of_mount)
+            .unwrap_or_else(|| panic!("nothing mounted at {volume_of_mount}"));
+        pod.volumes
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .find(|v| v.name == mount.name)
+            .and_then(|v| v.host_path.as_ref())
+            .map(|h| h.path.clone())
+            .expect("a hostPath volume")
+    };
+    assert_eq!(host_path(&arg("--bin-dir")), defaults::CNI_BIN_DIR);
+    assert_eq!(host_path(&arg("--conf-dir")), defaults::CNI_CONF_DIR);
+
+    let agent = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "agent")
+        .expect("agent");
+    assert_eq!(
+        agent.args.as_deref(),
+        Some(&["run".to_owned()][..]),
+        "Kubernetes mode"
+    );
+    let node_name = agent
+        .env
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|e| e.name == "FLOCK_NODE_NAME")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.clone());
+    assert_eq!(node_name.as_deref(), Some("spec.nodeName"));
+    for (var, default) in [
+        ("FLOCK_SOCKET", defaults::SOCKET),
+        ("FLOCK_STATE_DIR", defaults::STATE_DIR),
+        ("FLOCK_BIRD_CONFIG", defaults::BIRD_CONFIG),
+        ("FLOCK_BIRD_SOCKET", defaults::BIRD_SOCKET),
+        ("FLOCK_METRICS_ADDR", defaults::METRICS_ADDR),
+    ] {
+        if let Some(value) = env(agent, var) {
+            assert_eq!(value, default, "{var}");
+        }
+    }
+    let agent_mounts = mount_paths(agent);
+    for dir in [
+        parent(defaults::SOCKET),
+        defaults::STATE_DIR.to_owned(),
+        parent(defaults::BIRD_CONFIG),
+    ] {
+        assert!(agent_mounts.contains(&dir), "the agent mounts {dir}");
+    }
+    let port = defaults::METRICS_ADDR.rsplit(':').next().expect("port");
+    for probe in [&agent.readiness_probe, &agent.liveness_probe] {
+        let http = probe
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .expect("an HTTP probe");
+        assert_eq!(
+            serde_json::to_value(&http.port).expect("port"),
+            serde_json::json!(port.parse::<u16>().expect("port"))
+        );
+    }
+
+    let bird = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "bird")
+        .expect("bird");
+    let script = bird.args.clone().unwrap_or_default().join(" ");
+    assert!(
+        script.contains(&format!("-c {}", defaults::BIRD_CONFIG)),
+        "{script}"
+    );
+    assert!(
+        script.contains(&format!("-s {}", defaults::BIRD_SOCKET)),
+        "{script}"
+    );
+    let bird_mounts = mount_paths(bird);
+    for dir in [parent(defaults::BIRD_SOCKET), parent(defaults::BIRD_CONFIG)] {
+        assert!(bird_mounts.contains(&dir), "the BIRD sidecar mounts {dir}");
+    }
+    // The agent and BIRD share the config and control-socket directories (same volumes).
+    for dir in [parent(defaults::BIRD_SOCKET), parent(defaults::BIRD_CONFIG)] {
+        let volume = |c: &Container| {
+            c.volume_mounts
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .find(|m| m.mount_path == dir)
+                .map(|m| m.name.clone())
+        };
+        assert_eq!(volume(agent), volume(bird), "{dir} is shared");
+    }
+}
+
+#[test]
+fn rbac_grants_exactly_what_the_agent_uses() {
+    let docs = documents("deploy/rbac.yaml");
+    let kinds: Vec<&str> = docs
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
+    );
+    let sa: ServiceAccount = typed(&docs[0]);
+    let role: ClusterRole = typed(&docs[1]);
+    let binding: ClusterRoleBinding = typed(&docs[2]);
+    assert!(role.aggregation_rule.is_none());
+    let mut granted = BTreeSet::new();
+    for rule in role.rules.unwrap_or_default() {
+        assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
+        for group in rule.api_groups.unwrap_or_default() {
+            for resource in rule.resources.clone().unwrap_or_default() {
+                for verb in &rule.verbs {
+                    granted.insert(format!("{group}/{resource}:{verb}"));
+                }
+            }
+        }
+    }
+    let allowed: BTreeSet<String> = [
+        "/pods:get",
+        "/pods:list",
+        "/pods:watch",
+        "flock.fritzlab.net/nodeconfigs:get",
+        "flock.fritzlab.net/nodeconfigs:list",
+        "flock.fritzlab.net/nodeconfigs:watch",
+        "flock.fritzlab.net/nodeconfigs/status:patch",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(granted, allowed);
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    assert_eq!(
+        Some(binding.role_ref.name.as_str()),
+        role.metadata.name.as_deref()
+    );
+    let subjects = binding.subjects.unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].kind, "ServiceAccount");
+    assert_eq!(Some(&subjects[0].name), sa.metadata.name.as_ref());
+    assert_eq!(subjects[0].namespace, sa.metadata.namespace);
+    let ds: DaemonSet = typed(&documents("deploy/daemonset.yaml")[0]);
+    assert_eq!(ds.metadata.namespace, sa.metadata.namespace);
+}
+
+fn plan(root: &Path, mtu: u32) -> InstallPlan {
+    let shim = root.join("build/flock");
+    std::fs::create_dir_all(shim.parent().expect("dir")).expect("mkdir");
+    std::fs::write(&shim, b"#!/bin/sh\necho stand-in shim\n").expect("shim");
+    InstallPlan {
+        shim,
+        bin_dir: root.join("host/opt/cni/bin"),
+        conf_dir: root.join("host/etc/cni/net.d"),
+        network: "flock".into(),
+        agent_socket: defaults::SOCKET.into(),
+        mtu,
+    }
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn install_cni_conflist_snapshot() {
+    let root = tempfile::tempdir().expect("tmp");
+    let plan = plan(root.path(), 1500);
+    install(&plan).expect("install");
+    let text = std::fs::read_to_string(plan.conf_dir.join(CONFLIST_NAME)).expect("conflist");
+    let parsed: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(parsed, conflist(&plan));
+    insta::assert_snapshot!(text);
+}
+
+#[test]
+fn install_cni_twice_is_idempotent_and_leaves_no_temporary_file() {
+    let (a, b) = (
+        tempfile::tempdir().expect("tmp"),
+        tempfile::tempdir().expect("tmp"),
+    );
+    let (pa, pb) = (plan(a.path(), 1500), plan(b.path(), 1500));
+    let first = install(&pa).expect("install");
+    let conf = std::fs::read(pa.conf_dir.join(CONFLIST_NAME)).expect("conf");
+    let shim = std::fs::read(pa.bin_dir.join("flock")).expect("shim");
+    assert_eq!(install(&pa).expect("again"), first);
+    assert_eq!(
+        std::fs::read(pa.conf_dir.join(CONFLIST_NAME)).expect("conf"),
+        conf
+    );
+    assert_eq!(std::fs::read(pa.bin_dir.join("flock")).expect("shim"), shim);
+    assert_eq!(shim, std::fs::read(&pa.shim).expect("source"));
+    // Another node (directory) gets byte-identical files.
+    install(&pb).expect("install b");
+    assert_eq!(
+        std::fs::read(pb.conf_dir.join(CONFLIST_NAME)).expect("conf"),
+        conf
+    );
+    for p in [&pa, &pb] {
+        assert_eq!(names(&p.bin_dir), ["flock"], "no temporary file left");
+        assert_eq!(
+            names(&p.conf_dir),
+            [CONFLIST_NAME],
+            "no temporary file left"
+        );
+        let mode = std::fs::metadata(p.bin_dir.join("flock"))
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755, "the shim is executable");
+    }
+}
+
+#[test]
+fn install_cni_replaces_files_by_rename_never_in_place() {
+    let root = tempfile::tempdir().expect("tmp");
+    let old_plan = plan(root.path(), 1500);
+    install(&old_plan).expect("install");
+    let conf_path = old_plan.conf_dir.join(CONFLIST_NAME);
+    let shim_path = old_plan.bin_dir.join("flock");
+    // A runtime that opened the old files keeps reading them whole.
+    let mut old_conf = std::fs::File::open(&conf_path).expect("open");
+    let mut old_shim = std::fs::File::open(&shim_path).expect("open");
+    let (conf_ino, shim_ino) = (
+        std::fs::metadata(&conf_path).expect("m").ino(),
+        std::fs::metadata(&shim_path).expect("m").ino(),
+    );
+    let expected_old = std::fs::read_to_string(&conf_path).expect("read");
+    let new_plan = InstallPlan {
+        mtu: 9000,
+        ..old_plan.clone()
+    };
+    std::fs::write(
+        &new_plan.shim,
+        b"#!/bin/sh\necho a newer shim, longer than before\n",
+    )
+    .expect("new shim");
+    install(&new_plan).expect("reinstall");
+    assert_ne!(
+        std::fs::metadata(&conf_path).expect("m").ino(),
+        conf_ino,
+        "renamed over"
+    );
+    assert_ne!(
+        std::fs::metadata(&shim_path).expect("m").ino(),
+        shim_ino,
+        "renamed over"
+    );
+    let mut text = String::new();
+    old_conf.read_to_string(&mut text).expect("read old");
+    assert_eq!(text, expected_old, "the old file is untouched, whole");
+    let mut bytes = Vec::new();
+    old_shim.read_to_end(&mut bytes).expect("read old shim");
+    assert_eq!(bytes, b"#!/bin/sh\necho stand-in shim\n");
+    let new: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&conf_path).expect("read")).expect("json");
+    assert_eq!(new["plugins"][0]["mtu"], 9000);
+}
