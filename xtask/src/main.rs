@@ -6,12 +6,15 @@
 //! - `bench`: end-to-end CNI latency and throughput of every subject (the
 //!   reference plugins, flock) through one runtime stand-in, written into
 //!   `BENCHMARKS.md` (see `bench.rs`).
+//! - `lab [up|down]`: two routed nodes, a router and four pods in network
+//!   namespaces, checked and printed as tables (see `lab.rs`).
 
 use std::process::Command;
 
 use anyhow::{Result, bail};
 
 mod bench;
+mod lab;
 mod sys;
 
 /// Debian packages the test suite drives for real.
@@ -35,12 +38,15 @@ fn main() -> Result<()> {
     match command.as_str() {
         "test" => test(&rest),
         "bench" => bench::bench(&rest),
+        "lab" => lab::lab(&rest),
         _ => {
             eprintln!(
                 "usage: cargo xtask test [nextest filters…]\n\
                  \x20      cargo xtask bench [--pods N] [--concurrency C] [--subjects reference,flock] [--no-write]\n\
+                 \x20      cargo xtask lab [up|down]\n\
                  \n  test   install what the suite needs and run every test (as root)\
-                 \n  bench  ADD/DEL latency and pods/s of each subject, written into BENCHMARKS.md (as root)"
+                 \n  bench  ADD/DEL latency and pods/s of each subject, written into BENCHMARKS.md (as root)\
+                 \n  lab    two routed nodes, a router and four pods in namespaces; `down` removes them (as root)"
             );
             if command.is_empty() || command == "help" || command == "--help" {
                 Ok(())
@@ -85,6 +91,8 @@ fn test(filters: &[String]) -> Result<()> {
     }
     if filters.is_empty() {
         sys::cargo(["test", "--doc", "--workspace", "--all-features"])?;
+        // The lab end to end on the debug binaries just built (replaces a lab that is up).
+        lab::ci(&lab::debug_bins())?;
     }
     Ok(())
 }

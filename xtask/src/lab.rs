@@ -1,0 +1,865 @@
+//! `cargo xtask lab [up|down]`: a small routed site in network namespaces, from one command.
+//!
+//! ```text
+//!                       flocklab-router (AS65000, BIRD)
+//!                  2001:db8:f1:1::1 /      \ 2001:db8:f1:2::1
+//!                                  /        \
+//!   flocklab-node1 (AS64601)  2001:db8:f1:1::2   2001:db8:f1:2::2  flocklab-node2 (AS64602)
+//!   flock-agent + BIRD                                         flock-agent + BIRD
+//!   pods 2001:db8:a1::/64 10.101.1.0/24                  pods 2001:db8:a2::/64 10.101.2.0/24
+//!     flocklab-web-1  (ip-algo workload)                   flocklab-web-2 (ip-algo workload)
+//!     flocklab-dns-1  (anycast 2001:db8:53::53, 10.53.0.53) flocklab-dns-2 (same anycast)
+//! ```
+//!
+//! Every session is IPv6 and carries both families (IPv4 with extended next hop). Each node
+//! runs the standalone agent on its own NodeConfig file, and BIRD on the configuration the
+//! agent renders; the pods are created by exec'ing the real shim in the node namespace exactly
+//! as a runtime does (testkit's libcni-like runtime: conflist, `CNI_*`, pod annotations as the
+//! `io.kubernetes.cri.pod-annotations` capability). Everything lives in namespaces named
+//! `flocklab-*` and under [`LAB_DIR`]; nothing touches the machine's own namespace. `up` first
+//! removes a lab that is already up; `down` removes every namespace, process and file.
+//!
+//! [`up`] returns an error if any check fails (a session not Established, the anycast route
+//! without two next hops, a lost ping), so `cargo xtask test` runs it as a check too
+//! ([`ci`]) with the debug binaries.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use flock_testkit::cni::{Attachment, Runtime};
+use serde_json::{Value, json};
+
+use crate::sys;
+
+/// Where the lab keeps its configuration, sockets, state and logs.
+pub const LAB_DIR: &str = "/run/flocklab";
+/// Every namespace of the lab starts with this.
+pub const NS_PREFIX: &str = "flocklab-";
+/// Debian packages the lab drives.
+const PACKAGES: &[&str] = &["bird2", "iproute2", "iputils-ping", "util-linux"];
+
+const ROUTER: &str = "flocklab-router";
+const ROUTER_ASN: u32 = 65000;
+const ANYCAST6: &str = "2001:db8:53::53";
+const ANYCAST4: &str = "10.53.0.53";
+/// How long sessions, routes and pings may take to converge.
+const CONVERGE: Duration = Duration::from_secs(30);
+
+/// One node of the lab.
+struct Node {
+    name: &'static str,
+    asn: u32,
+    router_id: &'static str,
+    cidr6: &'static str,
+    cidr4: &'static str,
+    /// The link to the router: the router's and the node's address (/64).
+    router_addr: &'static str,
+    node_addr: &'static str,
+    /// The router's end of the link.
+    router_if: &'static str,
+}
+
+const NODES: [Node; 2] = [
+    Node {
+        name: "node1",
+        asn: 64601,
+        router_id: "100.64.255.11",
+        cidr6: "2001:db8:a1::/64",
+        cidr4: "10.101.1.0/24",
+        router_addr: "2001:db8:f1:1::1",
+        node_addr: "2001:db8:f1:1::2",
+        router_if: "to-node1",
+    },
+    Node {
+        name: "node2",
+        asn: 64602,
+        router_id: "100.64.255.12",
+        cidr6: "2001:db8:a2::/64",
+        cidr4: "10.101.2.0/24",
+        router_addr: "2001:db8:f1:2::1",
+        node_addr: "2001:db8:f1:2::2",
+        router_if: "to-node2",
+    },
+];
+
+/// One pod of the lab: its name, its node (index into [`NODES`]) and its annotations.
+struct Pod {
+    name: &'static str,
+    node: usize,
+    annotations: &'static [(&'static str, &'static str)],
+}
+
+const PODS: [Pod; 4] = [
+    Pod {
+        name: "web-1",
+        node: 0,
+        annotations: &[("flock.fritzlab.net/ip-algo", "workload")],
+    },
+    Pod {
+        name: "dns-1",
+        node: 0,
+        annotations: &[("flock.fritzlab.net/anycast", "2001:db8:53::53,10.53.0.53")],
+    },
+    Pod {
+        name: "web-2",
+        node: 1,
+        annotations: &[("flock.fritzlab.net/ip-algo", "workload")],
+    },
+    Pod {
+        name: "dns-2",
+        node: 1,
+        annotations: &[("flock.fritzlab.net/anycast", "2001:db8:53::53,10.53.0.53")],
+    },
+];
+
+fn node_ns(node: &Node) -> String {
+    format!("{NS_PREFIX}{}", node.name)
+}
+
+fn pod_ns(pod: &Pod) -> String {
+    format!("{NS_PREFIX}{}", pod.name)
+}
+
+fn node_dir(node: &Node) -> PathBuf {
+    Path::new(LAB_DIR).join(node.name)
+}
+
+/// `cargo xtask lab [up|down]`.
+pub fn lab(args: &[String]) -> Result<()> {
+    match args.first().map(String::as_str) {
+        None | Some("up") => {
+            sys::require_root("cargo xtask lab")?;
+            sys::ensure_packages(PACKAGES)?;
+            let bins = crate::bench::build_release(&["flock-agent", "flock-plugin"])?;
+            let started = Instant::now();
+            let report = up(&bins)?;
+            print!("{report}");
+            println!(
+                "lab up in {:.1} s (after the build); `cargo xtask lab down` removes it",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        Some("down") => {
+            sys::require_root("cargo xtask lab down")?;
+            down()
+        }
+        Some(other) => bail!("unknown lab command {other:?}: use `cargo xtask lab [up|down]`"),
+    }
+}
+
+/// `target/debug`, where `cargo build --workspace --bins` puts the binaries.
+pub fn debug_bins() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+        .join("debug")
+}
+
+/// The lab as a check of `cargo xtask test`: up with the binaries in `bins` (the debug
+/// build), the report printed, then down whatever happened.
+pub fn ci(bins: &Path) -> Result<()> {
+    let result = up(bins);
+    let cleanup = down();
+    let report = result?;
+    print!("{report}");
+    cleanup
+}
+
+/// Builds the lab with `flock-agent` and `flock` from `bins` (after removing any lab already
+/// up), checks it and returns the printed report. Fails (with the report in the error) when a
+/// check fails; the lab stays up for inspection until [`down`].
+pub fn up(bins: &Path) -> Result<String> {
+    for bin in ["flock-agent", "flock"] {
+        if !bins.join(bin).exists() {
+            bail!("{} is not built", bins.join(bin).display());
+        }
+    }
+    down().context("remove the previous lab")?;
+    std::fs::create_dir_all(LAB_DIR).with_context(|| format!("create {LAB_DIR}"))?;
+    build_network()?;
+    start_router()?;
+    for node in &NODES {
+        start_node(node, bins)?;
+    }
+    let mut pods = Vec::new();
+    for pod in &PODS {
+        pods.push(add_pod(pod, bins)?);
+    }
+    let mut failures = Vec::new();
+    let mut report = String::new();
+    report_pods(&mut report, &pods);
+    wait_converged(&mut failures);
+    report_sessions(&mut report, &mut failures)?;
+    report_router_routes(&mut report, &mut failures)?;
+    report_pings(&mut report, &pods, &mut failures);
+    if failures.is_empty() {
+        Ok(report)
+    } else {
+        bail!(
+            "{report}\nlab checks failed:\n  {}\n(the lab is left up for inspection: logs under {LAB_DIR}; `cargo xtask lab down` removes it)",
+            failures.join("\n  ")
+        )
+    }
+}
+
+/// Removes every `flocklab-*` namespace (killing what runs inside: agents, BIRD) and
+/// [`LAB_DIR`]. Does nothing when no lab is up.
+pub fn down() -> Result<()> {
+    let namespaces: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(NS_PREFIX))
+                .collect()
+        })
+        .unwrap_or_default();
+    for ns in &namespaces {
+        let pids = output(Command::new("ip").args(["netns", "pids", ns])).unwrap_or_default();
+        for pid in pids.split_whitespace() {
+            let _ = Command::new("kill").args(["-9", pid]).status();
+        }
+    }
+    for ns in &namespaces {
+        // A process just killed may still hold the namespace for a moment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let deleted = Command::new("ip")
+                .args(["netns", "del", ns])
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if deleted || !Path::new("/run/netns").join(ns).exists() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("cannot delete namespace {ns}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    if Path::new(LAB_DIR).exists() {
+        std::fs::remove_dir_all(LAB_DIR).with_context(|| format!("remove {LAB_DIR}"))?;
+    }
+    if !namespaces.is_empty() {
+        eprintln!("lab: removed {}", namespaces.join(" "));
+    }
+    Ok(())
+}
+
+/// Runs a command, fails naming it unless it exits 0, returns its stdout.
+fn output(cmd: &mut Command) -> Result<String> {
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().with_context(|| format!("spawn {shown}"))?;
+    if !out.status.success() {
+        bail!(
+            "{shown} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `args` inside namespace `ns`.
+fn in_ns(ns: &str, args: &[&str]) -> Result<String> {
+    output(Command::new("ip").args(["netns", "exec", ns]).args(args))
+}
+
+fn add_ns(ns: &str) -> Result<()> {
+    output(Command::new("ip").args(["netns", "add", ns]))?;
+    in_ns(ns, &["ip", "link", "set", "lo", "up"])?;
+    Ok(())
+}
+
+fn forwarding(ns: &str) -> Result<()> {
+    in_ns(
+        ns,
+        &[
+            "sysctl",
+            "-q",
+            "-w",
+            "net.ipv4.ip_forward=1",
+            "net.ipv6.conf.all.forwarding=1",
+        ],
+    )?;
+    Ok(())
+}
+
+/// The router, the nodes and a veth link from the router to each node.
+fn build_network() -> Result<()> {
+    add_ns(ROUTER)?;
+    forwarding(ROUTER)?;
+    for node in &NODES {
+        let ns = node_ns(node);
+        add_ns(&ns)?;
+        forwarding(&ns)?;
+        // Created in the router namespace, the node's end moved into the node.
+        in_ns(
+            ROUTER,
+            &[
+                "ip",
+                "link",
+                "add",
+                node.router_if,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "uplink",
+                "netns",
+                &ns,
+            ],
+        )?;
+        let router_addr = format!("{}/64", node.router_addr);
+        let node_addr = format!("{}/64", node.node_addr);
+        in_ns(
+            ROUTER,
+            &[
+                "ip",
+                "addr",
+                "add",
+                &router_addr,
+                "dev",
+                node.router_if,
+                "nodad",
+            ],
+        )?;
+        in_ns(ROUTER, &["ip", "link", "set", node.router_if, "up"])?;
+        in_ns(
+            &ns,
+            &["ip", "addr", "add", &node_addr, "dev", "uplink", "nodad"],
+        )?;
+        in_ns(&ns, &["ip", "link", "set", "uplink", "up"])?;
+    }
+    Ok(())
+}
+
+fn router_bird_conf() -> String {
+    let mut conf = format!(
+        "# BIRD 2 configuration of the lab's router (not a flock node): it learns every node's
+# pod prefixes and anycast addresses, installs them (equal-cost paths merged) and passes
+# them on to the other nodes.
+router id 100.64.255.1;
+
+protocol device {{ }}
+
+protocol kernel kernel6 {{
+  ipv6 {{ import none; export all; }};
+  merge paths on;
+}}
+
+protocol kernel kernel4 {{
+  ipv4 {{ import none; export all; }};
+  merge paths on;
+}}
+
+template bgp flocknode {{
+  local as {ROUTER_ASN};
+  hold time 6;
+  keepalive time 2;
+  connect retry time 1;
+  connect delay time 1;
+  error wait time 1, 10;
+  ipv6 {{ import all; export all; }};
+  ipv4 {{ extended next hop on; import all; export all; }};
+}}
+"
+    );
+    for node in &NODES {
+        let _ = writeln!(
+            conf,
+            "\nprotocol bgp {} from flocknode {{\n  neighbor {} as {};\n}}",
+            node.name, node.node_addr, node.asn
+        );
+    }
+    conf
+}
+
+/// Starts BIRD (daemonised, inside `ns`) on `conf` with control socket `ctl`.
+fn start_bird(ns: &str, conf: &Path, ctl: &Path, pid: &Path) -> Result<()> {
+    let conf_s = conf.to_string_lossy();
+    in_ns(ns, &["bird", "-p", "-c", &conf_s]).with_context(|| format!("check {conf_s}"))?;
+    in_ns(
+        ns,
+        &[
+            "bird",
+            "-c",
+            &conf_s,
+            "-s",
+            &ctl.to_string_lossy(),
+            "-P",
+            &pid.to_string_lossy(),
+        ],
+    )?;
+    wait_for(Duration::from_secs(5), || ctl.exists())
+        .with_context(|| format!("BIRD in {ns} did not open {}", ctl.display()))
+}
+
+fn start_router() -> Result<()> {
+    let dir = Path::new(LAB_DIR).join("router");
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let conf = dir.join("bird.conf");
+    std::fs::write(&conf, router_bird_conf())
+        .with_context(|| format!("write {}", conf.display()))?;
+    start_bird(ROUTER, &conf, &dir.join("bird.ctl"), &dir.join("bird.pid"))
+}
+
+fn node_yaml(node: &Node) -> String {
+    format!(
+        "apiVersion: flock.fritzlab.net/v1alpha1
+kind: NodeConfig
+metadata:
+  name: {name}
+spec:
+  cidr6: {cidr6}
+  cidr4: {cidr4}
+  bgp:
+    asn: {asn}
+    routerId: {router_id}
+    neighbors:
+      - {{ address: \"{router}\", asn: {ROUTER_ASN} }}
+    timers: {{ hold: 6, keepalive: 2, connectRetry: 1 }}
+",
+        name = node.name,
+        cidr6 = node.cidr6,
+        cidr4 = node.cidr4,
+        asn = node.asn,
+        router_id = node.router_id,
+        router = node.router_addr,
+    )
+}
+
+/// Writes the node's NodeConfig, starts its agent (detached, in the node namespace), waits
+/// for its socket and its rendered BIRD configuration, then starts BIRD on it.
+fn start_node(node: &Node, bins: &Path) -> Result<()> {
+    let dir = node_dir(node);
+    for sub in ["run", "state", "del-queue", "bird"] {
+        std::fs::create_dir_all(dir.join(sub))
+            .with_context(|| format!("create {}", dir.join(sub).display()))?;
+    }
+    std::fs::write(dir.join("node.yaml"), node_yaml(node))
+        .with_context(|| format!("write {}", dir.join("node.yaml").display()))?;
+    let log = std::fs::File::create(dir.join("agent.log"))
+        .with_context(|| format!("create {}", dir.join("agent.log").display()))?;
+    let socket = dir.join("run/agent.sock");
+    let bird_conf = dir.join("bird/bird.conf");
+    let ns = node_ns(node);
+    // setsid: the agent outlives `cargo xtask lab up` and its terminal.
+    Command::new("setsid")
+        .args(["ip", "netns", "exec", &ns])
+        .arg(bins.join("flock-agent"))
+        .args(["run", "--standalone", "--node-config"])
+        .arg(dir.join("node.yaml"))
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--del-queue-dir")
+        .arg(dir.join("del-queue"))
+        .arg("--bird-config")
+        .arg(&bird_conf)
+        .arg("--bird-socket")
+        .arg(dir.join("run/bird.ctl"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("spawn flock-agent")?;
+    let agent_log = || std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    wait_for(Duration::from_secs(10), || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    })
+    .with_context(|| {
+        format!(
+            "flock-agent on {} did not serve:\n{}",
+            node.name,
+            agent_log()
+        )
+    })?;
+    wait_for(Duration::from_secs(10), || bird_conf.exists()).with_context(|| {
+        format!(
+            "flock-agent on {} wrote no BIRD configuration:\n{}",
+            node.name,
+            agent_log()
+        )
+    })?;
+    start_bird(
+        &ns,
+        &bird_conf,
+        &dir.join("run/bird.ctl"),
+        &dir.join("run/bird.pid"),
+    )
+}
+
+/// A pod as ADD created it.
+struct PodUp {
+    name: &'static str,
+    node: &'static str,
+    ns: String,
+    ipv6: String,
+    ipv4: String,
+    note: String,
+}
+
+/// Creates the pod's namespace and runs ADD through the real shim in its node, as a runtime
+/// does.
+fn add_pod(pod: &Pod, bins: &Path) -> Result<PodUp> {
+    let node = &NODES[pod.node];
+    let dir = node_dir(node);
+    let ns = pod_ns(pod);
+    add_ns(&ns)?;
+    let conflist = json!({
+        "cniVersion": "1.1.0",
+        "name": "flocklab",
+        "plugins": [{
+            "type": "flock",
+            "agentSocket": dir.join("run/agent.sock"),
+            "delQueueDir": dir.join("del-queue"),
+            "capabilities": { "io.kubernetes.cri.pod-annotations": true }
+        }]
+    });
+    let runtime = Runtime::new(conflist, [bins], dir.join("cni-cache"))
+        .context("flock conflist")?
+        .in_netns(Path::new("/run/netns").join(node_ns(node)));
+    let annotations: serde_json::Map<String, Value> = pod
+        .annotations
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    let att = Attachment::new(
+        format!("flocklab-{}", pod.name),
+        Path::new("/run/netns").join(&ns),
+        "eth0",
+    )
+    .with_arg("K8S_POD_NAMESPACE", "lab")
+    .with_arg("K8S_POD_NAME", pod.name)
+    .with_capability(
+        "io.kubernetes.cri.pod-annotations",
+        Value::Object(annotations),
+    );
+    let result = runtime
+        .add(&att)
+        .with_context(|| format!("CNI ADD of pod {} on {}", pod.name, node.name))?;
+    let ip = |v6: bool| {
+        result["ips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|ip| ip["address"].as_str())
+            .find(|a| a.contains(':') == v6)
+            .and_then(|a| a.split('/').next())
+            .map(str::to_owned)
+            .with_context(|| {
+                format!(
+                    "no IPv{} address for {} in {result}",
+                    if v6 { 6 } else { 4 },
+                    pod.name
+                )
+            })
+    };
+    let note = pod
+        .annotations
+        .iter()
+        .map(|(k, v)| format!("{}={v}", k.trim_start_matches("flock.fritzlab.net/")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    Ok(PodUp {
+        name: pod.name,
+        node: node.name,
+        ns,
+        ipv6: ip(true)?,
+        ipv4: ip(false)?,
+        note,
+    })
+}
+
+/// Polls `done` every 50 ms until it holds or `limit` passes.
+fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if done() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("not within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn birdc(ns: &str, ctl: &Path, args: &[&str]) -> Result<String> {
+    let ctl = ctl.to_string_lossy();
+    let mut all = vec!["birdc", "-s", &ctl];
+    all.extend_from_slice(args);
+    in_ns(ns, &all)
+}
+
+fn router_ctl() -> PathBuf {
+    Path::new(LAB_DIR).join("router/bird.ctl")
+}
+
+/// BGP protocol lines of `birdc show protocols`: (name, state, info).
+fn bgp_sessions(ns: &str, ctl: &Path) -> Vec<(String, String, String)> {
+    birdc(ns, ctl, &["show", "protocols"])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 6 && f[1] == "BGP")
+                .then(|| (f[0].to_owned(), f[3].to_owned(), f[5..].join(" ")))
+        })
+        .collect()
+}
+
+fn route_paths(prefix: &str) -> usize {
+    let family = if prefix.contains(':') { "-6" } else { "-4" };
+    in_ns(ROUTER, &["ip", family, "route", "show", prefix])
+        .map(|out| out.lines().filter(|l| l.contains("nexthop")).count())
+        .unwrap_or(0)
+}
+
+/// Waits until every session is Established, the anycast addresses have two paths at the
+/// router and each node has the other's pod prefixes; records what did not happen.
+fn wait_converged(failures: &mut Vec<String>) {
+    let all_established = || {
+        let mut sessions = bgp_sessions(ROUTER, &router_ctl());
+        for node in &NODES {
+            sessions.extend(bgp_sessions(
+                &node_ns(node),
+                &node_dir(node).join("run/bird.ctl"),
+            ));
+        }
+        sessions.len() == 2 * NODES.len()
+            && sessions.iter().all(|(_, _, info)| info == "Established")
+    };
+    if wait_for(CONVERGE, all_established).is_err() {
+        failures.push("BGP sessions not all Established".into());
+    }
+    if wait_for(CONVERGE, || {
+        route_paths(&format!("{ANYCAST6}/128")) == 2 && route_paths(&format!("{ANYCAST4}/32")) == 2
+    })
+    .is_err()
+    {
+        failures.push("the anycast addresses do not have two next hops at the router".into());
+    }
+    for (i, node) in NODES.iter().enumerate() {
+        let other = &NODES[1 - i];
+        let ns = node_ns(node);
+        let learned = || {
+            [other.cidr6, other.cidr4].iter().all(|cidr| {
+                let family = if cidr.contains(':') { "-6" } else { "-4" };
+                in_ns(&ns, &["ip", family, "route", "show", cidr])
+                    .map(|o| o.contains("proto bird"))
+                    .unwrap_or(false)
+            })
+        };
+        if wait_for(CONVERGE, learned).is_err() {
+            failures.push(format!(
+                "{} did not learn {}'s pod prefixes",
+                node.name, other.name
+            ));
+        }
+    }
+}
+
+/// Formats rows as a table with a header, columns padded to their widest cell.
+fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_owned()
+    };
+    let _ = writeln!(
+        out,
+        "{}",
+        line(header.iter().map(|h| (*h).to_owned()).collect())
+    );
+    let _ = writeln!(
+        out,
+        "{}",
+        line(widths.iter().map(|w| "-".repeat(*w)).collect())
+    );
+    for row in rows {
+        let _ = writeln!(out, "{}", line(row.clone()));
+    }
+    out.push('\n');
+}
+
+fn report_pods(out: &mut String, pods: &[PodUp]) {
+    out.push_str("PODS\n");
+    let rows: Vec<Vec<String>> = pods
+        .iter()
+        .map(|p| {
+            vec![
+                p.name.to_owned(),
+                p.node.to_owned(),
+                p.ipv6.clone(),
+                p.ipv4.clone(),
+                p.note.clone(),
+            ]
+        })
+        .collect();
+    table(out, &["pod", "node", "ipv6", "ipv4", "annotations"], &rows);
+}
+
+fn report_sessions(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
+    out.push_str("BGP SESSIONS (birdc show protocols)\n");
+    let mut rows = Vec::new();
+    let mut speakers = vec![(
+        ROUTER.trim_start_matches(NS_PREFIX).to_owned(),
+        ROUTER.to_owned(),
+        router_ctl(),
+    )];
+    for node in &NODES {
+        speakers.push((
+            node.name.to_owned(),
+            node_ns(node),
+            node_dir(node).join("run/bird.ctl"),
+        ));
+    }
+    for (who, ns, ctl) in &speakers {
+        for (name, state, info) in bgp_sessions(ns, ctl) {
+            if info != "Established" {
+                failures.push(format!("{who}: session {name} is {info}"));
+            }
+            rows.push(vec![who.clone(), name, state, info]);
+        }
+    }
+    table(out, &["speaker", "protocol", "state", "info"], &rows);
+    Ok(())
+}
+
+fn report_router_routes(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
+    out.push_str("ROUTER ROUTES (ip route, learned over BGP)\n");
+    for family in ["-6", "-4"] {
+        let routes = in_ns(ROUTER, &["ip", family, "route", "show", "proto", "bird"])?;
+        for line in routes.lines() {
+            let _ = writeln!(out, "  {}", line.trim_end());
+        }
+    }
+    out.push('\n');
+    for anycast in [format!("{ANYCAST6}/128"), format!("{ANYCAST4}/32")] {
+        let paths = route_paths(&anycast);
+        if paths != 2 {
+            failures.push(format!(
+                "anycast {anycast} has {paths} next hops at the router, not 2"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Every pod pings every other pod's IPv6 and IPv4 address (3 echo requests each, all in
+/// parallel); a cell is `v6/v4` with `ok` for no loss.
+fn report_pings(out: &mut String, pods: &[PodUp], failures: &mut Vec<String>) {
+    let results: Vec<Vec<(bool, bool)>> = std::thread::scope(|s| {
+        let handles: Vec<Vec<_>> = pods
+            .iter()
+            .map(|src| {
+                pods.iter()
+                    .map(|dst| {
+                        let same = std::ptr::eq(src, dst);
+                        let ping = move |addr: &str| {
+                            same || Command::new("ip")
+                                .args([
+                                    "netns", "exec", &src.ns, "ping", "-q", "-c", "3", "-i", "0.2",
+                                    "-W", "2", addr,
+                                ])
+                                .stderr(Stdio::null())
+                                .output()
+                                .map(|o| {
+                                    String::from_utf8_lossy(&o.stdout).contains(" 0% packet loss")
+                                })
+                                .unwrap_or(false)
+                        };
+                        let (v6, v4) = (dst.ipv6.clone(), dst.ipv4.clone());
+                        s.spawn(move || (ping(&v6), ping(&v4)))
+                    })
+                    .collect()
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|row| {
+                row.into_iter()
+                    .map(|h| h.join().unwrap_or((false, false)))
+                    .collect()
+            })
+            .collect()
+    });
+    out.push_str("PING MATRIX (row pings column; IPv6/IPv4, 3 echoes each, ok = no loss)\n");
+    let mut header = vec!["from \\ to".to_owned()];
+    header.extend(pods.iter().map(|p| format!("{} ({})", p.name, p.node)));
+    let mut rows = Vec::new();
+    for (src, row) in pods.iter().zip(&results) {
+        let mut cells = vec![format!("{} ({})", src.name, src.node)];
+        for (dst, (v6, v4)) in pods.iter().zip(row) {
+            if std::ptr::eq(src, dst) {
+                cells.push("-".into());
+                continue;
+            }
+            let mark = |ok: &bool| if *ok { "ok" } else { "LOSS" };
+            cells.push(format!("{}/{}", mark(v6), mark(v4)));
+            if !v6 || !v4 {
+                failures.push(format!(
+                    "{} -> {}: IPv6 {}, IPv4 {}",
+                    src.name,
+                    dst.name,
+                    mark(v6),
+                    mark(v4)
+                ));
+            }
+        }
+        rows.push(cells);
+    }
+    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    table(out, &header_refs, &rows);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lab_addresses_stay_in_documentation_and_private_ranges() {
+        let conf = router_bird_conf();
+        for node in &NODES {
+            let yaml = node_yaml(node);
+            for text in [&yaml, &conf] {
+                assert!(!text.contains("fd00:"), "{text}");
+                assert!(!text.contains("192.0.2."), "{text}");
+            }
+            assert!(node.cidr6.starts_with("2001:db8:"));
+            assert!(node.cidr4.starts_with("10."));
+            assert!(conf.contains(&format!("neighbor {} as {}", node.node_addr, node.asn)));
+        }
+        assert!(ANYCAST6.starts_with("2001:db8:") && ANYCAST4.starts_with("10."));
+    }
+
+    #[test]
+    fn table_pads_columns() {
+        let mut out = String::new();
+        table(
+            &mut out,
+            &["a", "bb"],
+            &[vec!["xxx".into(), "y".into()], vec!["z".into(), "w".into()]],
+        );
+        assert_eq!(out, "a    bb\n---  --\nxxx  y\nz    w\n\n");
+    }
+}
