@@ -40,16 +40,13 @@ fn node_config(cidr6: &str, neighbors: Value) -> Value {
 }
 
 async fn start_agent(node: &Netns, state: &Path, pods: Option<Arc<PodWatcher>>) -> Arc<Agent> {
-    let settings = match &pods {
-        // The leak test starts with the node's settings, as after a NodeConfig event.
-        Some(_) => Some(
-            serde_json::from_value::<NodeConfig>(node_config("2001:db8:0:1::/64", json!([])))
-                .expect("fixture")
-                .settings()
-                .expect("valid"),
-        ),
-        None => None,
-    };
+    // The leak test starts with the node's settings, as after a NodeConfig event.
+    let settings = pods.as_ref().map(|_| {
+        serde_json::from_value::<NodeConfig>(node_config("2001:db8:0:1::/64", json!([])))
+            .expect("fixture")
+            .settings()
+            .expect("valid")
+    });
     let (agent, _) = Agent::start(AgentParts {
         node_ns: NodeNs::at(node.path()),
         state_dir: state.to_owned(),

@@ -218,7 +218,7 @@ pub fn build_status(
             .and_then(|p| p.conditions.iter().find(|o| o.type_ == c.type_))
             .filter(|o| o.status == c.status)
             .map(|o| o.last_transition_time.clone());
-        c.last_transition_time = kept.unwrap_or_else(|| Time(now));
+        c.last_transition_time = kept.unwrap_or(Time(now));
     }
     NodeConfigStatus {
         allocated6,
