@@ -241,7 +241,11 @@ fn daemonset_uses_one_image_and_the_code_defaults() {
         assert!(agent_mounts.contains(&dir), "the agent mounts {dir}");
     }
     let port = defaults::METRICS_ADDR.rsplit(':').next().expect("port");
-    for probe in [&agent.readiness_probe, &agent.liveness_probe] {
+    for probe in [
+        &agent.readiness_probe,
+        &agent.liveness_probe,
+        &agent.startup_probe,
+    ] {
         let http = probe
             .as_ref()
             .and_then(|p| p.http_get.as_ref())
