@@ -156,6 +156,21 @@ async fn nodeconfig_events_set_keep_and_withdraw_the_settings() {
     assert!(problem.contains("previous settings stay"), "{problem}");
     assert_eq!(agent.settings().as_deref(), Some(&*settings));
 
+    // Reverting to the settings in force clears the problem.
+    let (_req, reply) = next_request(&mut api).await;
+    reply_events(
+        reply,
+        &[event(
+            "MODIFIED",
+            node_config("2001:db8:0:1::/64", json!([])),
+        )],
+    );
+    eventually("the revert clears the problem", || {
+        agent.health().problem("nodeconfig").is_none()
+    })
+    .await;
+    assert_eq!(agent.settings().as_deref(), Some(&*settings));
+
     // A valid update with a new neighbor replaces the settings and clears the problem.
     let (_req, reply) = next_request(&mut api).await;
     reply_events(

@@ -63,7 +63,10 @@ impl NodeConfigFollower {
         match nc.settings() {
             Ok(settings) => {
                 if self.agent.settings().as_deref() == Some(&settings) {
-                    return; // a status write or a resync: nothing changed
+                    // A status write, a resync, or a return to the settings in force after an
+                    // invalid edit: nothing to apply, but no problem either.
+                    self.agent.health().set_problem("nodeconfig", None);
+                    return;
                 }
                 info!(node = %self.node, cidr6 = ?settings.cidr6, cidr4 = ?settings.cidr4,
                     bgp = settings.bgp.is_some(), "NodeConfig applied");
@@ -75,10 +78,12 @@ impl NodeConfigFollower {
                 } else {
                     "new pods cannot be served"
                 };
-                warn!(node = %self.node, error = %e, kept, "invalid NodeConfig");
-                self.agent
-                    .health()
-                    .set_problem("nodeconfig", Some(format!("{e}; {kept}")));
+                let problem = format!("{e}; {kept}");
+                // Every status write echoes the resource back: say it once per problem.
+                if self.agent.health().problem("nodeconfig").as_deref() != Some(&problem) {
+                    warn!(node = %self.node, error = %e, kept, "invalid NodeConfig");
+                    self.agent.health().set_problem("nodeconfig", Some(problem));
+                }
             }
         }
     }

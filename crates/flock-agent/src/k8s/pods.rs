@@ -15,7 +15,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
@@ -70,7 +70,12 @@ impl PodWatcher {
         });
         let api: Api<Pod> = Api::all(client);
         let config = watcher::Config::default().fields(&node_field_selector(node));
-        let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+        // Keep only what a lookup reads: no managed fields, no status.
+        let pods = watcher(api, config).modify(|pod| {
+            pod.managed_fields_mut().clear();
+            pod.status = None;
+        });
+        let stream = reflector::reflector(writer, pods.default_backoff());
         let weak = Arc::downgrade(&this);
         tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
