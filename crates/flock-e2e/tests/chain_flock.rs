@@ -1,0 +1,246 @@
+#![cfg(feature = "root-tests")]
+//! flock chained with the reference `tuning`, `portmap` and `bandwidth` plugins (Debian's
+//! containernetworking-plugins), driven per the CNI spec by testkit's libcni-like runtime
+//! (`prevResult` injection and caching, reverse-order DEL): the real agent runs standalone in
+//! a stand-in node namespace and the real shim is exec'd there, as containerd would.
+
+use std::path::PathBuf;
+
+use flock_testkit::Netns;
+use flock_testkit::cni::{Attachment, Runtime};
+use flock_testkit::node::FlockNode;
+use serde_json::{Value, json};
+
+const CNI_BIN: &str = "/usr/lib/cni";
+const NET: &str = "flockchain";
+
+const NODE: &str = "apiVersion: flock.fritzlab.net/v1alpha1
+kind: NodeConfig
+metadata:
+  name: chain-node
+spec:
+  cidr6: 2001:db8:c4::/64
+  cidr4: 10.74.0.0/24
+";
+
+/// flock → tuning → (portmap) → bandwidth. cniVersion 1.0.0: the newest the reference
+/// plugins 1.1.1 speak (flock speaks 0.4.0, 1.0.0 and 1.1.0).
+fn conflist(node: &FlockNode, with_portmap: bool) -> Value {
+    let mut plugins = vec![
+        // flock's CHECK compares the pod interface with what it programmed, MTU included
+        // (DESIGN §7: any difference is an error): a chain whose `tuning` sets the MTU gives
+        // flock the same MTU, or flock's CHECK rightly reports the difference.
+        json!({
+            "type": "flock",
+            "agentSocket": node.socket(),
+            "delQueueDir": node.del_queue_dir(),
+            "mtu": 1400,
+        }),
+        json!({ "type": "tuning", "mtu": 1400, "sysctl": { "net.ipv4.conf.eth0.arp_notify": "1" } }),
+    ];
+    if with_portmap {
+        plugins.push(json!({ "type": "portmap", "capabilities": { "portMappings": true } }));
+    }
+    plugins.push(json!({ "type": "bandwidth", "capabilities": { "bandwidth": true } }));
+    json!({ "cniVersion": "1.0.0", "name": NET, "plugins": plugins })
+}
+
+fn runtime(node: &FlockNode, with_portmap: bool) -> Runtime {
+    let shim_dir: PathBuf = flock_testkit::workspace_bin("flock")
+        .parent()
+        .expect("shim directory")
+        .to_owned();
+    Runtime::new(
+        conflist(node, with_portmap),
+        [shim_dir, PathBuf::from(CNI_BIN)],
+        node.dir().join("cni-cache"),
+    )
+    .expect("valid conflist")
+    .in_netns(node.ns().path())
+}
+
+fn result_ip(result: &Value, v6: bool) -> String {
+    result["ips"]
+        .as_array()
+        .expect("ips")
+        .iter()
+        .filter_map(|ip| ip["address"].as_str())
+        .find(|a| a.contains(':') == v6)
+        .and_then(|a| a.split('/').next())
+        .unwrap_or_else(|| panic!("no {} address in {result}", if v6 { "v6" } else { "v4" }))
+        .to_owned()
+}
+
+/// Interfaces of the result without a sandbox: flock's host veth and bandwidth's ifb.
+fn host_interfaces(result: &Value) -> Vec<String> {
+    result["interfaces"]
+        .as_array()
+        .expect("interfaces")
+        .iter()
+        .filter(|i| {
+            i.get("sandbox")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .is_empty()
+        })
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn node_links(node: &FlockNode) -> Vec<String> {
+    node.ns()
+        .ok(["ip", "-o", "link", "show"])
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+        .filter(|n| n != "lo")
+        .collect()
+}
+
+fn records(node: &FlockNode) -> Vec<String> {
+    std::fs::read_dir(node.state_dir().join("allocations"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// ADD through the chain: each reference plugin accepts flock's result as its `prevResult`
+/// and does its job on it. CHECK: portmap 1.1.1 cannot CHECK dual stack (its CHECK looks for
+/// the IPv4 DNAT rule in ip6tables too — see `flock-testkit/tests/reference_plugins.rs`, the
+/// same failure with ptp); the test pins that exact failure, then CHECKs the same cached
+/// result through flock, tuning and bandwidth, which must pass. DEL removes everything; a
+/// second DEL and a DEL without netns succeed.
+#[test]
+fn flock_tuning_portmap_bandwidth_chain() {
+    flock_testkit::require_root();
+    let node = FlockNode::start("chn", NODE);
+    // A node has an address of its own (portmap's and our pings' source).
+    node.ns()
+        .ok(["ip", "addr", "add", "10.99.0.1/32", "dev", "lo"]);
+    let rt = runtime(&node, true);
+    let pod = Netns::new("cpod");
+    let att = Attachment::new("chain-flock-1", pod.path(), "eth0")
+        .with_arg("IgnoreUnknown", "1")
+        .with_arg("K8S_POD_NAMESPACE", "e2e")
+        .with_arg("K8S_POD_NAME", "chained")
+        .with_capability(
+            "portMappings",
+            json!([{ "hostPort": 8080, "containerPort": 80, "protocol": "tcp" }]),
+        )
+        .with_capability(
+            "bandwidth",
+            json!({
+                "ingressRate": 1_000_000, "ingressBurst": 100_000,
+                "egressRate": 2_000_000, "egressBurst": 200_000
+            }),
+        );
+
+    let result = rt.add(&att).expect("ADD through the chain");
+    let ip4 = result_ip(&result, false);
+    let ip6 = result_ip(&result, true);
+    assert!(ip6.starts_with("2001:db8:c4:"), "{result}");
+    assert!(ip4.starts_with("10.74.0."), "{result}");
+    let hosts = host_interfaces(&result);
+    let veth = hosts
+        .iter()
+        .find(|n| n.starts_with("flock"))
+        .unwrap_or_else(|| panic!("flock's host veth in the final result: {result}"))
+        .clone();
+    let ifb = hosts
+        .iter()
+        .find(|n| n.starts_with("bwp"))
+        .unwrap_or_else(|| panic!("bandwidth adds its ifb to the result: {result}"))
+        .clone();
+
+    // flock: addresses in the pod, reachable from the node.
+    let addrs = pod.ok(["ip", "addr", "show", "eth0"]);
+    for ip in [&ip4, &ip6] {
+        assert!(
+            addrs.contains(&format!("{ip}/")),
+            "{ip} not on eth0: {addrs}"
+        );
+        assert!(node.ns().pings(ip), "node cannot ping the pod at {ip}");
+    }
+    // tuning, in the pod.
+    let link = pod.ok(["ip", "-o", "link", "show", "eth0"]);
+    assert!(link.contains("mtu 1400"), "{link}");
+    let arp_notify = pod.ok(["cat", "/proc/sys/net/ipv4/conf/eth0/arp_notify"]);
+    assert_eq!(arp_notify.trim(), "1");
+    // portmap, in the node: DNAT of 8080 to the pod, per family.
+    let nat4 = node.ns().ok(["iptables", "-t", "nat", "-S"]);
+    assert!(
+        nat4.contains(&format!("--to-destination {ip4}:80")),
+        "{nat4}"
+    );
+    let nat6 = node.ns().ok(["ip6tables", "-t", "nat", "-S"]);
+    assert!(
+        nat6.contains(&format!("--to-destination [{ip6}]:80")),
+        "{nat6}"
+    );
+    // bandwidth, in the node: tbf on flock's host veth, an ifb with tbf for pod egress.
+    let veth_qdisc = node.ns().ok(["tc", "qdisc", "show", "dev", &veth]);
+    assert!(veth_qdisc.contains("tbf"), "{veth_qdisc}");
+    let ifb_qdisc = node.ns().ok(["tc", "qdisc", "show", "dev", &ifb]);
+    assert!(ifb_qdisc.contains("tbf"), "{ifb_qdisc}");
+
+    // CHECK: portmap 1.1.1's dual-stack bug, exactly; nothing else fails.
+    let err = rt
+        .check(&att)
+        .expect_err("portmap 1.1.1 cannot CHECK dual stack");
+    assert!(
+        matches!(&err, flock_testkit::cni::Error::Plugin { plugin, command: "CHECK", .. } if plugin == "portmap"),
+        "only portmap fails CHECK: {err}"
+    );
+    let cni = err
+        .cni_error()
+        .unwrap_or_else(|| panic!("no CNI error object: {err}"));
+    assert!(
+        cni.msg.starts_with("could not check ipv6 dnat: rule "),
+        "{err}"
+    );
+    assert!(
+        cni.msg.contains(&format!("--to-destination {ip4}:80")),
+        "{err}"
+    );
+    // flock (first in the chain, so it ran before portmap), tuning and bandwidth accept it.
+    runtime(&node, false)
+        .check(&att)
+        .expect("CHECK of flock, tuning and bandwidth");
+    // And flock's CHECK is real: it sees a route removed behind its back.
+    pod.ok(["ip", "route", "del", "default", "via", "169.254.1.1"]);
+    let err = runtime(&node, false)
+        .check(&att)
+        .expect_err("CHECK must see the missing route");
+    assert!(
+        matches!(&err, flock_testkit::cni::Error::Plugin { plugin, .. } if plugin == "flock"),
+        "{err}"
+    );
+
+    rt.del(&att).expect("DEL through the chain");
+    assert_eq!(node_links(&node), Vec::<String>::new(), "veth and ifb gone");
+    assert!(
+        records(&node).is_empty(),
+        "allocation left: {:?}",
+        records(&node)
+    );
+    let nat4 = node.ns().ok(["iptables", "-t", "nat", "-S"]);
+    assert!(!nat4.contains("--dport 8080"), "{nat4}");
+    let nat6 = node.ns().ok(["ip6tables", "-t", "nat", "-S"]);
+    assert!(!nat6.contains("--dport 8080"), "{nat6}");
+    assert!(
+        !pod.ok(["ip", "link"]).contains("eth0"),
+        "pod interface left"
+    );
+    assert_eq!(
+        rt.cached_result(&att).expect("cache"),
+        None,
+        "cache entry left"
+    );
+    rt.del(&att).expect("second DEL");
+    rt.del(&att.clone().without_netns())
+        .expect("DEL with an empty CNI_NETNS");
+}

@@ -1,0 +1,411 @@
+#![cfg(feature = "root-tests")]
+//! containerd 1.6's CRI plugin with flock as its CNI: the real agent runs standalone inside
+//! the stand-in node namespace (started by the harness's `before_start` hook, so it dies with
+//! the node), containerd execs the real shim `flock` from its CNI bin dir, and a Rust CRI
+//! client drives RunPodSandbox, StopPodSandbox and RemovePodSandbox as kubelet does.
+//!
+//! In the same run, the same five sandboxes with the reference `ptp` + `host-local` give the
+//! RunPodSandbox time to compare against (printed).
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flock_e2e::{E2eNode, NodeSetup, PodSandboxSpec, SandboxNetwork};
+use serde_json::{Value, json};
+
+const NET_NAME: &str = "e2e-flock";
+const CIDR6: &str = "2001:db8:c5::/64";
+const CIDR4: &str = "10.75.0.0/24";
+/// One pod asks for an extra fixed address through a pod annotation, which only reaches the
+/// agent if containerd passes the annotations (capability `io.kubernetes.cri.pod-annotations`).
+const EXTRA: &str = "2001:db8:c5ff::42";
+
+fn require_tools() {
+    flock_testkit::require_root();
+    for tool in [
+        "/usr/bin/containerd",
+        "/usr/sbin/runc",
+        "/bin/busybox",
+        "/usr/lib/cni/ptp",
+    ] {
+        assert!(
+            Path::new(tool).exists(),
+            "{tool} missing: `cargo xtask test` installs containerd, runc, busybox-static and containernetworking-plugins"
+        );
+    }
+}
+
+/// The agent's files, outside the harness dir (the conflist names them before the harness
+/// dir exists).
+struct AgentFiles {
+    dir: tempfile::TempDir,
+}
+
+impl AgentFiles {
+    fn new() -> AgentFiles {
+        let dir = tempfile::Builder::new()
+            .prefix("flock-e2e-agent-")
+            .tempdir()
+            .expect("agent dir");
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&bin).expect("bin dir");
+        // containerd's CNI bin dir holds the shim, as /opt/cni/bin would.
+        std::fs::copy(flock_testkit::workspace_bin("flock"), bin.join("flock")).expect("copy shim");
+        // containerd's CRI plugin also runs `loopback` on every sandbox.
+        std::os::unix::fs::symlink("/usr/lib/cni/loopback", bin.join("loopback"))
+            .expect("link loopback");
+        std::fs::write(
+            dir.path().join("node.yaml"),
+            format!(
+                "apiVersion: flock.fritzlab.net/v1alpha1\nkind: NodeConfig\nmetadata:\n  name: e2e-node\nspec:\n  cidr6: {CIDR6}\n  cidr4: {CIDR4}\n"
+            ),
+        )
+        .expect("write node.yaml");
+        AgentFiles { dir }
+    }
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+    fn socket(&self) -> PathBuf {
+        self.path("run/agent.sock")
+    }
+    fn state_dir(&self) -> PathBuf {
+        self.path("state")
+    }
+    fn conflist(&self) -> String {
+        json!({
+            "cniVersion": "1.0.0",
+            "name": NET_NAME,
+            "plugins": [{
+                "type": "flock",
+                "agentSocket": self.socket(),
+                "delQueueDir": self.path("del-queue"),
+                "capabilities": { "io.kubernetes.cri.pod-annotations": true }
+            }]
+        })
+        .to_string()
+    }
+    /// Committed allocation records: (file name, record).
+    fn records(&self) -> Vec<(String, Value)> {
+        let Ok(dir) = std::fs::read_dir(self.state_dir().join("allocations")) else {
+            return Vec::new();
+        };
+        let mut v: Vec<(String, Value)> = dir
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+            .map(|n| {
+                let text = std::fs::read_to_string(self.state_dir().join("allocations").join(&n))
+                    .expect("read record");
+                (n, serde_json::from_str(&text).expect("record is JSON"))
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("agent.log")).unwrap_or_default()
+    }
+}
+
+/// Starts the agent in the node: in containerd's network namespace (the node's) *and* its
+/// mount namespace, and waits until it serves its socket.
+///
+/// The harness runs containerd in a private mount namespace (slave of the machine's), so the
+/// sandbox netns pins containerd makes under its state dir exist only there; on a real node
+/// containerd and the agent see the same mounts, which is what entering containerd's mount
+/// namespace reproduces. The agent is a process of the node namespace: dropping the node
+/// kills it.
+fn start_agent(files: &AgentFiles, containerd_pid: u32) -> Child {
+    let log = std::fs::File::create(files.path("agent.log")).expect("create agent log");
+    let agent = Command::new("nsenter")
+        .args(["-t", &containerd_pid.to_string(), "-m", "-n", "--"])
+        .arg(flock_testkit::workspace_bin("flock-agent"))
+        .args(["run", "--standalone", "--node-config"])
+        .arg(files.path("node.yaml"))
+        .arg("--socket")
+        .arg(files.socket())
+        .arg("--state-dir")
+        .arg(files.state_dir())
+        .arg("--del-queue-dir")
+        .arg(files.path("del-queue"))
+        .arg("--bird-config")
+        .arg(files.path("bird/bird.conf"))
+        .arg("--bird-socket")
+        .arg(files.path("run/bird.ctl"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn flock-agent");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(files.socket()).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "flock-agent did not serve within 10 s:\n{}",
+            files.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    agent
+}
+
+fn node_links(node: &E2eNode) -> Vec<String> {
+    node.netns()
+        .ok(["ip", "-o", "link", "show"])
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+        .filter(|n| n != "lo")
+        .collect()
+}
+
+fn in_node_cidr(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.octets()[..3] == [10, 75, 0],
+        IpAddr::V6(a) => a.segments()[..4] == [0x2001, 0xdb8, 0xc5, 0],
+    }
+}
+
+fn sandbox_ip(node: &E2eNode, net: &SandboxNetwork, args: &[&str]) -> String {
+    let out = node
+        .containerd()
+        .command_in_netns(&net.netns_path, "ip")
+        .args(args)
+        .output()
+        .expect("run ip in sandbox netns");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn pod(i: usize) -> PodSandboxSpec {
+    PodSandboxSpec::new(
+        &format!("pod-{i}"),
+        "e2e",
+        &format!("00000000-0000-4000-8000-00000000010{i}"),
+    )
+}
+
+/// Five sandboxes under ptp + host-local (dual stack), timed; torn down.
+async fn ptp_run_times() -> Vec<Duration> {
+    let ipam = tempfile::tempdir().expect("ipam dir");
+    let conflist = json!({
+        "cniVersion": "1.0.0",
+        "name": "e2e-ptp",
+        "plugins": [{
+            "type": "ptp",
+            "ipMasq": false,
+            "ipam": {
+                "type": "host-local",
+                "dataDir": ipam.path(),
+                "ranges": [[{ "subnet": "10.76.0.0/24" }], [{ "subnet": "2001:db8:c6::/64" }]],
+                "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }],
+            },
+        }],
+    });
+    let node = E2eNode::start(NodeSetup::new(conflist.to_string(), "/usr/lib/cni"))
+        .await
+        .expect("ptp node starts");
+    let mut cri = node.cri().await.expect("CRI client");
+    let mut times = Vec::new();
+    for i in 0..5 {
+        let run = cri
+            .run_pod_sandbox(&pod(i))
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", node.containerd().log_tail(30)));
+        times.push(run.elapsed);
+        cri.stop_pod_sandbox(&run.id).await.expect("stop");
+        cri.remove_pod_sandbox(&run.id).await.expect("remove");
+    }
+    times
+}
+
+#[tokio::test]
+async fn five_flock_sandboxes_run_answer_and_clean_up() {
+    require_tools();
+    let files = AgentFiles::new();
+    let setup = NodeSetup::new(files.conflist(), files.path("bin")).before_start(|netns, _dir| {
+        // A node has an address of its own (the source of the node's IPv4 pings).
+        netns.ok(["ip", "addr", "add", "10.99.0.1/32", "dev", "lo"]);
+        Ok(())
+    });
+    let node = E2eNode::start(setup)
+        .await
+        .expect("node with containerd starts");
+    // Before any sandbox: NetworkReady only needs the conflist, ADD needs the agent.
+    let mut agent = start_agent(&files, node.containerd().pid());
+    let mut cri = node.cri().await.expect("CRI client connects");
+
+    let mut timings = Vec::new();
+    let mut sandboxes: Vec<(String, SandboxNetwork)> = Vec::new();
+    for i in 0..5 {
+        let mut spec = pod(i);
+        if i == 4 {
+            spec.annotations
+                .insert("flock.fritzlab.net/addresses".into(), EXTRA.into());
+        }
+        let run = cri.run_pod_sandbox(&spec).await.unwrap_or_else(|e| {
+            panic!(
+                "{e}\ncontainerd log:\n{}\nagent log:\n{}",
+                node.containerd().log_tail(30),
+                files.log()
+            )
+        });
+        timings.push(run.elapsed);
+        let net = cri.sandbox_network(&run.id).await.expect("sandbox status");
+        assert_eq!(net.state, "SANDBOX_READY");
+        let flock_ips: Vec<IpAddr> = net.ips.iter().copied().filter(in_node_cidr).collect();
+        assert_eq!(
+            (
+                flock_ips.iter().filter(|ip| ip.is_ipv6()).count(),
+                flock_ips.iter().filter(|ip| ip.is_ipv4()).count()
+            ),
+            (1, 1),
+            "one IPv6 and one IPv4 address from the node's CIDRs: {:?}",
+            net.ips
+        );
+        // (containerd 1.6 makes the first IPv4 the primary pod IP whatever the result's order.)
+
+        // Visible inside the sandbox's own namespace…
+        let addrs = sandbox_ip(&node, &net, &["-o", "addr", "show", "dev", "eth0"]);
+        for ip in &flock_ips {
+            assert!(
+                addrs.contains(&format!("{ip}/")),
+                "{ip} not on eth0: {addrs}"
+            );
+        }
+        if i == 4 {
+            assert!(
+                addrs.contains(&format!("{EXTRA}/128")),
+                "the pod annotation passed by containerd reached the agent: {addrs}"
+            );
+        }
+        // …and reachable from the node, at once (no DAD wait with flock).
+        for ip in &flock_ips {
+            assert!(
+                node.netns().pings(&ip.to_string()),
+                "node cannot ping {ip}\nnode routes:\n{}{}\npod routes:\n{}",
+                node.netns().ok(["ip", "route"]),
+                node.netns().ok(["ip", "-6", "route"]),
+                sandbox_ip(&node, &net, &["-6", "route"]),
+            );
+        }
+        sandboxes.push((run.id, net));
+    }
+
+    // The agent's records: one per sandbox, keyed by containerd's sandbox id, holding the pod
+    // identity containerd passed in CNI_ARGS.
+    let records = files.records();
+    assert_eq!(records.len(), 5, "{records:?}");
+    for (i, (id, _)) in sandboxes.iter().enumerate() {
+        let (_, record) = records
+            .iter()
+            .find(|(name, _)| name == &format!("{id}.eth0.json"))
+            .unwrap_or_else(|| panic!("no record for sandbox {id}: {records:?}"));
+        assert_eq!(record["network"], NET_NAME);
+        assert_eq!(
+            record["pod"],
+            json!({
+                "namespace": "e2e",
+                "name": format!("pod-{i}"),
+                "uid": format!("00000000-0000-4000-8000-00000000010{i}")
+            }),
+            "CNI_ARGS K8S_POD_NAMESPACE/NAME/UID reach the agent"
+        );
+    }
+    let veths = node_links(&node);
+    assert_eq!(veths.len(), 5, "one host veth per sandbox: {veths:?}");
+    assert!(veths.iter().all(|n| n.starts_with("flock")), "{veths:?}");
+
+    // StopPodSandbox: DEL with the netns and prevResult; RemovePodSandbox: DEL with an empty
+    // netns. Either failing fails the call.
+    for (id, net) in &sandboxes {
+        cri.stop_pod_sandbox(id).await.unwrap_or_else(|e| {
+            panic!(
+                "stop sandbox: {e}\n{}\n{}",
+                node.containerd().log_tail(30),
+                files.log()
+            )
+        });
+        assert!(!node.containerd().is_mounted(&net.netns_path));
+        cri.remove_pod_sandbox(id).await.unwrap_or_else(|e| {
+            panic!(
+                "remove sandbox: {e}\n{}\n{}",
+                node.containerd().log_tail(30),
+                files.log()
+            )
+        });
+        assert!(!net.netns_path.exists(), "netns pin file left");
+    }
+    assert!(cri.list_pod_sandbox_ids().await.expect("list").is_empty());
+    assert_eq!(
+        files.records(),
+        Vec::new(),
+        "the agent released every allocation"
+    );
+    assert_eq!(node_links(&node), Vec::<String>::new(), "host veths gone");
+    let routes = format!(
+        "{}{}",
+        node.netns().ok(["ip", "route"]),
+        node.netns().ok(["ip", "-6", "route"])
+    );
+    assert!(!routes.contains("flock"), "routes left: {routes}");
+    let log = std::fs::read_to_string(node.containerd().log_path()).expect("read log");
+    assert!(
+        !log.to_lowercase().contains("failed to destroy network"),
+        "a CNI DEL failed:\n{}",
+        node.containerd().log_tail(40)
+    );
+    // Both DELs of every sandbox reached the agent (the one at stop with the netns, the one
+    // at remove without) and succeeded; none had to be queued.
+    let metrics = node
+        .netns()
+        .ok(["curl", "-s", "http://127.0.0.1:9641/metrics"]);
+    let del_ok = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("flock_cni_requests_total{op=\"DEL\",outcome=\"ok\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert_eq!(del_ok, Some(10.0), "5 × (stop + remove) DELs:\n{metrics}");
+    assert!(
+        !metrics.contains("op=\"DEL\",outcome=\"error\""),
+        "a DEL failed:\n{metrics}"
+    );
+    let queued = std::fs::read_dir(files.path("del-queue"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(queued, 0, "no DEL was queued: the agent answered every one");
+    drop(cri);
+    // The agent is a process of the node namespace: it goes with the node.
+    drop(node);
+    let status = agent.wait().expect("reap the agent");
+    assert!(
+        !status.success(),
+        "the agent was killed with the node: {status}"
+    );
+
+    let ptp = ptp_run_times().await;
+    let mut f = timings.clone();
+    f.sort();
+    let mut p = ptp.clone();
+    p.sort();
+    println!(
+        "RunPodSandbox, 5 sandboxes each, same run:\n  flock (dual stack):            p50 {:?}  max {:?}  all {:?}\n  ptp+host-local (dual stack):   p50 {:?}  max {:?}  all {:?}",
+        percentile(&f, 0.5),
+        f[f.len() - 1],
+        timings,
+        percentile(&p, 0.5),
+        p[p.len() - 1],
+        ptp
+    );
+}
