@@ -54,13 +54,15 @@ pub const DEFAULT_POD_WAIT: Duration = Duration::from_secs(10);
 
 /// The agent: state shared by every request.
 pub struct Agent {
-    node_ns: NodeNs,
+    node_ns: Arc<NodeNs>,
     store: Arc<Store>,
     boot_id: String,
     settings: RwLock<Option<Arc<NodeSettings>>>,
     pools: Mutex<flock_ipam::Pools>,
     records: Mutex<BTreeMap<AttachmentKey, AllocationRecord>>,
-    container_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    container_locks: Arc<ContainerLocks>,
+    /// Host veths of ADDs in progress (pending records): not orphans.
+    in_flight: Mutex<BTreeSet<String>>,
     rng: Mutex<ChaCha12Rng>,
     bird: RwLock<Option<BirdHandle>>,
     pods: Option<Arc<dyn PodDirectory>>,
@@ -135,13 +137,14 @@ impl Agent {
             reason: e.to_string(),
         })?;
         let agent = Arc::new(Agent {
-            node_ns: parts.node_ns,
+            node_ns: Arc::new(parts.node_ns),
             store: Arc::new(store),
             boot_id,
             settings: RwLock::new(parts.settings.map(Arc::new)),
             pools: Mutex::new(pools),
             records: Mutex::new(BTreeMap::new()),
-            container_locks: Mutex::new(HashMap::new()),
+            container_locks: Arc::default(),
+            in_flight: Mutex::default(),
             rng: Mutex::new(ChaCha12Rng::from_seed(os_seed())),
             bird: RwLock::new(None),
             pods: parts.pods,
@@ -248,13 +251,20 @@ impl Agent {
                 return 0;
             }
         };
-        let owned: BTreeSet<String> = self
+        let mut owned: BTreeSet<String> = self
             .records
             .lock()
             .expect("records lock")
             .values()
             .map(|r| r.host_if.clone())
             .collect();
+        owned.extend(
+            self.in_flight
+                .lock()
+                .expect("in-flight lock")
+                .iter()
+                .cloned(),
+        );
         let mut removed = 0;
         for iface in ifaces {
             if owned.contains(&iface.name) {
@@ -380,7 +390,7 @@ impl Agent {
             .set_family("ipv4", stats.allocated4 as u64, u128::from(stats.capacity4));
     }
 
-    async fn lock_container(&self, container_id: &str) -> ContainerGuard<'_> {
+    async fn lock_container(&self, container_id: &str) -> ContainerGuard {
         let lock = self
             .container_locks
             .lock()
@@ -388,12 +398,10 @@ impl Agent {
             .entry(container_id.to_owned())
             .or_default()
             .clone();
-        let guard = lock.clone().lock_owned().await;
         ContainerGuard {
-            agent: self,
+            locks: self.container_locks.clone(),
             container_id: container_id.to_owned(),
-            lock,
-            _guard: Some(guard),
+            guard: Some(lock.lock_owned().await),
         }
     }
 
@@ -476,7 +484,7 @@ impl Agent {
                 .allocate(&request, &identity, &mut *rng)
                 .map_err(ipam_error)?
         };
-        let mut record = AllocationRecord {
+        let record = AllocationRecord {
             format: STORE_FORMAT,
             state: RecordState::Pending,
             network: conf.name.clone(),
@@ -494,6 +502,25 @@ impl Agent {
             host_mac: String::new(),
             pod_mac: String::new(),
         };
+        self.in_flight
+            .lock()
+            .expect("in-flight lock")
+            .insert(record.host_if.clone());
+        let outcome = self.add_pending(record, key, &conf).await;
+        self.in_flight
+            .lock()
+            .expect("in-flight lock")
+            .remove(&flock_netns::host_ifname(&req.container_id));
+        outcome
+    }
+
+    /// ADD from the pending record on: persist it, program the kernel, commit.
+    async fn add_pending(
+        &self,
+        mut record: AllocationRecord,
+        key: AttachmentKey,
+        conf: &FlockNetConf,
+    ) -> CniOutcome {
         if let Err(e) = self.put_record(&record).await {
             self.release(&record);
             return Err(e);
@@ -619,15 +646,15 @@ impl Agent {
             container_id: req.container_id.clone(),
             if_name: req.if_name.clone(),
         };
-        let _guard = self.lock_container(&req.container_id).await;
-        self.del_locked(&key, &req.netns).await
+        let guard = self.lock_container(&req.container_id).await;
+        self.del_locked(&key, &req.netns, guard).await
     }
 
     /// Tears down and releases one attachment by key, as a DEL would (used by the Kubernetes
     /// leak reconcile for pods gone from the node).
     pub async fn release_attachment(&self, key: &AttachmentKey) -> Result<(), CniError> {
-        let _guard = self.lock_container(&key.container_id).await;
-        self.del_locked(key, "").await
+        let guard = self.lock_container(&key.container_id).await;
+        self.del_locked(key, "", guard).await
     }
 
     /// The health of the agent's components.
@@ -635,8 +662,19 @@ impl Agent {
         &self.health
     }
 
-    /// Tears down and releases one attachment; the caller holds its container lock.
-    async fn del_locked(&self, key: &AttachmentKey, netns: &str) -> Result<(), CniError> {
+    /// Tears down and releases one attachment; `guard` is its container's lock.
+    ///
+    /// The pod's routes and anycast nexthops go synchronously, then its record and
+    /// addresses; deleting the veth itself (tens of milliseconds of kernel time) happens
+    /// after the answer, in a task that keeps the container locked until the veth is gone, so
+    /// a new ADD of the same container cannot race it. A crash before that deletion leaves a
+    /// veth without a record, which start-up removes.
+    async fn del_locked(
+        &self,
+        key: &AttachmentKey,
+        netns: &str,
+        guard: ContainerGuard,
+    ) -> Result<(), CniError> {
         let record = self.records.lock().expect("records lock").get(key).cloned();
         let Some(record) = record else {
             // Unknown attachment: nothing is allocated, but make sure no veth of it lingers
@@ -654,11 +692,20 @@ impl Agent {
                 .map_err(|e| plugin_err(codes::KERNEL, e.to_string()));
         };
         let spec = pod_spec(&record, (!netns.is_empty()).then_some(netns));
-        flock_netns::teardown(&self.node_ns, &spec)
+        flock_netns::detach(&self.node_ns, &spec)
             .await
             .map_err(|e| plugin_err(codes::KERNEL, e.to_string()))?;
         self.delete_record(key).await?;
         self.release(&record);
+        let node_ns = self.node_ns.clone();
+        let host_if = record.host_if.clone();
+        tokio::spawn(async move {
+            if let Err(e) = flock_netns::remove_host_iface(&node_ns, &host_if).await {
+                warn!(iface = %host_if, error = %e,
+                    "deleting a released pod's veth failed; start-up or GC will retry");
+            }
+            drop(guard);
+        });
         self.refresh_metrics();
         if !record.addresses.is_empty() || !record.anycast.is_empty() {
             self.refresh_bird();
@@ -784,8 +831,8 @@ impl Agent {
             .map(AllocationRecord::key)
             .collect();
         for key in stale {
-            let _guard = self.lock_container(&key.container_id).await;
-            if let Err(e) = self.del_locked(&key, "").await {
+            let guard = self.lock_container(&key.container_id).await;
+            if let Err(e) = self.del_locked(&key, "", guard).await {
                 errors.push(format!("{} {}: {}", key.container_id, key.if_name, e.msg));
             }
         }
@@ -834,19 +881,25 @@ impl Agent {
     }
 }
 
-struct ContainerGuard<'a> {
-    agent: &'a Agent,
+type ContainerLocks = Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+
+/// Holds one container's lock; owns what it needs, so it can move into a background task
+/// (the veth deletion after a DEL keeps the container locked until the veth is gone).
+struct ContainerGuard {
+    locks: Arc<ContainerLocks>,
     container_id: String,
-    lock: Arc<tokio::sync::Mutex<()>>,
-    _guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
-impl Drop for ContainerGuard<'_> {
+impl Drop for ContainerGuard {
     fn drop(&mut self) {
-        self._guard.take();
-        let mut locks = self.agent.container_locks.lock().expect("container locks");
-        // Ours plus the map's: nobody else waits, the entry can go.
-        if Arc::strong_count(&self.lock) <= 2 {
+        self.guard.take();
+        let mut locks = self.locks.lock().expect("container locks");
+        // Only the map still holds the mutex: nobody waits for it, the entry can go.
+        if locks
+            .get(&self.container_id)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
             locks.remove(&self.container_id);
         }
     }

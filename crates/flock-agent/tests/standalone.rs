@@ -44,6 +44,19 @@ fn host_links(node: &FlockNode) -> Vec<String> {
         .collect()
 }
 
+/// The host veths once `want` of them are left: a DEL answers before the kernel has finished
+/// deleting the veth (tens of milliseconds, off the DEL's critical path), so give it 2 s.
+fn host_links_settled(node: &FlockNode, want: usize) -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let links = host_links(node);
+        if links.len() == want || std::time::Instant::now() > deadline {
+            return links;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn host_routes(node: &FlockNode) -> String {
     let mut out = node.ns().ok(["ip", "route", "show"]);
     out.push_str(&node.ns().ok(["ip", "-6", "route", "show"]));
@@ -184,7 +197,8 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
         ["gckeep.eth0.json", "gcother.eth0.json"],
         "GC must remove exactly the stale attachments of its own network"
     );
-    assert_eq!(host_links(&node).len(), 2, "{:?}", host_links(&node));
+    let links = host_links_settled(&node, 2);
+    assert_eq!(links.len(), 2, "{links:?}");
 
     // The older key, `cni.dev/attachments`, as runtimes before CNI 1.1 final passed it.
     let gc_old = json!({
@@ -209,7 +223,7 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
         "GC with cni.dev/attachments failed: {out}"
     );
     assert_eq!(records(&node), ["gckeep.eth0.json"]);
-    assert_eq!(host_links(&node).len(), 1);
+    assert_eq!(host_links_settled(&node, 1).len(), 1);
 }
 
 #[test]
@@ -229,7 +243,8 @@ fn del_queued_while_the_agent_is_down_runs_at_its_start() {
     assert_eq!(queued.len(), 1, "the DEL waits in the queue");
     assert_eq!(host_links(&node).len(), 1, "nothing torn down yet");
     node.start_agent();
-    assert!(host_links(&node).is_empty(), "veth left after drain");
+    let links = host_links_settled(&node, 0);
+    assert!(links.is_empty(), "veth left after drain: {links:?}");
     assert_eq!(host_routes(&node), "");
     assert!(records(&node).is_empty());
     let left: Vec<_> = std::fs::read_dir(node.del_queue_dir())

@@ -27,8 +27,8 @@ pub use host::{
 pub use nl::RouteSpec;
 pub use ns::{NodeNs, NsTarget};
 pub use pod::{
-    GATEWAY4, GATEWAY6, HOST_IF_PREFIX, Mismatch, PodSpec, SetupOutcome, Side, check, host_ifname,
-    setup, teardown,
+    GATEWAY4, GATEWAY6, HOST_IF_PREFIX, Mismatch, PodSpec, SetupOutcome, Side, check, detach,
+    host_ifname, setup, teardown,
 };
 
 #[cfg(test)]
