@@ -1,4 +1,4 @@
-//! `cargo xtask lab [up|down]`: a small routed site in network namespaces, from one command.
+//! `cargo xtask lab [up|down|check]`: a small routed site in network namespaces, from one command.
 //!
 //! ```text
 //!                       flocklab-router (AS65000, BIRD)
@@ -45,6 +45,9 @@ const ROUTER: &str = "flocklab-router";
 const ROUTER_ASN: u32 = 65000;
 const ANYCAST6: &str = "2001:db8:53::53";
 const ANYCAST4: &str = "10.53.0.53";
+/// The router's own addresses (on its loopback, announced to the nodes).
+const ROUTER_LO6: &str = "2001:db8:f0::1";
+const ROUTER_LO4: &str = "100.64.0.1";
 /// How long sessions, routes and pings may take to converge.
 const CONVERGE: Duration = Duration::from_secs(30);
 
@@ -127,7 +130,7 @@ fn node_dir(node: &Node) -> PathBuf {
     Path::new(LAB_DIR).join(node.name)
 }
 
-/// `cargo xtask lab [up|down]`.
+/// `cargo xtask lab [up|down|check]` (`check`: up on the debug binaries, then down).
 pub fn lab(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         None | Some("up") => {
@@ -143,11 +146,20 @@ pub fn lab(args: &[String]) -> Result<()> {
             );
             Ok(())
         }
+        Some("check") => {
+            // What `cargo xtask test` runs: the debug binaries, up, checks, down.
+            sys::require_root("cargo xtask lab check")?;
+            sys::ensure_packages(PACKAGES)?;
+            sys::cargo(["build", "-p", "flock-agent", "-p", "flock-plugin"])?;
+            ci(&debug_bins())
+        }
         Some("down") => {
             sys::require_root("cargo xtask lab down")?;
             down()
         }
-        Some(other) => bail!("unknown lab command {other:?}: use `cargo xtask lab [up|down]`"),
+        Some(other) => {
+            bail!("unknown lab command {other:?}: use `cargo xtask lab [up|down|check]`")
+        }
     }
 }
 
@@ -196,6 +208,7 @@ pub fn up(bins: &Path) -> Result<String> {
     report_sessions(&mut report, &mut failures)?;
     report_router_routes(&mut report, &mut failures)?;
     report_pings(&mut report, &pods, &mut failures);
+    report_anycast(&mut report, &mut failures);
     if failures.is_empty() {
         Ok(report)
     } else {
@@ -294,6 +307,9 @@ fn forwarding(ns: &str) -> Result<()> {
 fn build_network() -> Result<()> {
     add_ns(ROUTER)?;
     forwarding(ROUTER)?;
+    let (lo6, lo4) = (format!("{ROUTER_LO6}/128"), format!("{ROUTER_LO4}/32"));
+    in_ns(ROUTER, &["ip", "addr", "add", &lo6, "dev", "lo", "nodad"])?;
+    in_ns(ROUTER, &["ip", "addr", "add", &lo4, "dev", "lo"])?;
     for node in &NODES {
         let ns = node_ns(node);
         add_ns(&ns)?;
@@ -349,13 +365,24 @@ router id 100.64.255.1;
 protocol device {{ }}
 
 protocol kernel kernel6 {{
-  ipv6 {{ import none; export all; }};
+  ipv6 {{ import none; export where source = RTS_BGP; }};
   merge paths on;
 }}
 
 protocol kernel kernel4 {{
-  ipv4 {{ import none; export all; }};
+  ipv4 {{ import none; export where source = RTS_BGP; }};
   merge paths on;
+}}
+
+# The router's own addresses (on lo), announced so that the pods can answer it.
+protocol static router6 {{
+  ipv6;
+  route {ROUTER_LO6}/128 blackhole;
+}}
+
+protocol static router4 {{
+  ipv4;
+  route {ROUTER_LO4}/32 blackhole;
 }}
 
 template bgp flocknode {{
@@ -365,8 +392,8 @@ template bgp flocknode {{
   connect retry time 1;
   connect delay time 1;
   error wait time 1, 10;
-  ipv6 {{ import all; export all; }};
-  ipv4 {{ extended next hop on; import all; export all; }};
+  ipv6 {{ import all; export all; next hop self; }};
+  ipv4 {{ extended next hop on; import all; export all; next hop self; }};
 }}
 "
     );
@@ -830,6 +857,38 @@ fn report_pings(out: &mut String, pods: &[PodUp], failures: &mut Vec<String>) {
     }
     let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
     table(out, &header_refs, &rows);
+}
+
+/// The router pings the anycast addresses from its own address, and `ip route get` shows
+/// the path each flow takes (the kernel hashes flows over the two next hops).
+fn report_anycast(out: &mut String, failures: &mut Vec<String>) {
+    out.push_str("ANYCAST FROM THE ROUTER (3 echoes each, ok = no loss)\n");
+    let mut rows = Vec::new();
+    for (addr, src) in [(ANYCAST6, ROUTER_LO6), (ANYCAST4, ROUTER_LO4)] {
+        let ok = in_ns(
+            ROUTER,
+            &[
+                "ping", "-q", "-c", "3", "-i", "0.2", "-W", "2", "-I", src, addr,
+            ],
+        )
+        .map(|o| o.contains(" 0% packet loss"))
+        .unwrap_or(false);
+        if !ok {
+            failures.push(format!("router -> anycast {addr}: loss"));
+        }
+        rows.push(vec![
+            format!("{src} -> {addr}"),
+            (if ok { "ok" } else { "LOSS" }).to_owned(),
+            format!(
+                "{} next hops",
+                route_paths(&format!(
+                    "{addr}/{}",
+                    if addr.contains(':') { 128 } else { 32 }
+                ))
+            ),
+        ]);
+    }
+    table(out, &["flow", "ping", "route"], &rows);
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! - `bench`: end-to-end CNI latency and throughput of every subject (the
 //!   reference plugins, flock) through one runtime stand-in, written into
 //!   `BENCHMARKS.md` (see `bench.rs`).
-//! - `lab [up|down]`: two routed nodes, a router and four pods in network
+//! - `lab [up|down|check]`: two routed nodes, a router and four pods in network
 //!   namespaces, checked and printed as tables (see `lab.rs`).
 
 use std::process::Command;
@@ -43,10 +43,10 @@ fn main() -> Result<()> {
             eprintln!(
                 "usage: cargo xtask test [nextest filters…]\n\
                  \x20      cargo xtask bench [--pods N] [--concurrency C] [--subjects reference,flock] [--no-write]\n\
-                 \x20      cargo xtask lab [up|down]\n\
+                 \x20      cargo xtask lab [up|down|check]\n\
                  \n  test   install what the suite needs and run every test (as root)\
                  \n  bench  ADD/DEL latency and pods/s of each subject, written into BENCHMARKS.md (as root)\
-                 \n  lab    two routed nodes, a router and four pods in namespaces; `down` removes them (as root)"
+                 \n  lab    two routed nodes, a router and four pods in namespaces; `down` removes them, `check` = up + down on debug builds (as root)"
             );
             if command.is_empty() || command == "help" || command == "--help" {
                 Ok(())
