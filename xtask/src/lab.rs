@@ -777,7 +777,7 @@ fn report_router_routes(out: &mut String, failures: &mut Vec<String>) -> Result<
     for family in ["-6", "-4"] {
         let routes = in_ns(ROUTER, &["ip", family, "route", "show", "proto", "bird"])?;
         for line in routes.lines() {
-            let _ = writeln!(out, "  {}", line.trim_end());
+            let _ = writeln!(out, "  {}", line.trim_end().replace('\t', "    "));
         }
     }
     out.push('\n');
