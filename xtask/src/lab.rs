@@ -230,12 +230,25 @@ pub fn down() -> Result<()> {
                 .collect()
         })
         .unwrap_or_default();
+    let mut killed = Vec::new();
     for ns in &namespaces {
         let pids = output(Command::new("ip").args(["netns", "pids", ns])).unwrap_or_default();
         for pid in pids.split_whitespace() {
             let _ = Command::new("kill").args(["-9", pid]).status();
+            killed.push(pid.to_owned());
         }
     }
+    // Dead means gone or a zombie waiting for init (BIRD and the agents are not our children).
+    let dead = |pid: &String| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|stat| {
+                stat.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true)
+    };
+    wait_for(Duration::from_secs(5), || killed.iter().all(dead))
+        .with_context(|| format!("lab processes {killed:?} did not die"))?;
     for ns in &namespaces {
         // A process just killed may still hold the namespace for a moment.
         let deadline = Instant::now() + Duration::from_secs(5);
