@@ -1,36 +1,6 @@
-//! The crate is pure: nothing that does I/O may be among its dependencies.
-
-use std::process::Command;
+//! flock-embed is pure: no async runtime, netlink or syscall crate among its normal dependencies.
 
 #[test]
-fn no_io_crates_in_the_dependency_tree() {
-    let out = Command::new(env!("CARGO"))
-        .args([
-            "tree",
-            "-p",
-            "flock-embed",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-            "--offline",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run cargo tree");
-    assert!(
-        out.status.success(),
-        "cargo tree failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let tree = String::from_utf8_lossy(&out.stdout);
-    assert!(tree.contains("fnv"), "unexpected tree:\n{tree}");
-    for banned in ["tokio", "nix", "rtnetlink", "netlink", "mio", "libc"] {
-        assert!(
-            !tree
-                .lines()
-                .any(|l| l.split_whitespace().next() == Some(banned)),
-            "{banned} in the normal dependency tree of flock-embed:\n{tree}"
-        );
-    }
+fn depends_on_no_io_crate() {
+    flock_testkit::assert_pure_dependency_tree("flock-embed", &["fnv", "thiserror"]);
 }

@@ -8,7 +8,7 @@ use ipnet::IpNet;
 
 use crate::error::Result;
 use crate::nl;
-use crate::ns::NodeNs;
+use crate::ns::{NlConn, NodeNs};
 use crate::pod::{HOST_IF_PREFIX, program_anycast};
 
 /// One local pod carrying an anycast address.
@@ -136,10 +136,13 @@ pub async fn host_routes(node: &NodeNs) -> Result<Vec<HostRoute>> {
 /// Deletes a host link by name (its pod end and its routes go with it);
 /// absent = done. Returns whether it existed.
 pub async fn remove_host_iface(node: &NodeNs, name: &str) -> Result<bool> {
-    let h = node.handle().await?;
+    // A veth deletion holds its netlink socket for tens of milliseconds (the kernel answers
+    // only after an RCU grace period), and a socket serves one request at a time: a
+    // connection of its own keeps the node's shared one free for other pods meanwhile.
+    let conn = NlConn::open(node.target()).await?;
     let ns = node.name();
-    match nl::link_by_name(&h, &ns, name).await? {
-        Some(l) => nl::link_del(&h, &ns, l.index, name).await,
+    match nl::link_by_name(&conn.handle, &ns, name).await? {
+        Some(l) => nl::link_del(&conn.handle, &ns, l.index, name).await,
         None => Ok(false),
     }
 }

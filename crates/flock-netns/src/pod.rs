@@ -449,26 +449,28 @@ pub(crate) async fn program_anycast(
 /// `lo` if the namespace still exists. Already gone = done; keeps going past
 /// errors and reports all of them.
 pub async fn teardown(node: &NodeNs, spec: &PodSpec) -> Result<(), TeardownError> {
-    detach_inner(node, spec, true).await
+    let detached = detach(node, spec).await;
+    let removed = crate::host::remove_host_iface(node, &spec.host_if()).await;
+    match (detached, removed) {
+        (Ok(()), Ok(_)) => Ok(()),
+        (Ok(()), Err(e)) => Err(TeardownError { errors: vec![e] }),
+        (Err(t), Ok(_)) => Err(t),
+        (Err(mut t), Err(e)) => {
+            t.errors.push(e);
+            Err(t)
+        }
+    }
 }
 
 /// Everything [`teardown`] does except deleting the veth itself: anycast nexthops, the pod's
 /// host routes and its anycast addresses go now; the host veth stays, unrouted, for
 /// [`remove_host_iface`] to delete later.
 ///
-/// Deleting a veth costs the kernel tens of milliseconds (an RCU grace period under the RTNL
-/// lock); a caller that must answer quickly detaches synchronously and deletes the link off
-/// its critical path. Nothing routes to a detached veth, so a new pod may reuse the
+/// Deleting a veth costs the kernel tens of milliseconds (its netlink request returns only
+/// after an RCU grace period); a caller that must answer quickly detaches synchronously and
+/// deletes the link off its critical path. Nothing routes to a detached veth, so a new pod may reuse the
 /// addresses at once.
 pub async fn detach(node: &NodeNs, spec: &PodSpec) -> Result<(), TeardownError> {
-    detach_inner(node, spec, false).await
-}
-
-async fn detach_inner(
-    node: &NodeNs,
-    spec: &PodSpec,
-    delete_link: bool,
-) -> Result<(), TeardownError> {
     let mut errors = Vec::new();
     let host_if = spec.host_if();
     let nodename = node.name();
@@ -501,9 +503,6 @@ async fn detach_inner(
                 if let Err(e) = nl::route_del(&h, &nodename, &r, host.index).await {
                     errors.push(e);
                 }
-            }
-            if delete_link && let Err(e) = nl::link_del(&h, &nodename, host.index, &host_if).await {
-                errors.push(e);
             }
         }
         // no veth: the kernel removed its routes with it

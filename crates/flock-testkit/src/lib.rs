@@ -182,3 +182,46 @@ fn run<const N: usize>(args: [&str; N]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Crates a pure flock library must never depend on (normal dependencies): an async runtime,
+/// netlink, raw syscalls.
+pub const IMPURE_CRATES: &[&str] = &[
+    "tokio",
+    "mio",
+    "nix",
+    "libc",
+    "rtnetlink",
+    "netlink-sys",
+    "netlink-proto",
+    "netlink-packet-route",
+    "futures",
+];
+
+/// Asserts that `package`'s normal dependency tree (`cargo tree -e normal`) contains every crate
+/// of `expected` (so the check looks at a real tree) and none of [`IMPURE_CRATES`].
+pub fn assert_pure_dependency_tree(package: &str, expected: &[&str]) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["tree", "-p", package, "-e", "normal", "--prefix", "none", "--offline"])
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8_lossy(&out.stdout);
+    let names: Vec<&str> = tree
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    for want in expected {
+        assert!(names.contains(want), "{want} missing from the tree of {package}:\n{tree}");
+    }
+    for banned in IMPURE_CRATES {
+        assert!(
+            !names.contains(banned),
+            "{banned} is in the normal dependency tree of {package}, a pure crate:\n{tree}"
+        );
+    }
+}
