@@ -239,14 +239,7 @@ pub fn down() -> Result<()> {
         }
     }
     // Dead means gone or a zombie waiting for init (BIRD and the agents are not our children).
-    let dead = |pid: &String| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|stat| {
-                stat.rsplit_once(')')
-                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-            })
-            .unwrap_or(true)
-    };
+    let dead = |pid: &String| !pid.parse().is_ok_and(flock_testkit::is_alive);
     wait_for(Duration::from_secs(5), || killed.iter().all(dead))
         .with_context(|| format!("lab processes {killed:?} did not die"))?;
     for ns in &namespaces {

@@ -195,7 +195,7 @@ impl Containerd {
         // Orphans are reaped by init a moment later; wait so that callers
         // (and the temp dir's removal) see them gone.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while killed.iter().any(|&pid| is_alive(pid)) && Instant::now() < deadline {
+        while killed.iter().any(|&pid| flock_testkit::is_alive(pid)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         // What a clean RemovePodSandbox would have removed: the shims'
@@ -310,15 +310,6 @@ fn parent_of(pid: u32) -> Option<u32> {
     // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
     let after = &stat[stat.rfind(')')? + 1..];
     after.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Whether `pid` exists and is not a zombie.
-fn is_alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().next())
-            .is_some_and(|state| state != "Z")
-    })
 }
 
 fn kill9(pid: u32) {

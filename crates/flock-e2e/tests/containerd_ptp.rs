@@ -278,7 +278,7 @@ async fn drop_kills_containerd_shims_sandboxes_and_hooked_processes() {
     drop(node);
     for pid in [containerd_pid, net.pid] {
         assert!(
-            !Path::new(&format!("/proc/{pid}")).exists(),
+            !flock_testkit::is_alive(pid),
             "process {pid} survived the drop"
         );
     }

@@ -202,7 +202,16 @@ pub const IMPURE_CRATES: &[&str] = &[
 pub fn assert_pure_dependency_tree(package: &str, expected: &[&str]) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["tree", "-p", package, "-e", "normal", "--prefix", "none", "--offline"])
+        .args([
+            "tree",
+            "-p",
+            package,
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--offline",
+        ])
         .output()
         .expect("run cargo tree");
     assert!(
@@ -216,7 +225,10 @@ pub fn assert_pure_dependency_tree(package: &str, expected: &[&str]) {
         .filter_map(|l| l.split_whitespace().next())
         .collect();
     for want in expected {
-        assert!(names.contains(want), "{want} missing from the tree of {package}:\n{tree}");
+        assert!(
+            names.contains(want),
+            "{want} missing from the tree of {package}:\n{tree}"
+        );
     }
     for banned in IMPURE_CRATES {
         assert!(
@@ -224,4 +236,15 @@ pub fn assert_pure_dependency_tree(package: &str, expected: &[&str]) {
             "{banned} is in the normal dependency tree of {package}, a pure crate:\n{tree}"
         );
     }
+}
+
+/// Whether process `pid` exists and is not a zombie (a killed process that is not our child
+/// waits as a zombie until init reaps it: it is dead for every purpose of a test).
+pub fn is_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // `pid (comm) state …`; comm may hold spaces and parentheses.
+        stat.rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .is_some_and(|state| state != "Z")
+    })
 }
