@@ -42,7 +42,7 @@ fn main() -> Result<()> {
         _ => {
             eprintln!(
                 "usage: cargo xtask test [nextest filters…]\n\
-                 \x20      cargo xtask bench [--pods N] [--concurrency C] [--subjects reference,flock] [--no-write]\n\
+                 \x20      cargo xtask bench [--pods N] [--concurrency C] [--rss-pods N] [--subjects reference,flock] [--no-write]\n\
                  \x20      cargo xtask lab [up|down|check]\n\
                  \n  test   install what the suite needs and run every test (as root)\
                  \n  bench  ADD/DEL latency and pods/s of each subject, written into BENCHMARKS.md (as root)\
@@ -90,9 +90,9 @@ fn test(filters: &[String]) -> Result<()> {
         sys::cargo(["test", "--workspace", "--all-features"])?;
     }
     if filters.is_empty() {
-        sys::cargo(["test", "--doc", "--workspace", "--all-features"])?;
         // The lab end to end on the debug binaries just built (replaces a lab that is up).
         lab::ci(&lab::debug_bins())?;
+        sys::cargo(["test", "--doc", "--workspace", "--all-features"])?;
     }
     Ok(())
 }

@@ -8,6 +8,9 @@ use ipnet::IpNet;
 
 use crate::error::Result;
 use crate::nl;
+use std::path::PathBuf;
+
+use crate::Error;
 use crate::ns::{NlConn, NodeNs};
 use crate::pod::{HOST_IF_PREFIX, program_anycast};
 
@@ -136,13 +139,42 @@ pub async fn host_routes(node: &NodeNs) -> Result<Vec<HostRoute>> {
 /// Deletes a host link by name (its pod end and its routes go with it);
 /// absent = done. Returns whether it existed.
 pub async fn remove_host_iface(node: &NodeNs, name: &str) -> Result<bool> {
-    // A veth deletion holds its netlink socket for tens of milliseconds (the kernel answers
-    // only after an RCU grace period), and a socket serves one request at a time: a
-    // connection of its own keeps the node's shared one free for other pods meanwhile.
-    let conn = NlConn::open(node.target()).await?;
+    // The kernel answers a veth deletion only after an RCU grace period (tens of
+    // milliseconds), inside the `sendmsg` of the netlink socket: whichever thread drives that
+    // socket is stuck for as long. So the deletion gets a socket and a thread of its own, and
+    // neither the node's shared connection nor the caller's runtime workers wait for it.
+    let target = node.target().clone();
     let ns = node.name();
-    match nl::link_by_name(&conn.handle, &ns, name).await? {
-        Some(l) => nl::link_del(&conn.handle, &ns, l.index, name).await,
-        None => Ok(false),
-    }
+    let name = name.to_owned();
+    let path = PathBuf::from(target.describe());
+    let thread_error = move |source| Error::NetnsThread {
+        path: path.clone(),
+        source,
+    };
+    let in_thread_error = thread_error.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("flock-linkdel".to_owned())
+        .spawn(move || {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+                .map_err(in_thread_error)
+                .and_then(|rt| {
+                    rt.block_on(async {
+                        let conn = NlConn::open(&target).await?;
+                        match nl::link_by_name(&conn.handle, &ns, &name).await? {
+                            Some(l) => nl::link_del(&conn.handle, &ns, l.index, &name).await,
+                            None => Ok(false),
+                        }
+                    })
+                });
+            let _ = tx.send(result);
+        })
+        .map_err(&thread_error)?;
+    rx.await.unwrap_or_else(|_| {
+        Err(thread_error(std::io::Error::other(
+            "the link deletion thread ended without an answer",
+        )))
+    })
 }
