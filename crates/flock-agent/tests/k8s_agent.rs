@@ -217,10 +217,6 @@ async fn nodeconfig_events_set_keep_and_withdraw_the_settings() {
     assert!(error.msg.contains("no NodeConfig"), "{}", error.msg);
 }
 
-fn host_links(node: &Netns) -> String {
-    node.ok(["ip", "-o", "link", "show"])
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_deleted_past_the_grace_period_is_released_one_within_it_is_not() {
     let node = Netns::new("node");
@@ -264,7 +260,7 @@ async fn a_pod_deleted_past_the_grace_period_is_released_one_within_it_is_not() 
             .clone()
     };
     let (if1, if2) = (host_if("c1"), host_if("c2"));
-    assert!(host_links(&node).contains(&if1) && host_links(&node).contains(&if2));
+    assert!(node.links().contains(&if1) && node.links().contains(&if2));
 
     // p1 is deleted; the watcher's next WATCH shows it has processed the event.
     reply_events(
@@ -315,9 +311,12 @@ async fn a_pod_deleted_past_the_grace_period_is_released_one_within_it_is_not() 
         .map(|r| r.container_id.clone())
         .collect();
     assert_eq!(left, ["c2"]);
-    let links = host_links(&node);
-    assert!(!links.contains(&if1), "the leaked veth is gone: {links}");
-    assert!(links.contains(&if2), "the live pod keeps its veth: {links}");
+    let links = node.links();
+    assert!(!links.contains(&if1), "the leaked veth is gone: {links:?}");
+    assert!(
+        links.contains(&if2),
+        "the live pod keeps its veth: {links:?}"
+    );
     let v6 = agent.records()[0].ipv6.expect("ipv6").to_string();
     let addrs = pod2.ok(["ip", "-6", "addr", "show", "dev", "eth0"]);
     assert!(addrs.contains(&v6), "the live pod keeps {v6}: {addrs}");

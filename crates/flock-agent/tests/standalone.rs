@@ -34,14 +34,11 @@ fn pod_ips(result: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The node's host veths (links named `flock…`).
 fn host_links(node: &FlockNode) -> Vec<String> {
-    node.ns()
-        .ok(["ip", "-o", "link", "show"])
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
-        .filter(|n| n.starts_with("flock"))
-        .collect()
+    let mut links = node.ns().links();
+    links.retain(|n| n.starts_with("flock"));
+    links
 }
 
 /// The host veths once `want` of them are left: a DEL answers before the kernel has finished
@@ -64,19 +61,6 @@ fn host_routes(node: &FlockNode) -> String {
         .filter(|l| l.contains("dev flock"))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-fn records(node: &FlockNode) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(node.state_dir().join("allocations"))
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 #[test]
@@ -138,9 +122,9 @@ fn add_check_del_lifecycle() {
     );
     assert_eq!(host_routes(&node), "", "routes left");
     assert!(
-        records(&node).is_empty(),
+        node.records().is_empty(),
         "records left: {:?}",
-        records(&node)
+        node.records()
     );
     assert!(
         !pod.ok(["ip", "link"]).contains("eth0"),
@@ -184,7 +168,7 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
     }
     let foreign = attach("gcother", &pods[3]);
     other.add(&foreign).expect("ADD other");
-    assert_eq!(records(&node).len(), 4);
+    assert_eq!(node.records().len(), 4);
 
     flock
         .gc(&[GcAttachment {
@@ -193,7 +177,7 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
         }])
         .expect("GC");
     assert_eq!(
-        records(&node),
+        node.records(),
         ["gckeep.eth0.json", "gcother.eth0.json"],
         "GC must remove exactly the stale attachments of its own network"
     );
@@ -222,7 +206,7 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
         !out.contains("\"error\""),
         "GC with cni.dev/attachments failed: {out}"
     );
-    assert_eq!(records(&node), ["gckeep.eth0.json"]);
+    assert_eq!(node.records(), ["gckeep.eth0.json"]);
     assert_eq!(host_links_settled(&node, 1).len(), 1);
 }
 
@@ -246,7 +230,7 @@ fn del_queued_while_the_agent_is_down_runs_at_its_start() {
     let links = host_links_settled(&node, 0);
     assert!(links.is_empty(), "veth left after drain: {links:?}");
     assert_eq!(host_routes(&node), "");
-    assert!(records(&node).is_empty());
+    assert!(node.records().is_empty());
     let left: Vec<_> = std::fs::read_dir(node.del_queue_dir())
         .expect("queue dir")
         .flatten()
@@ -284,7 +268,7 @@ fn crash_at(point: &str) {
         host_links(&node)
     );
     assert_eq!(host_routes(&node), "", "{point}: routes leaked");
-    assert!(records(&node).is_empty(), "{point}: record leaked");
+    assert!(node.records().is_empty(), "{point}: record leaked");
     assert!(
         !pod.ok(["ip", "-o", "addr"]).contains("10.72.0."),
         "{point}: address left in the pod"
@@ -348,16 +332,14 @@ fn concurrent_adds_get_distinct_addresses_and_survive_kill_9() {
     });
     node.start_agent();
     let links: BTreeSet<String> = host_links(&node).into_iter().collect();
-    let recs = records(&node);
+    let recs = node.records();
     assert_eq!(
         links.len(),
         recs.len(),
         "every veth has a record and vice versa"
     );
     for rec in &recs {
-        let text = std::fs::read_to_string(node.state_dir().join("allocations").join(rec))
-            .expect("read record");
-        let v: Value = serde_json::from_str(&text).expect("record JSON");
+        let v = node.record(rec);
         assert_eq!(
             v["state"], "committed",
             "{rec} survived start-up as pending"

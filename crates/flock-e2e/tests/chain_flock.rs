@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use flock_testkit::Netns;
-use flock_testkit::cni::{Attachment, Runtime};
+use flock_testkit::cni::{Attachment, Runtime, result_ip};
 use flock_testkit::node::FlockNode;
 use serde_json::{Value, json};
 
@@ -59,18 +59,6 @@ fn runtime(node: &FlockNode, with_portmap: bool) -> Runtime {
     .in_netns(node.ns().path())
 }
 
-fn result_ip(result: &Value, v6: bool) -> String {
-    result["ips"]
-        .as_array()
-        .expect("ips")
-        .iter()
-        .filter_map(|ip| ip["address"].as_str())
-        .find(|a| a.contains(':') == v6)
-        .and_then(|a| a.split('/').next())
-        .unwrap_or_else(|| panic!("no {} address in {result}", if v6 { "v6" } else { "v4" }))
-        .to_owned()
-}
-
 /// Interfaces of the result without a sandbox: flock's host veth and bandwidth's ifb.
 fn host_interfaces(result: &Value) -> Vec<String> {
     result["interfaces"]
@@ -85,27 +73,6 @@ fn host_interfaces(result: &Value) -> Vec<String> {
         })
         .filter_map(|i| i["name"].as_str().map(str::to_owned))
         .collect()
-}
-
-fn node_links(node: &FlockNode) -> Vec<String> {
-    node.ns()
-        .ok(["ip", "-o", "link", "show"])
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
-        .filter(|n| n != "lo")
-        .collect()
-}
-
-fn records(node: &FlockNode) -> Vec<String> {
-    std::fs::read_dir(node.state_dir().join("allocations"))
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// ADD through the chain: each reference plugin accepts flock's result as its `prevResult`
@@ -221,11 +188,11 @@ fn flock_tuning_portmap_bandwidth_chain() {
     );
 
     rt.del(&att).expect("DEL through the chain");
-    assert_eq!(node_links(&node), Vec::<String>::new(), "veth and ifb gone");
+    assert_eq!(node.ns().links(), Vec::<String>::new(), "veth and ifb gone");
     assert!(
-        records(&node).is_empty(),
+        node.records().is_empty(),
         "allocation left: {:?}",
-        records(&node)
+        node.records()
     );
     let nat4 = node.ns().ok(["iptables", "-t", "nat", "-S"]);
     assert!(!nat4.contains("--dport 8080"), "{nat4}");

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flock_e2e::{E2eNode, NodeSetup, PodSandboxSpec, SandboxNetwork};
+use flock_testkit::node::AgentLayout;
 use serde_json::{Value, json};
 
 const NET_NAME: &str = "e2e-flock";
@@ -87,23 +88,18 @@ impl AgentFiles {
         })
         .to_string()
     }
-    /// Committed allocation records: (file name, record).
+    /// Committed allocation records: (file name, record). The files follow testkit's
+    /// [`AgentLayout`] under the agent dir.
     fn records(&self) -> Vec<(String, Value)> {
-        let Ok(dir) = std::fs::read_dir(self.state_dir().join("allocations")) else {
-            return Vec::new();
-        };
-        let mut v: Vec<(String, Value)> = dir
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+        let layout = AgentLayout::new(self.dir.path());
+        layout
+            .records()
+            .into_iter()
             .map(|n| {
-                let text = std::fs::read_to_string(self.state_dir().join("allocations").join(&n))
-                    .expect("read record");
-                (n, serde_json::from_str(&text).expect("record is JSON"))
+                let record = layout.record(&n);
+                (n, record)
             })
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+            .collect()
     }
     fn log(&self) -> String {
         std::fs::read_to_string(self.path("agent.log")).unwrap_or_default()
@@ -152,16 +148,6 @@ fn start_agent(files: &AgentFiles, containerd_pid: u32) -> Child {
     agent
 }
 
-fn node_links(node: &E2eNode) -> Vec<String> {
-    node.netns()
-        .ok(["ip", "-o", "link", "show"])
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
-        .filter(|n| n != "lo")
-        .collect()
-}
-
 fn in_node_cidr(ip: &IpAddr) -> bool {
     match ip {
         IpAddr::V4(a) => a.octets()[..3] == [10, 75, 0],
@@ -182,11 +168,6 @@ fn sandbox_ip(node: &E2eNode, net: &SandboxNetwork, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 fn pod(i: usize) -> PodSandboxSpec {
@@ -324,7 +305,7 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
             "CNI_ARGS K8S_POD_NAMESPACE/NAME/UID reach the agent"
         );
     }
-    let veths = node_links(&node);
+    let veths = node.netns().links();
     assert_eq!(veths.len(), 5, "one host veth per sandbox: {veths:?}");
     assert!(veths.iter().all(|n| n.starts_with("flock")), "{veths:?}");
 
@@ -354,7 +335,11 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
         Vec::new(),
         "the agent released every allocation"
     );
-    assert_eq!(node_links(&node), Vec::<String>::new(), "host veths gone");
+    assert_eq!(
+        node.netns().links(),
+        Vec::<String>::new(),
+        "host veths gone"
+    );
     let routes = format!(
         "{}{}",
         node.netns().ok(["ip", "route"]),
@@ -401,10 +386,10 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
     p.sort();
     println!(
         "RunPodSandbox, 5 sandboxes each, same run:\n  flock (dual stack):            p50 {:?}  max {:?}  all {:?}\n  ptp+host-local (dual stack):   p50 {:?}  max {:?}  all {:?}",
-        percentile(&f, 0.5),
+        flock_testkit::percentile(&f, 0.5),
         f[f.len() - 1],
         timings,
-        percentile(&p, 0.5),
+        flock_testkit::percentile(&p, 0.5),
         p[p.len() - 1],
         ptp
     );

@@ -66,17 +66,6 @@ fn allocations(ipam_dir: &Path) -> Vec<String> {
     ips
 }
 
-/// Interface names in the node namespace other than `lo`.
-fn node_links(node: &E2eNode) -> Vec<String> {
-    node.netns()
-        .ok(["ip", "-o", "link", "show"])
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_owned())
-        .filter(|n| n != "lo")
-        .collect()
-}
-
 fn in_subnet(ip: &IpAddr, v4: bool) -> bool {
     match ip {
         IpAddr::V4(a) => v4 && a.octets()[..3] == [10, 88, 0],
@@ -94,11 +83,6 @@ fn pings_within(node: &E2eNode, ip: IpAddr, limit: Duration) -> bool {
         }
     }
     false
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 #[tokio::test]
@@ -182,7 +166,7 @@ async fn five_ptp_sandboxes_run_answer_and_clean_up() {
     }
 
     assert_eq!(allocations(ipam_dir.path()).len(), 10, "5 × (IPv4 + IPv6)");
-    assert_eq!(node_links(&node).len(), 5, "one host veth per sandbox");
+    assert_eq!(node.netns().links().len(), 5, "one host veth per sandbox");
     let all_ips: std::collections::HashSet<_> =
         sandboxes.iter().flat_map(|(_, n)| n.ips.clone()).collect();
     assert_eq!(all_ips.len(), 10, "addresses are distinct");
@@ -214,7 +198,11 @@ async fn five_ptp_sandboxes_run_answer_and_clean_up() {
         Vec::<String>::new(),
         "host-local released all"
     );
-    assert_eq!(node_links(&node), Vec::<String>::new(), "host veths gone");
+    assert_eq!(
+        node.netns().links(),
+        Vec::<String>::new(),
+        "host veths gone"
+    );
     let log = std::fs::read_to_string(node.containerd().log_path()).expect("read log");
     assert!(
         !log.contains("Failed to destroy network") && !log.contains("failed to destroy network"),
@@ -227,7 +215,7 @@ async fn five_ptp_sandboxes_run_answer_and_clean_up() {
     println!(
         "RunPodSandbox with ptp+host-local (dual stack), {} sandboxes: p50 {:?}, max {:?}, all {:?}",
         sorted.len(),
-        percentile(&sorted, 0.5),
+        flock_testkit::percentile(&sorted, 0.5),
         sorted[sorted.len() - 1],
         timings
     );

@@ -177,6 +177,25 @@ pub enum Error {
 /// `Result` with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The address (without its prefix length) of the first `ips` entry of the CNI result
+/// `result` in the family asked for (`v6`: IPv6, else IPv4); panics if there is none.
+pub fn result_ip(result: &Value, v6: bool) -> String {
+    result["ips"]
+        .as_array()
+        .expect("ips")
+        .iter()
+        .filter_map(|ip| ip["address"].as_str())
+        .find(|a| a.contains(':') == v6)
+        .and_then(|a| a.split('/').next())
+        .unwrap_or_else(|| {
+            panic!(
+                "no {} address in {result}",
+                if v6 { "IPv6" } else { "IPv4" }
+            )
+        })
+        .to_owned()
+}
+
 fn describe_failure(error: &Option<Box<CniError>>, stderr: &str, status: &str) -> String {
     match error {
         Some(e) if e.details.is_empty() => format!("code {}: {}", e.code, e.msg),

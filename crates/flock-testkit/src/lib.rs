@@ -18,6 +18,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 /// Every namespace this kit creates starts with this, followed by the pid of
 /// the creating process, so [`sweep_stale`] can tell which ones are orphans.
@@ -102,6 +103,18 @@ impl Netns {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The names of the namespace's links other than `lo`, in the kernel's order, each
+    /// without its `@peer` suffix (`flock1a2b@if2` is `flock1a2b`). Callers filter further
+    /// (e.g. on a name prefix) as their test needs.
+    pub fn links(&self) -> Vec<String> {
+        self.ok(["ip", "-o", "link", "show"])
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+            .filter(|n| n != "lo")
+            .collect()
     }
 
     /// Whether a `ping` from inside this namespace to `addr` gets an answer
@@ -247,4 +260,11 @@ pub fn is_alive(pid: u32) -> bool {
             .and_then(|i| stat[i + 1..].split_whitespace().next())
             .is_some_and(|state| state != "Z")
     })
+}
+
+/// The `p` quantile (0.0..=1.0, nearest rank) of `sorted`, which must be sorted ascending and
+/// not empty.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
 }

@@ -102,6 +102,17 @@ impl FlockNode {
         AgentLayout::new(self.dir()).del_queue_dir
     }
 
+    /// The file names of the agent's committed allocation records, sorted (see
+    /// [`AgentLayout::records`]).
+    pub fn records(&self) -> Vec<String> {
+        AgentLayout::new(self.dir()).records()
+    }
+
+    /// The allocation record `name` (one of [`FlockNode::records`]), parsed.
+    pub fn record(&self, name: &str) -> Value {
+        AgentLayout::new(self.dir()).record(name)
+    }
+
     /// The BIRD configuration the agent renders.
     pub fn bird_config(&self) -> PathBuf {
         AgentLayout::new(self.dir()).bird_config
@@ -309,6 +320,32 @@ impl AgentLayout {
             bird_socket: dir.join("run/bird.ctl"),
             log: dir.join("agent.log"),
         }
+    }
+
+    /// The file names of the agent's committed allocation records
+    /// (`<state_dir>/allocations/*.json`, temporary dot files left out), sorted; none if
+    /// the directory does not exist (yet).
+    pub fn records(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.state_dir.join("allocations"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// The allocation record `name` (one of [`AgentLayout::records`]), parsed; panics if it
+    /// cannot be read or is not JSON.
+    pub fn record(&self, name: &str) -> Value {
+        let path = self.state_dir.join("allocations").join(name);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read record {}: {e}", path.display()));
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("record {} is not JSON: {e}", path.display()))
     }
 
     /// flock's conflist for this agent (network `name`, CNI 1.1.0, with the CRI

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use flock_testkit::Netns;
-use flock_testkit::cni::{Attachment, Runtime};
+use flock_testkit::cni::{Attachment, Runtime, result_ip};
 use serde_json::{Value, json};
 
 const CNI_BIN: &str = "/usr/lib/cni";
@@ -29,24 +29,6 @@ fn runtime(dir: &Path, node: &Netns, plugins: Value) -> Runtime {
     Runtime::new(list, [CNI_BIN], dir.join("cache"))
         .expect("valid conflist")
         .in_netns(node.path())
-}
-
-/// The address (without prefix) of the result's `ips` entry in `family`.
-fn result_ip(result: &Value, v6: bool) -> String {
-    result["ips"]
-        .as_array()
-        .expect("ips")
-        .iter()
-        .filter_map(|ip| ip["address"].as_str())
-        .find(|a| a.contains(':') == v6)
-        .and_then(|a| a.split('/').next())
-        .unwrap_or_else(|| {
-            panic!(
-                "no {} address in {result}",
-                if v6 { "IPv6" } else { "IPv4" }
-            )
-        })
-        .to_owned()
 }
 
 fn gateway(result: &Value, v6: bool) -> String {
