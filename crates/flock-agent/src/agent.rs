@@ -639,9 +639,8 @@ impl Agent {
     }
 
     async fn del(&self, req: &Request) -> Result<(), CniError> {
-        // DEL must succeed for configs it cannot fully parse only if there is nothing to do;
-        // a config that is not flock's is still an error.
-        let _conf = parse_conf(req)?;
+        // A configuration that is not flock's (wrong type, bad mtu) is an error even for DEL.
+        parse_conf(req)?;
         let key = AttachmentKey {
             container_id: req.container_id.clone(),
             if_name: req.if_name.clone(),
@@ -770,11 +769,11 @@ impl Agent {
             return Ok(());
         }
         let all: Vec<String> = mismatches.iter().map(|m| m.to_string()).collect();
-        Err(plugin_err(
-            codes::CHECK_MISMATCH,
-            format!("{} (and {} more)", all[0], all.len() - 1).replace(" (and 0 more)", ""),
-        )
-        .with_details(all.join("; ")))
+        let msg = match all.len() {
+            1 => all[0].clone(),
+            n => format!("{} (and {} more)", all[0], n - 1),
+        };
+        Err(plugin_err(codes::CHECK_MISMATCH, msg).with_details(all.join("; ")))
     }
 
     fn status(&self, req: &Request) -> Result<(), CniError> {
