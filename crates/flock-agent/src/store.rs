@@ -6,12 +6,12 @@
 //! <containerId>.<ifName>.json`. A record that cannot be read stops the agent with an error
 //! naming the file: the store never silently starts empty.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
+use flock_cni_proto::durable;
 use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
@@ -202,7 +202,7 @@ impl Store {
             })?;
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(".tmp-") {
+            if durable::is_temp_name(&name) {
                 // An interrupted write: the rename never happened, the old record (if any)
                 // is intact.
                 let _ = fs::remove_file(&path);
@@ -254,7 +254,7 @@ impl Store {
     pub fn delete(&self, key: &AttachmentKey) -> Result<()> {
         let path = self.dir.join(key.file_name());
         match fs::remove_file(&path) {
-            Ok(()) => sync_dir(&self.dir),
+            Ok(()) => durable::sync_dir(&self.dir).map_err(store_error),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(source) => Err(Error::Store {
                 op: "delete",
@@ -271,40 +271,19 @@ impl Store {
 }
 
 /// Writes `bytes` to `dir/name` so that after a crash the file holds either its old content
-/// or the new one, never a mix: temp file (created with `mode`), fsync, rename, fsync the
-/// directory.
+/// or the new one, never a mix (`flock_cni_proto::durable`, shared with the shim's DEL queue).
 pub fn write_durably(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<()> {
-    let tmp = dir.join(format!(".tmp-{name}"));
-    let path = dir.join(name);
-    let io = |op: &'static str, path: &Path| {
-        let path = path.to_owned();
-        move |source| Error::Store { op, path, source }
-    };
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io("create", &tmp))?;
-    // `mode` at creation is masked by the umask; set it exactly before the file is visible.
-    file.set_permissions(std::fs::Permissions::from_mode(mode))
-        .map_err(io("chmod", &tmp))?;
-    file.write_all(bytes).map_err(io("write", &tmp))?;
-    file.sync_all().map_err(io("fsync", &tmp))?;
-    drop(file);
-    fs::rename(&tmp, &path).map_err(io("rename", &path))?;
-    sync_dir(dir)
+    durable::write_file(dir, name, bytes, mode)
+        .map(drop)
+        .map_err(store_error)
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|source| Error::Store {
-            op: "fsync directory",
-            path: dir.to_owned(),
-            source,
-        })
+fn store_error(e: durable::DurableError) -> Error {
+    Error::Store {
+        op: e.op,
+        path: e.path,
+        source: e.source,
+    }
 }
 
 #[cfg(test)]

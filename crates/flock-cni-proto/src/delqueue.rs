@@ -2,9 +2,9 @@
 //! attachment, written durably so none is lost; the agent drains it at
 //! start-up before it serves anything (DESIGN §2).
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use crate::rpc::{self, DecodeError, Request};
@@ -117,36 +117,13 @@ impl DelQueue {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let tmp = self.dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        let write = || -> io::Result<()> {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(&rpc::encode_line(req))?;
-            f.sync_all()
-        };
-        if let Err(source) = write() {
-            let _ = fs::remove_file(&tmp);
-            return Err(QueueError::Io {
-                op: "write",
-                path: tmp,
-                source,
-            });
-        }
-        if let Err(source) = fs::rename(&tmp, &target) {
-            let _ = fs::remove_file(&tmp);
-            return Err(QueueError::Io {
-                op: "rename into",
-                path: target,
-                source,
-            });
-        }
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io("sync directory", &self.dir))?;
+        crate::durable::write_file(&self.dir, &name, &rpc::encode_line(req), 0o600).map_err(
+            |e| QueueError::Io {
+                op: e.op,
+                path: e.path,
+                source: e.source,
+            },
+        )?;
         Ok(target)
     }
 
@@ -174,7 +151,7 @@ impl DelQueue {
             })?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if name.ends_with(".json") && !name.starts_with('.') {
+            if name.ends_with(".json") && !crate::durable::is_temp_name(&name) {
                 paths.push(entry.path());
             }
         }

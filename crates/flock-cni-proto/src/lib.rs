@@ -15,6 +15,7 @@
 //! - [`delqueue`]: the durable queue of DELs the agent could not take.
 
 pub mod delqueue;
+pub mod durable;
 pub mod env;
 pub mod error;
 pub mod netconf;
