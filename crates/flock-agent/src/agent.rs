@@ -444,10 +444,7 @@ impl Agent {
 
     async fn add(&self, req: &Request) -> CniOutcome {
         let conf = parse_conf(req)?;
-        let key = AttachmentKey {
-            container_id: req.container_id.clone(),
-            if_name: req.if_name.clone(),
-        };
+        let key = attachment_key(req)?;
         let _guard = self.lock_container(&req.container_id).await;
         if let Some(existing) = self.records.lock().expect("records lock").get(&key) {
             // kubelet retries ADD: the same attachment gets the same result.
@@ -641,10 +638,7 @@ impl Agent {
     async fn del(&self, req: &Request) -> Result<(), CniError> {
         // A configuration that is not flock's (wrong type, bad mtu) is an error even for DEL.
         parse_conf(req)?;
-        let key = AttachmentKey {
-            container_id: req.container_id.clone(),
-            if_name: req.if_name.clone(),
-        };
+        let key = attachment_key(req)?;
         let guard = self.lock_container(&req.container_id).await;
         self.del_locked(&key, &req.netns, guard).await
     }
@@ -723,10 +717,7 @@ impl Agent {
                 ),
             ));
         }
-        let key = AttachmentKey {
-            container_id: req.container_id.clone(),
-            if_name: req.if_name.clone(),
-        };
+        let key = attachment_key(req)?;
         let _guard = self.lock_container(&req.container_id).await;
         let record = self
             .records
@@ -902,6 +893,17 @@ impl Drop for ContainerGuard {
             locks.remove(&self.container_id);
         }
     }
+}
+
+/// The request's attachment, validated with the shim's own rules (`CNI_CONTAINERID`,
+/// `CNI_IFNAME`): the key names store files, so nothing else may reach the store.
+fn attachment_key(req: &Request) -> Result<AttachmentKey, CniError> {
+    flock_cni_proto::env::validate_container_id(&req.container_id)?;
+    flock_cni_proto::env::validate_if_name(&req.if_name)?;
+    Ok(AttachmentKey {
+        container_id: req.container_id.clone(),
+        if_name: req.if_name.clone(),
+    })
 }
 
 fn parse_conf(req: &Request) -> Result<FlockNetConf, CniError> {
