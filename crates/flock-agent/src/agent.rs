@@ -640,14 +640,16 @@ impl Agent {
         parse_conf(req)?;
         let key = attachment_key(req)?;
         let guard = self.lock_container(&req.container_id).await;
-        self.del_locked(&key, &req.netns, guard).await
+        self.del_locked(&key, &req.netns, guard, VethDeletion::AfterAnswer)
+            .await
     }
 
     /// Tears down and releases one attachment by key, as a DEL would (used by the Kubernetes
     /// leak reconcile for pods gone from the node).
+    /// Unlike a DEL, nobody waits on the answer, so the veth is gone when this returns.
     pub async fn release_attachment(&self, key: &AttachmentKey) -> Result<(), CniError> {
         let guard = self.lock_container(&key.container_id).await;
-        self.del_locked(key, "", guard).await
+        self.del_locked(key, "", guard, VethDeletion::Before).await
     }
 
     /// The health of the agent's components.
@@ -658,15 +660,16 @@ impl Agent {
     /// Tears down and releases one attachment; `guard` is its container's lock.
     ///
     /// The pod's routes and anycast nexthops go synchronously, then its record and
-    /// addresses; deleting the veth itself (tens of milliseconds of kernel time) happens
-    /// after the answer, in a task that keeps the container locked until the veth is gone, so
-    /// a new ADD of the same container cannot race it. A crash before that deletion leaves a
-    /// veth without a record, which start-up removes.
+    /// addresses. Deleting the veth itself (tens of milliseconds of kernel time) happens as
+    /// `veth` says: for a DEL, after the answer, in a task that keeps the container locked
+    /// until the veth is gone, so a new ADD of the same container cannot race it. A crash
+    /// before that deletion leaves a veth without a record, which start-up removes.
     async fn del_locked(
         &self,
         key: &AttachmentKey,
         netns: &str,
         guard: ContainerGuard,
+        veth: VethDeletion,
     ) -> Result<(), CniError> {
         let record = self.records.lock().expect("records lock").get(key).cloned();
         let Some(record) = record else {
@@ -692,13 +695,19 @@ impl Agent {
         self.release(&record);
         let node_ns = self.node_ns.clone();
         let host_if = record.host_if.clone();
-        tokio::spawn(async move {
+        let remove = async move {
             if let Err(e) = flock_netns::remove_host_iface(&node_ns, &host_if).await {
                 warn!(iface = %host_if, error = %e,
                     "deleting a released pod's veth failed; start-up or GC will retry");
             }
             drop(guard);
-        });
+        };
+        match veth {
+            VethDeletion::AfterAnswer => {
+                tokio::spawn(remove);
+            }
+            VethDeletion::Before => remove.await,
+        }
         self.refresh_metrics();
         if !record.addresses.is_empty() || !record.anycast.is_empty() {
             self.refresh_bird();
@@ -822,7 +831,7 @@ impl Agent {
             .collect();
         for key in stale {
             let guard = self.lock_container(&key.container_id).await;
-            if let Err(e) = self.del_locked(&key, "", guard).await {
+            if let Err(e) = self.del_locked(&key, "", guard, VethDeletion::Before).await {
                 errors.push(format!("{} {}: {}", key.container_id, key.if_name, e.msg));
             }
         }
@@ -872,6 +881,15 @@ impl Agent {
 }
 
 type ContainerLocks = Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+
+/// When a release deletes the pod's host-side veth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum VethDeletion {
+    /// After the answer (a DEL: the runtime waits on it, the kernel work need not).
+    AfterAnswer,
+    /// Before returning (GC and the leak reconcile: what they report is already true).
+    Before,
+}
 
 /// Holds one container's lock; owns what it needs, so it can move into a background task
 /// (the veth deletion after a DEL keeps the container locked until the veth is gone).
