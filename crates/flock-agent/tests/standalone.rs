@@ -41,17 +41,14 @@ fn host_links(node: &FlockNode) -> Vec<String> {
     links
 }
 
-/// The host veths once `want` of them are left: a DEL answers before the kernel has finished
-/// deleting the veth (tens of milliseconds, off the DEL's critical path), so give it 2 s.
+/// The host veths once `want` of them are left (see `Netns::links_settled`).
 fn host_links_settled(node: &FlockNode, want: usize) -> Vec<String> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    loop {
-        let links = host_links(node);
-        if links.len() == want || std::time::Instant::now() > deadline {
-            return links;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let is_host = |n: &String| n.starts_with("flock");
+    let mut links = node
+        .ns()
+        .links_settled(|l| l.iter().filter(|n| is_host(n)).count() == want);
+    links.retain(is_host);
+    links
 }
 
 fn host_routes(node: &FlockNode) -> String {
@@ -115,11 +112,8 @@ fn add_check_del_lifecycle() {
     );
 
     rt.del(&att).expect("DEL");
-    assert!(
-        host_links(&node).is_empty(),
-        "veth left: {:?}",
-        host_links(&node)
-    );
+    let links = host_links_settled(&node, 0);
+    assert!(links.is_empty(), "veth left: {links:?}");
     assert_eq!(host_routes(&node), "", "routes left");
     assert!(
         node.records().is_empty(),

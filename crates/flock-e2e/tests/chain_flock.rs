@@ -188,7 +188,11 @@ fn flock_tuning_portmap_bandwidth_chain() {
     );
 
     rt.del(&att).expect("DEL through the chain");
-    assert_eq!(node.ns().links(), Vec::<String>::new(), "veth and ifb gone");
+    assert_eq!(
+        node.ns().links_settled(<[String]>::is_empty),
+        Vec::<String>::new(),
+        "veth and ifb gone"
+    );
     assert!(
         node.records().is_empty(),
         "allocation left: {:?}",

@@ -336,7 +336,7 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
         "the agent released every allocation"
     );
     assert_eq!(
-        node.netns().links(),
+        node.netns().links_settled(<[String]>::is_empty),
         Vec::<String>::new(),
         "host veths gone"
     );

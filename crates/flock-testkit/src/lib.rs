@@ -117,6 +117,21 @@ impl Netns {
             .collect()
     }
 
+    /// The links once `settled` holds for them, or after 2 s whatever they are then (the
+    /// caller asserts on them). A flock DEL answers before the kernel has deleted the host
+    /// veth (tens of milliseconds, off the DEL's critical path): a test that expects a veth
+    /// gone after a DEL waits here rather than sleeping.
+    pub fn links_settled(&self, settled: impl Fn(&[String]) -> bool) -> Vec<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let links = self.links();
+            if settled(&links) || std::time::Instant::now() > deadline {
+                return links;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Whether a `ping` from inside this namespace to `addr` gets an answer
     /// (3 tries, 0.2 s apart, 2 s at most).
     pub fn pings(&self, addr: &str) -> bool {
