@@ -124,11 +124,12 @@ async fn nodeconfig_events_set_keep_and_withdraw_the_settings() {
     );
     assert_eq!(settings.cidr4, Some("10.244.1.0/24".parse().expect("net")));
     assert_eq!(agent.health().problem("nodeconfig"), None);
-    let routes = node.ok(["ip", "-6", "route", "show", "type", "blackhole"]);
-    assert!(
-        routes.contains("2001:db8:0:1::/64"),
-        "pool blackhole installed: {routes}"
-    );
+    // The settings are published before the blackholes are installed.
+    eventually("the pool blackhole is installed", || {
+        node.ok(["ip", "-6", "route", "show", "type", "blackhole"])
+            .contains("2001:db8:0:1::/64")
+    })
+    .await;
 
     // An invalid update is reported and the previous settings stay.
     let (req, reply) = next_request(&mut api).await;

@@ -641,7 +641,9 @@ mod tests {
     }
 
     /// A one-connection server in a temp dir answering `reply` (or nothing
-    /// and holding the connection open for `hold`).
+    /// and holding the connection open for `hold`). The client's read timeout is
+    /// 300 ms when the server holds the connection (the timeout case), else a
+    /// generous 5 s so a loaded machine does not fail the other cases.
     fn serve(
         reply: Vec<u8>,
         hold: Duration,
@@ -661,7 +663,11 @@ mod tests {
         });
         (
             dir,
-            Client::new(path).read_timeout(Duration::from_millis(300)),
+            Client::new(path).read_timeout(if hold.is_zero() {
+                Duration::from_secs(5)
+            } else {
+                Duration::from_millis(300)
+            }),
             server,
         )
     }
@@ -672,7 +678,7 @@ mod tests {
         assert_eq!(client.call(&request()).unwrap(), Response::done());
         assert_eq!(decode_request(&server.join().unwrap()).unwrap(), request());
 
-        let (_dir, client, server) = serve(Vec::new(), Duration::from_millis(800));
+        let (_dir, client, server) = serve(Vec::new(), Duration::from_secs(3));
         let e = client.call(&request()).unwrap_err();
         assert!(
             matches!(&e, ClientError::Receive { source, .. } if matches!(source.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)),

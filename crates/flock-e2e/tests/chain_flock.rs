@@ -138,12 +138,12 @@ fn flock_tuning_portmap_bandwidth_chain() {
     let arp_notify = pod.ok(["cat", "/proc/sys/net/ipv4/conf/eth0/arp_notify"]);
     assert_eq!(arp_notify.trim(), "1");
     // portmap, in the node: DNAT of 8080 to the pod, per family.
-    let nat4 = node.ns().ok(["iptables", "-t", "nat", "-S"]);
+    let nat4 = node.ns().ok(["iptables", "-w", "-t", "nat", "-S"]);
     assert!(
         nat4.contains(&format!("--to-destination {ip4}:80")),
         "{nat4}"
     );
-    let nat6 = node.ns().ok(["ip6tables", "-t", "nat", "-S"]);
+    let nat6 = node.ns().ok(["ip6tables", "-w", "-t", "nat", "-S"]);
     assert!(
         nat6.contains(&format!("--to-destination [{ip6}]:80")),
         "{nat6}"
@@ -198,9 +198,9 @@ fn flock_tuning_portmap_bandwidth_chain() {
         "allocation left: {:?}",
         node.records()
     );
-    let nat4 = node.ns().ok(["iptables", "-t", "nat", "-S"]);
+    let nat4 = node.ns().ok(["iptables", "-w", "-t", "nat", "-S"]);
     assert!(!nat4.contains("--dport 8080"), "{nat4}");
-    let nat6 = node.ns().ok(["ip6tables", "-t", "nat", "-S"]);
+    let nat6 = node.ns().ok(["ip6tables", "-w", "-t", "nat", "-S"]);
     assert!(!nat6.contains("--dport 8080"), "{nat6}");
     assert!(
         !pod.ok(["ip", "link"]).contains("eth0"),

@@ -117,12 +117,14 @@ impl Netns {
             .collect()
     }
 
-    /// The links once `settled` holds for them, or after 2 s whatever they are then (the
+    /// The links once `settled` holds for them, or after 10 s whatever they are then (the
     /// caller asserts on them). A flock DEL answers before the kernel has deleted the host
     /// veth (tens of milliseconds, off the DEL's critical path): a test that expects a veth
     /// gone after a DEL waits here rather than sleeping.
     pub fn links_settled(&self, settled: impl Fn(&[String]) -> bool) -> Vec<String> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        // Deleting a veth takes the kernel's global rtnl lock, which parallel tests' namespace
+        // teardowns hold for long stretches: be generous, it returns as soon as it can.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let links = self.links();
             if settled(&links) || std::time::Instant::now() > deadline {

@@ -232,6 +232,11 @@ impl FlockNode {
         let out = self
             .ns
             .exec(["curl", "-s", &format!("http://127.0.0.1:9641{path}")]);
+        assert!(
+            out.status.success(),
+            "GET {path} from the agent's metrics server failed: {}",
+            out.status
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
@@ -243,10 +248,19 @@ impl FlockNode {
             .unwrap_or(0.0)
     }
 
-    /// Starts BIRD in the node namespace on the agent's rendered config (the agent must have
-    /// written it already).
+    /// Starts BIRD in the node namespace on the agent's rendered config, once the agent has
+    /// written it (its writer task may still be at it when the socket is up).
     pub fn start_bird(&mut self) {
         assert!(self.bird.is_none(), "bird already running");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !self.bird_config().exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the agent wrote no BIRD config in 10 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let out = self
             .ns
             .exec(["bird", "-p", "-c", &self.bird_config().to_string_lossy()]);
@@ -410,7 +424,9 @@ pub fn spawn_agent(
 /// error carrying its log.
 pub fn wait_until_serving(child: &mut Child, layout: &AgentLayout) -> Result<(), String> {
     let log = || std::fs::read_to_string(&layout.log).unwrap_or_default();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Start-up removes every orphan veth before it binds the socket: after a kill -9 in a
+    // burst, on a loaded machine, that can take seconds.
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if std::os::unix::net::UnixStream::connect(&layout.socket).is_ok() {
             return Ok(());
@@ -422,7 +438,7 @@ pub fn wait_until_serving(child: &mut Child, layout: &AgentLayout) -> Result<(),
             ));
         }
         if Instant::now() >= deadline {
-            return Err(format!("flock-agent did not serve within 10 s:\n{}", log()));
+            return Err(format!("flock-agent did not serve within 30 s:\n{}", log()));
         }
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -213,12 +213,12 @@ fn ptp_tuning_portmap_bandwidth_chain() {
     let arp_notify = pod.ok(["cat", "/proc/sys/net/ipv4/conf/eth0/arp_notify"]);
     assert_eq!(arp_notify.trim(), "1");
     // portmap, in the node: DNAT of 8080 to the pod, per family.
-    let nat4 = node.ok(["iptables", "-t", "nat", "-S"]);
+    let nat4 = node.ok(["iptables", "-w", "-t", "nat", "-S"]);
     assert!(
         nat4.contains(&format!("--to-destination {ip4}:80")),
         "{nat4}"
     );
-    let nat6 = node.ok(["ip6tables", "-t", "nat", "-S"]);
+    let nat6 = node.ok(["ip6tables", "-w", "-t", "nat", "-S"]);
     assert!(
         nat6.contains(&format!("--to-destination [{ip6}]:80")),
         "{nat6}"
@@ -273,9 +273,9 @@ fn ptp_tuning_portmap_bandwidth_chain() {
     rt.del(&att).expect("DEL through the chain");
     assert!(!node.exec(["ip", "link", "show", &veth]).status.success());
     assert!(!node.exec(["ip", "link", "show", &ifb]).status.success());
-    let nat4 = node.ok(["iptables", "-t", "nat", "-S"]);
+    let nat4 = node.ok(["iptables", "-w", "-t", "nat", "-S"]);
     assert!(!nat4.contains("--dport 8080"), "{nat4}");
-    let nat6 = node.ok(["ip6tables", "-t", "nat", "-S"]);
+    let nat6 = node.ok(["ip6tables", "-w", "-t", "nat", "-S"]);
     assert!(!nat6.contains("--dport 8080"), "{nat6}");
     assert!(
         !ipam_dir.join("refnet").join(&ip4).exists(),
