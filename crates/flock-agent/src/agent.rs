@@ -326,7 +326,16 @@ impl Agent {
             ),
             Some(_) => self.health.set_problem("nodeconfig", None),
         }
+        let before = self.node_cidrs();
         *self.settings.write().expect("settings lock") = settings.map(Arc::new);
+        let after = self.node_cidrs();
+        // A CIDR the node no longer owns loses its blackhole (it is no longer announced
+        // either); live pods in it keep working through their own /128 and /32 routes.
+        for old in before.into_iter().filter(|c| !after.contains(c)) {
+            if let Err(e) = flock_netns::remove_blackhole(&self.node_ns, old).await {
+                warn!(cidr = %old, error = %e, "removing an old node CIDR's blackhole failed");
+            }
+        }
         self.install_blackholes().await;
         self.refresh_metrics();
         self.refresh_bird();
@@ -489,7 +498,12 @@ impl Agent {
             if_name: req.if_name.clone(),
             netns: req.netns.clone(),
             boot_id: self.boot_id.clone(),
-            pod: Some(pod.pod.clone()),
+            // Only a pod the runtime named (K8S_POD_NAME) is recorded: the leak reconcile
+            // releases a record whose pod is gone, and a made-up name is never found.
+            pod: args
+                .get("K8S_POD_NAME")
+                .is_some_and(|n| !n.is_empty())
+                .then(|| pod.pod.clone()),
             ipv6: allocation.ipv6,
             ipv4: allocation.ipv4,
             addresses: allocation.addresses.clone(),
@@ -709,9 +723,10 @@ impl Agent {
             VethDeletion::Before => remove.await,
         }
         self.refresh_metrics();
-        if !record.addresses.is_empty() || !record.anycast.is_empty() {
-            self.refresh_bird();
-        }
+        // Always re-render: besides `addresses` and anycast, a pod left from a node CIDR that
+        // has since changed is announced on its own, until it goes. The writer is debounced
+        // and writes nothing when the bytes do not change.
+        self.refresh_bird();
         Ok(())
     }
 

@@ -1,6 +1,7 @@
 //! Kubernetes mode with a real agent (in a stand-in node namespace, root) fed by a mocked API
 //! server: NodeConfig events set, keep or withdraw the node's settings; the leak reconcile
-//! releases the allocation of a pod deleted past the grace period and only that one.
+//! releases the allocation of a pod deleted past the grace period and only that one; a CIDR
+//! change keeps the old pods announced until they go.
 #![cfg(feature = "root-tests")]
 
 mod k8s_support;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flock_agent::agent::{Agent, AgentParts};
+use flock_agent::bird::{BirdTarget, Debounce};
 use flock_agent::k8s::leaks::{LeakTracker, reconcile_once};
 use flock_agent::k8s::nodeconfig::follow_node_config;
 use flock_agent::k8s::pods::PodWatcher;
@@ -245,12 +247,26 @@ async fn a_pod_deleted_past_the_grace_period_is_released_one_within_it_is_not() 
         let response = agent.handle(add_request(id, ns, name)).await;
         assert!(response.error.is_none(), "ADD {id}: {:?}", response.error);
     }
+    // A runtime that names no pod (no K8S_POD_NAME): the record has no pod, so the leak
+    // reconcile can never take it for a deleted one.
+    let pod3 = Netns::new("pod");
+    let mut anonymous = add_request("c3", &pod3, "unused");
+    anonymous.args = "IgnoreUnknown=1".into();
+    let response = agent.handle(anonymous).await;
+    assert!(response.error.is_none(), "ADD c3: {:?}", response.error);
     let records = agent.records();
-    assert_eq!(records.len(), 2);
+    assert_eq!(records.len(), 3);
     assert!(
         records
             .iter()
+            .filter(|r| r.container_id != "c3")
             .all(|r| r.pod.as_ref().is_some_and(|p| p.uid.starts_with("uid-")))
+    );
+    assert!(
+        records
+            .iter()
+            .any(|r| r.container_id == "c3" && r.pod.is_none()),
+        "{records:?}"
     );
     let host_if = |id: &str| {
         records
@@ -288,7 +304,7 @@ async fn a_pod_deleted_past_the_grace_period_is_released_one_within_it_is_not() 
     )
     .await;
     assert!(report.released.is_empty(), "still within: {report:?}");
-    assert_eq!(agent.records().len(), 2);
+    assert_eq!(agent.records().len(), 3);
 
     let report = reconcile_once(
         &agent,
@@ -311,7 +327,7 @@ async fn a_pod_deleted_past_the_grace_period_is_released_one_within_it_is_not() 
         .iter()
         .map(|r| r.container_id.clone())
         .collect();
-    assert_eq!(left, ["c2"]);
+    assert_eq!(left, ["c2", "c3"]);
     let links = node.links();
     assert!(!links.contains(&if1), "the leaked veth is gone: {links:?}");
     assert!(
@@ -319,6 +335,117 @@ async fn a_pod_deleted_past_the_grace_period_is_released_one_within_it_is_not() 
         "the live pod keeps its veth: {links:?}"
     );
     let v6 = agent.records()[0].ipv6.expect("ipv6").to_string();
+    assert_eq!(agent.records()[0].container_id, "c2");
     let addrs = pod2.ok(["ip", "-6", "addr", "show", "dev", "eth0"]);
     assert!(addrs.contains(&v6), "the live pod keeps {v6}: {addrs}");
+}
+
+fn settings_of(cidr6: &str, neighbors: Value) -> flock_agent::nodeconfig::NodeSettings {
+    serde_json::from_value::<NodeConfig>(node_config(cidr6, neighbors))
+        .expect("fixture")
+        .settings()
+        .expect("valid")
+}
+
+/// The routes `route X blackhole;` of a rendered BIRD config.
+fn announced(config: &str) -> Vec<String> {
+    config
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("route "))
+        .filter_map(|r| r.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_cidr_keeps_old_pods_announced_until_they_go() {
+    let node = Netns::new("node");
+    let pod = Netns::new("pod");
+    let state = tempfile::tempdir().expect("tmp");
+    let agent = start_agent(&node, state.path(), None).await;
+    // The real BIRD writer, on a file; `false` stands in for birdc (its reloads fail, which
+    // the writer reports and retries; the file is written before the reload).
+    let config = state.path().join("bird.conf");
+    let renderer = {
+        let agent = agent.clone();
+        Arc::new(move || agent.render_bird()) as flock_agent::bird::Renderer
+    };
+    agent.set_bird(flock_agent::bird::spawn(
+        BirdTarget {
+            config_path: config.clone(),
+            socket: state.path().join("bird.ctl"),
+            birdc: "false".into(),
+        },
+        renderer,
+        Debounce {
+            quiet: Duration::from_millis(10),
+            max_delay: Duration::from_millis(100),
+            retry: Duration::from_secs(60),
+        },
+        Arc::new(Metrics::new()),
+        agent.health().clone(),
+    ));
+    let routes = || announced(&std::fs::read_to_string(&config).unwrap_or_default());
+    let blackholes = || node.ok(["ip", "-6", "route", "show", "type", "blackhole"]);
+
+    agent
+        .set_settings(Some(settings_of("2001:db8:0:1::/64", json!([]))))
+        .await;
+    eventually("the first CIDR is announced", || {
+        routes() == ["2001:db8:0:1::/64", "10.244.1.0/24"]
+    })
+    .await;
+    let response = agent.handle(add_request("c-old", &pod, "old")).await;
+    assert!(response.error.is_none(), "ADD: {:?}", response.error);
+    let old = agent.records()[0].ipv6.expect("ipv6");
+    assert!(
+        "2001:db8:0:1::/64"
+            .parse::<ipnet::Ipv6Net>()
+            .expect("net")
+            .contains(&old)
+    );
+
+    // A new CIDR: it is announced and blackholed, the old one is neither, and the live pod
+    // from the old CIDR is announced on its own.
+    agent
+        .set_settings(Some(settings_of(
+            "2001:db8:0:2::/64",
+            json!([{ "address": "2001:db8::fe", "asn": 65000 }]),
+        )))
+        .await;
+    let old128 = format!("{old}/128");
+    eventually("the new CIDR and the old pod are announced", || {
+        let r = routes();
+        r.contains(&"2001:db8:0:2::/64".to_owned())
+            && r.contains(&old128)
+            && !r.contains(&"2001:db8:0:1::/64".to_owned())
+    })
+    .await;
+    assert!(
+        std::fs::read_to_string(&config)
+            .expect("config")
+            .contains("2001:db8::fe"),
+        "the new neighbor is rendered by the writer"
+    );
+    let bh = blackholes();
+    assert!(
+        bh.contains("2001:db8:0:2::/64") && !bh.contains("2001:db8:0:1::/64"),
+        "{bh}"
+    );
+    let addrs = pod.ok(["ip", "-6", "addr", "show", "dev", "eth0"]);
+    assert!(
+        addrs.contains(&old.to_string()),
+        "the pod keeps {old}: {addrs}"
+    );
+
+    // Its DEL withdraws its /128.
+    let mut del = add_request("c-old", &pod, "old");
+    del.op = Op::Del;
+    let response = agent.handle(del).await;
+    assert!(response.error.is_none(), "DEL: {:?}", response.error);
+    eventually("the old pod's /128 is withdrawn", || {
+        !routes().contains(&old128)
+    })
+    .await;
+    assert_eq!(routes(), ["2001:db8:0:2::/64", "10.244.1.0/24"]);
 }

@@ -457,10 +457,11 @@ spec:
       - { address: \"2001:db8:b1ff::fe\", asn: 65000 }
 ";
 
-/// The debounce coalesces a burst: one reload per second of sustained changes at most (its
-/// 1 s cap), plus the trailing one, plus the retry of the reload that failed before BIRD ran.
+/// The debounce coalesces a burst into one reload, two at most (Must show: at most 3). The
+/// debounce's 1 s cap makes a sustained stream of changes one reload per second, so only a
+/// burst that itself took longer than 2 s (a badly overloaded machine) may exceed 3.
 #[test]
-fn a_burst_of_adds_is_debounced_into_few_bird_reloads() {
+fn a_burst_of_adds_is_at_most_three_bird_reloads() {
     let mut node = FlockNode::start("node", BGP_NODE);
     node.start_bird();
     let rt = node.runtime("flock");
@@ -482,16 +483,24 @@ fn a_burst_of_adds_is_debounced_into_few_bird_reloads() {
         }
     });
     let burst = started.elapsed();
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let config = loop {
-        let config = std::fs::read_to_string(node.bird_config()).unwrap_or_default();
-        if (1..=100).all(|i| config.contains(&format!("2001:db8:ff00::{i:x}/128")))
-            || std::time::Instant::now() > deadline
-        {
-            break config;
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    let mut expected: BTreeSet<String> = (1..=100)
+        .map(|i| format!("2001:db8:ff00::{i:x}/128"))
+        .collect();
+    expected.extend(["2001:db8:b1::/64".to_owned(), "10.73.0.0/24".to_owned()]);
+    let announced = |config: &str| -> BTreeSet<String> {
+        config
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("route "))
+            .filter_map(|r| r.split_whitespace().next())
+            .map(str::to_owned)
+            .collect()
     };
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while announced(&std::fs::read_to_string(node.bird_config()).unwrap_or_default()) != expected
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // Count every reload the burst caused: wait until the counter has been still for 2 s
     // (longer than the debounce's quiet time and its cap).
     let mut reloads = node.metric("flock_bird_reloads_total");
@@ -505,25 +514,66 @@ fn a_burst_of_adds_is_debounced_into_few_bird_reloads() {
         }
     }
     let reloads = reloads - base;
-    let bound = 2.0 + burst.as_secs_f64().ceil();
+    eprintln!("100 ADDs took {burst:?} and made {reloads} reloads");
+    let bound = 3f64.max(2.0 + burst.as_secs_f64().ceil());
     assert!(
         reloads >= 1.0 && reloads <= bound,
         "100 ADDs in a {burst:?} burst made {reloads} reloads (at most {bound} expected)"
     );
-    for i in 1..=100 {
-        assert!(
-            config.contains(&format!("2001:db8:ff00::{i:x}/128")),
-            "address {i} is not announced"
-        );
-    }
-    assert!(
-        config.contains("2001:db8:b1::/64"),
-        "the node CIDR is announced"
-    );
+    // Exactly the node CIDRs and the 100 fixed addresses, nothing else.
+    let config = std::fs::read_to_string(node.bird_config()).expect("bird.conf");
+    assert_eq!(announced(&config), expected);
     assert_eq!(node.metric("flock_bird_reload_failures_total"), failures);
     assert!(
         node.http_get("/readyz").starts_with("ok"),
         "{}",
         node.http_get("/readyz")
     );
+}
+
+/// BIRD down does not stop ADDs (STATUS is about serving ADDs): it shows in `/readyz` and
+/// the failure counter, and clears once BIRD runs.
+#[test]
+fn absent_bird_shows_in_readyz_and_pods_are_still_served() {
+    let mut node = FlockNode::start("node", BGP_NODE);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while node.metric("flock_bird_reload_failures_total") < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failed reload counted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let readyz = node.http_get("/readyz");
+    assert!(
+        !readyz.starts_with("ok") && readyz.contains("bird"),
+        "/readyz must name BIRD: {readyz}"
+    );
+    let rt = node.runtime("flock");
+    rt.status().expect("STATUS succeeds with BIRD down");
+    let pod = Netns::new("p");
+    let att = attach("nobird", &pod).with_capability(
+        "io.kubernetes.cri.pod-annotations",
+        json!({"flock.fritzlab.net/addresses": "2001:db8:ff00::99"}),
+    );
+    let result = rt.add(&att).expect("ADD is served with BIRD down");
+    assert!(pod_ips(&result).len() >= 2, "{result}");
+    assert!(pod.pings("fe80::1%eth0"), "the pod reaches its gateway");
+
+    node.start_bird();
+    // The writer retries on its own (every 5 s after a failure); a DEL also triggers it.
+    rt.del(&att).expect("DEL");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let readyz = node.http_get("/readyz");
+        if readyz.starts_with("ok") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz still not ok with BIRD up: {readyz}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(node.metric("flock_bird_reloads_total") >= 1.0);
 }
