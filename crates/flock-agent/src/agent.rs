@@ -425,7 +425,7 @@ impl Agent {
             Op::Add => self.add(&request).await,
             Op::Del => self.del(&request).await.map(|()| Value::Null),
             Op::Check => self.check(&request).await.map(|()| Value::Null),
-            Op::Status => self.status(&request).map(|()| Value::Null),
+            Op::Status => self.status(&request).await.map(|()| Value::Null),
             Op::Gc => self.gc(&request).await.map(|()| Value::Null),
         };
         let label = match &outcome {
@@ -791,33 +791,56 @@ impl Agent {
         Err(plugin_err(codes::CHECK_MISMATCH, msg).with_details(all.join("; ")))
     }
 
-    fn status(&self, req: &Request) -> Result<(), CniError> {
+    /// STATUS (DESIGN §7): success when an ADD can be served. Otherwise 50, naming every
+    /// reason (no NodeConfig, a default family's pool exhausted, the store unwritable); 51
+    /// when, on top of that, BIRD is failing, so the routes of existing pods may not be
+    /// announced either. BIRD failing alone does not stop ADDs: `/readyz` reports it.
+    async fn status(&self, req: &Request) -> Result<(), CniError> {
         let _conf = parse_conf(req)?;
-        let Some(settings) = self.settings() else {
-            return Err(err(
-                ErrorCode::PluginNotAvailable,
-                "no NodeConfig for this node: flock cannot serve ADD",
-            ));
-        };
-        if let Some(problem) = self.health.problem("store") {
-            return Err(err(
+        let mut reasons = Vec::new();
+        match self.settings() {
+            None => reasons.push("no NodeConfig for this node".to_owned()),
+            Some(settings) => {
+                let stats = self.pools.lock().expect("pools lock").stats();
+                if settings.default_ipv6 && stats.allocated6 as u128 >= stats.capacity6 {
+                    reasons.push(format!(
+                        "the node's IPv6 pool is exhausted ({} of {} in use)",
+                        stats.allocated6, stats.capacity6
+                    ));
+                }
+                if settings.default_ipv4 && stats.allocated4 as u64 >= stats.capacity4 {
+                    reasons.push(format!(
+                        "the node's IPv4 pool is exhausted ({} of {} in use)",
+                        stats.allocated4, stats.capacity4
+                    ));
+                }
+            }
+        }
+        let store = self.store.clone();
+        let probe = tokio::task::spawn_blocking(move || store.probe_writable())
+            .await
+            .expect("store probe task");
+        match probe {
+            Ok(()) => self.health.set_problem("store", None),
+            Err(e) => {
+                self.health.set_problem("store", Some(e.to_string()));
+                reasons.push(format!("the allocation store is not writable: {e}"));
+            }
+        }
+        if reasons.is_empty() {
+            return Ok(());
+        }
+        let (code, tail) = match self.health.problem("bird") {
+            Some(bird) => (
                 ErrorCode::PluginNotAvailableLimitedConnectivity,
-                format!("the allocation store is not writable: {problem}"),
-            ));
-        }
-        let stats = self.pools.lock().expect("pools lock").stats();
-        let full6 = settings.default_ipv6 && stats.allocated6 as u128 >= stats.capacity6;
-        let full4 = settings.default_ipv4 && stats.allocated4 as u64 >= stats.capacity4;
-        if full6 || full4 {
-            return Err(err(
-                ErrorCode::PluginNotAvailable,
-                format!(
-                    "the node pool is exhausted ({})",
-                    if full6 { "ipv6" } else { "ipv4" }
-                ),
-            ));
-        }
-        Ok(())
+                format!("; and BIRD is failing, so existing pods may not be announced: {bird}"),
+            ),
+            None => (ErrorCode::PluginNotAvailable, String::new()),
+        };
+        Err(err(
+            code,
+            format!("flock cannot serve ADD: {}{tail}", reasons.join("; ")),
+        ))
     }
 
     async fn gc(&self, req: &Request) -> Result<(), CniError> {

@@ -264,6 +264,30 @@ impl Store {
         }
     }
 
+    /// Whether a record could be written now: creates and removes an empty file in the
+    /// records' directory (no fsync: this asks the filesystem, it stores nothing). Cheap
+    /// enough for every STATUS. The name is not a record's (no `.json`), so a crash between
+    /// the two steps leaves a file the loader skips.
+    pub fn probe_writable(&self) -> Result<()> {
+        static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self.dir.join(format!(".probe-{n}"));
+        fs::write(&path, b"").map_err(|source| Error::Store {
+            op: "write a probe file in",
+            path: path.clone(),
+            source,
+        })?;
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(Error::Store {
+                op: "remove the probe file",
+                path,
+                source,
+            }),
+        }
+    }
+
     /// The directory holding the records.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -93,6 +93,18 @@ async fn nodeconfig_events_set_keep_and_withdraw_the_settings() {
     let state = tempfile::tempdir().expect("tmp");
     let agent = start_agent(&node, state.path(), None).await;
     assert!(agent.settings().is_none());
+    let mut status = add_request("-", &pod, "-");
+    status.op = Op::Status;
+    status.container_id = String::new();
+    status.netns = String::new();
+    status.if_name = String::new();
+    let error = agent
+        .handle(status)
+        .await
+        .error
+        .expect("STATUS without a NodeConfig");
+    assert_eq!(error.code, ErrorCode::PluginNotAvailable);
+    assert!(error.msg.contains("no NodeConfig"), "{}", error.msg);
     let (client, mut api) = mock_client();
     tokio::spawn(follow_node_config(client, NODE.into(), agent.clone()));
 

@@ -577,3 +577,84 @@ fn absent_bird_shows_in_readyz_and_pods_are_still_served() {
     }
     assert!(node.metric("flock_bird_reloads_total") >= 1.0);
 }
+
+const TINY_NODE: &str = "apiVersion: flock.fritzlab.net/v1alpha1
+kind: NodeConfig
+metadata:
+  name: node-t
+spec:
+  cidr4: 10.74.0.0/30
+  bgp:
+    asn: 64512
+    routerId: 10.74.255.1
+    neighbors:
+      - { address: \"10.74.255.254\", asn: 65000 }
+";
+
+/// The CNI error of a STATUS that must fail.
+fn status_error(rt: &flock_testkit::cni::Runtime) -> flock_testkit::cni::CniError {
+    let err = rt.status().expect_err("STATUS must fail");
+    err.cni_error().expect("a CNI error").clone()
+}
+
+/// STATUS answers whether an ADD can be served (DESIGN §7): 50 naming each reason, 51 when
+/// BIRD is failing on top of it, success again once the reason is gone.
+#[test]
+fn status_says_why_adds_cannot_be_served() {
+    let mut node = FlockNode::start("node", TINY_NODE);
+    let rt = node.runtime("flock");
+    rt.status()
+        .expect("a free pool: STATUS succeeds (BIRD down alone does not matter)");
+
+    // A /30 has one usable address: one pod fills it.
+    let pod = Netns::new("p");
+    let att = attach("only", &pod);
+    rt.add(&att).expect("ADD");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while node.metric("flock_bird_reload_failures_total") < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failed reload counted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let e = status_error(&rt);
+    assert_eq!(e.code, 51, "{e:?}");
+    assert!(
+        e.msg.contains("IPv4 pool is exhausted (1 of 1 in use)") && e.msg.contains("BIRD"),
+        "{e:?}"
+    );
+
+    // BIRD up: the pool is still full, existing pods are announced: 50.
+    node.start_bird();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !node.http_get("/readyz").starts_with("ok") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "BIRD never reloaded: {}",
+            node.http_get("/readyz")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let e = status_error(&rt);
+    assert_eq!(e.code, 50, "{e:?}");
+    assert!(!e.msg.contains("BIRD"), "{e:?}");
+
+    rt.del(&att).expect("DEL");
+    rt.status().expect("the address is free again");
+
+    // A store that cannot be written: the records' directory replaced by a file.
+    let records = node.state_dir().join("allocations");
+    let moved = node.state_dir().join("allocations.moved");
+    std::fs::rename(&records, &moved).expect("move the records away");
+    std::fs::write(&records, b"").expect("a file in their place");
+    let e = status_error(&rt);
+    std::fs::remove_file(&records).expect("remove the file");
+    std::fs::rename(&moved, &records).expect("restore the records");
+    assert_eq!(e.code, 50, "{e:?}");
+    assert!(
+        e.msg.contains("store is not writable") && e.msg.contains("allocations"),
+        "{e:?}"
+    );
+    rt.status().expect("the store is writable again");
+}
