@@ -123,7 +123,7 @@ pub async fn serve(
 
     let http = tokio::net::TcpListener::bind(options.metrics_addr)
         .await
-        .map_err(|source| Error::Store {
+        .map_err(|source| Error::Socket {
             op: "bind metrics address",
             path: PathBuf::from(options.metrics_addr.to_string()),
             source,

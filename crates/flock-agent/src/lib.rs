@@ -58,6 +58,28 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A socket (the agent's, the metrics listener) could not be set up.
+    #[error("{op} {path}: {source}")]
+    Socket {
+        /// What the agent was doing (`bind agent socket`, `create socket directory`).
+        op: &'static str,
+        /// The path or address.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The agent socket's directory is shared (sticky, like `/tmp`): the agent makes that
+    /// directory private, so it must be one of its own.
+    #[error(
+        "socket directory {path} is shared (mode {mode:o}, sticky bit set): give --socket a directory of the agent's own, such as /run/flock"
+    )]
+    SharedSocketDir {
+        /// The directory.
+        path: PathBuf,
+        /// Its mode bits.
+        mode: u32,
+    },
     /// A store file is unreadable: the agent refuses to start rather than start empty.
     #[error(
         "allocation store is corrupt: {path}: {reason} (fix or move the file aside; the agent will not start with an unreadable store)"

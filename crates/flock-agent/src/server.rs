@@ -20,20 +20,34 @@ use crate::{Error, Result};
 /// How long a client may take to send its request line.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Binds the agent socket: creates its directory with mode 0700 (so there is no window in
-/// which the socket is reachable with a looser mode), removes a stale socket, binds and sets
-/// the socket to 0600.
+/// Binds the agent socket: creates its directory with mode 0700, or makes an existing one
+/// 0700 (a hostPath the kubelet created 0755), so there is no window in which the socket is
+/// reachable with a looser mode; removes a stale socket, binds and sets the socket to 0600.
+/// A shared directory (sticky, like `/tmp`) is refused rather than locked down.
 pub fn bind(path: &Path) -> Result<UnixListener> {
     let io = |op: &'static str, path: &Path| {
         let path = path.to_owned();
-        move |source| Error::Store { op, path, source }
+        move |source| Error::Socket { op, path, source }
     };
-    let dir = path.parent().unwrap_or(Path::new("/"));
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
         .map_err(io("create socket directory", dir))?;
+    let mode = std::fs::metadata(dir)
+        .map_err(io("stat socket directory", dir))?
+        .permissions()
+        .mode();
+    if mode & 0o1000 != 0 {
+        return Err(Error::SharedSocketDir {
+            path: dir.to_owned(),
+            mode: mode & 0o7777,
+        });
+    }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(io("chmod socket directory", dir))?;
     match std::fs::remove_file(path) {
@@ -41,7 +55,7 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io("remove stale socket", path)(e)),
     }
-    let listener = UnixListener::bind(path).map_err(io("bind", path))?;
+    let listener = UnixListener::bind(path).map_err(io("bind agent socket", path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(io("chmod socket", path))?;
     Ok(listener)
@@ -111,4 +125,46 @@ async fn read_request(stream: &mut UnixStream) -> Result<rpc::Request, Response>
 
 fn bad_request(msg: String) -> CniError {
     CniError::new(ErrorCode::DecodingFailure, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).expect("stat").permissions().mode() & 0o7777
+    }
+
+    #[tokio::test]
+    async fn socket_is_0600_in_a_0700_directory() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        // A directory the agent creates.
+        let socket = tmp.path().join("new/agent.sock");
+        let _listener = bind(&socket).expect("bind");
+        assert_eq!(mode(socket.parent().expect("dir")), 0o700);
+        assert_eq!(mode(&socket), 0o600);
+        // One that exists with a looser mode (a hostPath created 0755), and a stale socket.
+        let dir = tmp.path().join("hostpath");
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::write(dir.join("agent.sock"), b"stale").expect("stale file");
+        let _listener = bind(&dir.join("agent.sock")).expect("bind over a stale socket");
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("agent.sock")), 0o600);
+    }
+
+    #[tokio::test]
+    async fn a_shared_directory_is_refused_not_locked_down() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let shared = tmp.path().join("tmp-like");
+        std::fs::create_dir(&shared).expect("mkdir");
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        let err = bind(&shared.join("agent.sock")).expect_err("a sticky directory is refused");
+        assert!(
+            matches!(&err, Error::SharedSocketDir { path, mode: 0o1777 } if path == &shared),
+            "{err}"
+        );
+        assert!(err.to_string().contains("--socket"), "{err}");
+        assert_eq!(mode(&shared), 0o1777, "left as it was");
+    }
 }
