@@ -658,3 +658,92 @@ fn status_says_why_adds_cannot_be_served() {
     );
     rt.status().expect("the store is writable again");
 }
+
+/// Start-up, before serving (DESIGN §7): a record of another boot and one whose netns is
+/// gone are released with their veths and routes; a `flock*` veth no record owns is removed;
+/// a record of this boot with its netns in place is kept untouched.
+#[test]
+fn start_up_releases_stale_records_and_removes_stray_veths() {
+    let mut node = FlockNode::start("node", NODE);
+    let rt = node.runtime("flock");
+    let (old_boot, gone, live) = (Netns::new("p"), Netns::new("p"), Netns::new("p"));
+    let mut addresses = Vec::new();
+    for (id, pod) in [("oldboot", &old_boot), ("gone", &gone), ("live", &live)] {
+        let result = rt.add(&attach(id, pod)).expect("ADD");
+        addresses.push(pod_ips(&result));
+    }
+    let file_of = |node: &FlockNode, id: &str| {
+        node.records()
+            .into_iter()
+            .find(|n| node.record(n)["containerId"] == id)
+            .expect("record")
+    };
+    let host_if_of = |id: &str| {
+        node.record(&file_of(&node, id))["hostIf"]
+            .as_str()
+            .expect("hostIf")
+            .to_owned()
+    };
+    let (if_old, if_gone, if_live) = (
+        host_if_of("oldboot"),
+        host_if_of("gone"),
+        host_if_of("live"),
+    );
+    let old_file = file_of(&node, "oldboot");
+    node.stop_agent();
+
+    // A reboot for one record (its boot ID differs), a vanished namespace for another, and a
+    // veth no record owns.
+    let path = node.state_dir().join("allocations").join(&old_file);
+    let mut record = node.record(&old_file);
+    record["bootId"] = json!("00000000-0000-0000-0000-000000000000");
+    std::fs::write(&path, serde_json::to_vec(&record).expect("json")).expect("rewrite record");
+    drop(gone);
+    node.ns().ok([
+        "ip",
+        "link",
+        "add",
+        "flockdeadbeef",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "strayp",
+    ]);
+    node.start_agent();
+
+    let records: Vec<String> = node
+        .records()
+        .iter()
+        .map(|n| {
+            node.record(n)["containerId"]
+                .as_str()
+                .expect("id")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(records, ["live"], "only the live pod keeps its record");
+    let links = host_links(&node);
+    assert_eq!(
+        links.as_slice(),
+        std::slice::from_ref(&if_live),
+        "stale and stray veths removed"
+    );
+    assert!(!links.contains(&if_old) && !links.contains(&if_gone));
+    let routes = host_routes(&node);
+    assert!(
+        routes.lines().all(|l| l.contains(&if_live)),
+        "only the live pod's routes are left: {routes}"
+    );
+    for addr in &addresses[2] {
+        let bare = addr.split('/').next().expect("addr");
+        assert!(routes.contains(bare), "{bare} still routed: {routes}");
+    }
+    let check = rt.check(&attach("live", &live));
+    assert!(check.is_ok(), "the live pod is untouched: {check:?}");
+    assert!(
+        node.log().contains("oldboot") && node.log().contains("gone"),
+        "the releases are logged:\n{}",
+        node.log()
+    );
+}
