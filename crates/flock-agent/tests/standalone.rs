@@ -146,13 +146,39 @@ fn pods_on_one_node_reach_each_other() {
     }
 }
 
+/// A GC request straight to the agent (as the shim forwards it), with the list under `key`.
+fn raw_gc(node: &FlockNode, network: &str, key: &str, valid: &[&str]) {
+    let list: Vec<Value> = valid
+        .iter()
+        .map(|id| json!({"containerID": id, "ifname": "eth0"}))
+        .collect();
+    let config = json!({
+        "cniVersion": "1.1.0",
+        "name": network,
+        "type": "flock",
+        "agentSocket": node.socket(),
+        key: list,
+    });
+    let out = node
+        .raw_rpc(
+            format!(
+                "{}\n",
+                json!({"v":1,"op":"GC","containerId":"","netns":"","ifName":"","args":"","path":"","config":config})
+            )
+            .as_bytes(),
+            Duration::from_secs(10),
+        )
+        .expect("GC over the socket");
+    assert!(!out.contains("\"error\""), "GC with {key} failed: {out}");
+}
+
 #[test]
 fn gc_removes_exactly_the_stale_attachments_of_its_network() {
     let node = FlockNode::start("node", NODE);
     let flock = node.runtime("flock");
     let other = node.runtime("other");
-    let pods: Vec<Netns> = (0..4).map(|_| Netns::new("pod")).collect();
-    let a: Vec<Attachment> = ["gckeep", "gcdrop1", "gcdrop2"]
+    let pods: Vec<Netns> = (0..5).map(|_| Netns::new("pod")).collect();
+    let a: Vec<Attachment> = ["gckeep", "gcdrop1", "gcdrop2", "gcdrop3"]
         .iter()
         .zip(&pods)
         .map(|(id, p)| attach(id, p))
@@ -160,10 +186,44 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
     for att in &a {
         flock.add(att).expect("ADD flock");
     }
-    let foreign = attach("gcother", &pods[3]);
+    let foreign = attach("gcother", &pods[4]);
     other.add(&foreign).expect("ADD other");
-    assert_eq!(node.records().len(), 4);
+    assert_eq!(node.records().len(), 5);
 
+    // The agent's own GC, with each of the two keys: `cni.dev/valid-attachments` (CNI 1.1),
+    // then `cni.dev/attachments` (as runtimes before 1.1 final passed it). `gcother` is of
+    // another network and is never in the list.
+    raw_gc(
+        &node,
+        "flock",
+        "cni.dev/valid-attachments",
+        &["gckeep", "gcdrop2", "gcdrop3"],
+    );
+    assert_eq!(
+        node.records(),
+        [
+            "gcdrop2.eth0.json",
+            "gcdrop3.eth0.json",
+            "gckeep.eth0.json",
+            "gcother.eth0.json"
+        ],
+        "valid-attachments: exactly gcdrop1 goes"
+    );
+    assert_eq!(host_links_settled(&node, 4).len(), 4);
+    raw_gc(
+        &node,
+        "flock",
+        "cni.dev/attachments",
+        &["gckeep", "gcdrop3"],
+    );
+    assert_eq!(
+        node.records(),
+        ["gcdrop3.eth0.json", "gckeep.eth0.json", "gcother.eth0.json"],
+        "attachments: exactly gcdrop2 goes"
+    );
+    assert_eq!(host_links_settled(&node, 3).len(), 3);
+
+    // GC as libcni runs it (DEL of the cached stale attachments, then GC with the list).
     flock
         .gc(&[GcAttachment {
             container_id: "gckeep".into(),
@@ -175,33 +235,11 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
         ["gckeep.eth0.json", "gcother.eth0.json"],
         "GC must remove exactly the stale attachments of its own network"
     );
-    let links = host_links_settled(&node, 2);
-    assert_eq!(links.len(), 2, "{links:?}");
-
-    // The older key, `cni.dev/attachments`, as runtimes before CNI 1.1 final passed it.
-    let gc_old = json!({
-        "cniVersion": "1.1.0",
-        "name": "other",
-        "type": "flock",
-        "agentSocket": node.socket(),
-        "cni.dev/attachments": [],
-    });
-    let out = node
-        .raw_rpc(
-            format!(
-                "{}\n",
-                json!({"v":1,"op":"GC","containerId":"","netns":"","ifName":"","args":"","path":"","config":gc_old})
-            )
-            .as_bytes(),
-            Duration::from_secs(10),
-        )
-        .expect("GC over the socket");
-    assert!(
-        !out.contains("\"error\""),
-        "GC with cni.dev/attachments failed: {out}"
-    );
+    // And the other network's GC takes its own stale attachment, not flock's.
+    raw_gc(&node, "other", "cni.dev/valid-attachments", &[]);
     assert_eq!(node.records(), ["gckeep.eth0.json"]);
-    assert_eq!(host_links_settled(&node, 1).len(), 1);
+    let links = host_links_settled(&node, 1);
+    assert_eq!(links.len(), 1, "{links:?}");
 }
 
 #[test]
