@@ -76,7 +76,9 @@ fn test(filters: &[String]) -> Result<()> {
     ])?;
     // Tests exec the shim and the agent as a runtime does: build them first.
     sys::cargo(["build", "--workspace", "--bins", "--all-features"])?;
-    let mut nextest: Vec<String> = ["nextest", "run", "--workspace", "--all-features"]
+    // The workspace is virtual: without `-p`, nextest runs every member, and an explicit
+    // `--workspace` would override a `-p` among the filters.
+    let mut nextest: Vec<String> = ["nextest", "run", "--all-features"]
         .map(String::from)
         .to_vec();
     if std::env::var_os("CI").is_some() {
@@ -85,9 +87,15 @@ fn test(filters: &[String]) -> Result<()> {
     nextest.extend(filters.iter().cloned());
     if has_nextest() {
         sys::cargo(&nextest)?;
-    } else {
+    } else if filters.is_empty() {
         eprintln!("xtask: cargo-nextest not found, falling back to cargo test");
         sys::cargo(["test", "--workspace", "--all-features"])?;
+    } else {
+        bail!(
+            "`cargo xtask test {}` passes its arguments to cargo-nextest, which is not installed \
+             (cargo install cargo-nextest)",
+            filters.join(" ")
+        );
     }
     if filters.is_empty() {
         // The lab end to end on the debug binaries just built (replaces a lab that is up).

@@ -46,12 +46,16 @@ fn conflist(node: &FlockNode, with_portmap: bool) -> Value {
 }
 
 fn runtime(node: &FlockNode, with_portmap: bool) -> Runtime {
+    runtime_of(node, conflist(node, with_portmap))
+}
+
+fn runtime_of(node: &FlockNode, conflist: Value) -> Runtime {
     let shim_dir: PathBuf = flock_testkit::workspace_bin("flock")
         .parent()
         .expect("shim directory")
         .to_owned();
     Runtime::new(
-        conflist(node, with_portmap),
+        conflist,
         [shim_dir, PathBuf::from(CNI_BIN)],
         node.dir().join("cni-cache"),
     )
@@ -214,4 +218,111 @@ fn flock_tuning_portmap_bandwidth_chain() {
     rt.del(&att).expect("second DEL");
     rt.del(&att.clone().without_netns())
         .expect("DEL with an empty CNI_NETNS");
+}
+
+/// One pod through the whole chain (flock → tuning → portmap → bandwidth): ADD, each
+/// plugin's effect, CHECK, DEL (everything gone), a second DEL. `only` restricts the pod to
+/// one family (`"ipv6"` or `"ipv4"`); `ports` gives it a port mapping. Returns the CHECK.
+fn chain_case(tag: &str, only: Option<&str>, ports: bool) -> Result<(), flock_testkit::cni::Error> {
+    let node = FlockNode::start(tag, NODE);
+    node.ns()
+        .ok(["ip", "addr", "add", "10.99.0.1/32", "dev", "lo"]);
+    let mut list = conflist(&node, true);
+    if let Some(family) = only {
+        let off = if family == "ipv6" { "ipv4" } else { "ipv6" };
+        list["plugins"][0]["args"] = json!({
+            "flock": { "annotations": { format!("flock.fritzlab.net/{off}"): "false" } }
+        });
+    }
+    let rt = runtime_of(&node, list);
+    let pod = Netns::new("cpod1");
+    let mut att = Attachment::new("chain-flock-1f", pod.path(), "eth0")
+        .with_arg("IgnoreUnknown", "1")
+        .with_capability(
+            "bandwidth",
+            json!({
+                "ingressRate": 1_000_000, "ingressBurst": 100_000,
+                "egressRate": 2_000_000, "egressBurst": 200_000
+            }),
+        );
+    if ports {
+        att = att.with_capability(
+            "portMappings",
+            json!([{ "hostPort": 8081, "containerPort": 80, "protocol": "tcp" }]),
+        );
+    }
+    let result = rt.add(&att).expect("ADD through the chain");
+    let families: Vec<bool> = match only {
+        Some("ipv6") => vec![true],
+        Some(_) => vec![false],
+        None => vec![true, false],
+    };
+    assert_eq!(
+        result["ips"].as_array().expect("ips").len(),
+        families.len(),
+        "{result}"
+    );
+    for &v6 in &families {
+        let ip = result_ip(&result, v6);
+        assert!(node.ns().pings(&ip), "node cannot ping the pod at {ip}");
+        let (table, dest) = if v6 {
+            ("ip6tables", format!("[{ip}]:80"))
+        } else {
+            ("iptables", format!("{ip}:80"))
+        };
+        let nat = node.ns().ok([table, "-w", "-t", "nat", "-S"]);
+        assert_eq!(
+            nat.contains(&format!("--to-destination {dest}")),
+            ports,
+            "{nat}"
+        );
+    }
+    let hosts = host_interfaces(&result);
+    assert!(hosts.iter().any(|n| n.starts_with("bwp")), "{result}");
+    assert!(
+        pod.ok(["ip", "-o", "link", "show", "eth0"])
+            .contains("mtu 1400")
+    );
+
+    let checked = rt.check(&att);
+
+    rt.del(&att).expect("DEL through the chain");
+    assert_eq!(
+        node.ns().links_settled(<[String]>::is_empty),
+        Vec::<String>::new(),
+        "veth and ifb gone"
+    );
+    assert!(node.records().is_empty(), "{:?}", node.records());
+    for table in ["iptables", "ip6tables"] {
+        let nat = node.ns().ok([table, "-w", "-t", "nat", "-S"]);
+        assert!(!nat.contains("--dport 8081"), "{nat}");
+    }
+    rt.del(&att).expect("second DEL");
+    checked
+}
+
+/// Must show 3's CHECK through the whole chain, portmap included: it passes for a pod
+/// without port mappings (portmap has nothing to check). With a mapping it cannot pass with
+/// Debian's portmap 1.1.1 for any pod, single-family ones included: its CHECK wants its DNAT
+/// chain in both families' tables, which it only creates for the pod's own families (and,
+/// dual stack, then looks for the IPv4 rule in ip6tables, as pinned above).
+#[test]
+fn check_passes_through_the_whole_chain_unless_portmap_has_a_mapping() {
+    flock_testkit::require_root();
+    chain_case("chn0", None, false)
+        .expect("CHECK through flock, tuning, portmap and bandwidth, dual stack, no mapping");
+    for (tag, only, missing) in [("chn6", "ipv6", "ipv4"), ("chn4", "ipv4", "ipv6")] {
+        let err = chain_case(tag, Some(only), true)
+            .expect_err("portmap 1.1.1 cannot CHECK a mapping of a single-family pod");
+        assert!(
+            matches!(&err, flock_testkit::cni::Error::Plugin { plugin, command: "CHECK", .. } if plugin == "portmap"),
+            "only portmap fails CHECK: {err}"
+        );
+        let msg = &err.cni_error().expect("CNI error").msg;
+        assert!(
+            msg.starts_with(&format!("could not check {missing} dnat: chain CNI-DN-"))
+                && msg.ends_with("not found in iptables table nat"),
+            "{err}"
+        );
+    }
 }
