@@ -169,6 +169,21 @@ fn ipv4_only_node() {
     );
 }
 
+/// A node that announces nothing of its own (no CIDR, no address): empty prefix sets,
+/// still learning both families.
+#[test]
+fn node_that_announces_nothing() {
+    golden(
+        "node_that_announces_nothing",
+        BirdModel {
+            router_id: "10.0.0.6".into(),
+            asn: 64512,
+            neighbors: vec![neighbor("2001:db8:ff::fe", 65000)],
+            ..Default::default()
+        },
+    );
+}
+
 /// The renderer's largest output, the one the bench measures, also parses.
 #[test]
 fn ten_thousand_routes_parse() {

@@ -10,7 +10,7 @@ use crate::annotations::{
     AlgoSource, KEY_ADDRESSES, KEY_CIDR4, KEY_CIDR6, KEY_IP_ALGO, KEY_IPV4, KEY_IPV6,
 };
 use crate::bitmap::Bitmap;
-use crate::reserved::{RESERVED_PER_64, is_forbidden6};
+use crate::reserved::{forbidden_count6, is_forbidden6};
 use crate::{Error, Family, PodRequest, Result, Want, effective_cidr4, effective_cidr6};
 
 /// Random IPv6 host bits are drawn at most this often before giving up.
@@ -241,12 +241,7 @@ impl Pools {
             } else {
                 1u128 << host
             };
-            if c.prefix_len() <= 64 {
-                let per64 = 1u128 << (64 - u32::from(c.prefix_len()));
-                total.saturating_sub(per64.saturating_mul(RESERVED_PER_64))
-            } else {
-                total - 1
-            }
+            total.saturating_sub(forbidden_count6(c))
         });
         let capacity4 = self.v4.as_ref().map_or(0, |p| {
             if p.cidr.prefix_len() > MIN_PREFIX4 {

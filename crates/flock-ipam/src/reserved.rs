@@ -5,7 +5,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::{Ipv4Net, Ipv6Net};
 
 /// Reserved interface identifiers of RFC 5453 (inclusive ranges), checked on
-/// the low 64 bits of addresses in CIDRs of /64 or shorter.
+/// the low 64 bits of every address, whatever the CIDR's prefix length (an
+/// address of a /120 still has a 64-bit interface ID).
 pub(crate) const RESERVED_IIDS: [(u64, u64); 3] = [
     // Subnet-Router Anycast (RFC 4291)
     (0, 0),
@@ -27,21 +28,44 @@ pub(crate) const RESERVED_PER_64: u128 = {
     total
 };
 
+fn is_reserved_iid(iid: u64) -> bool {
+    RESERVED_IIDS
+        .iter()
+        .any(|&(lo, hi)| (lo..=hi).contains(&iid))
+}
+
 /// Whether `addr` must never be given to a pod of `cidr`: the all-zero host
-/// (subnet-router anycast) for any prefix length, and for prefixes of /64 or
-/// shorter the reserved interface IDs of RFC 5453.
+/// (subnet-router anycast) and the reserved interface IDs of RFC 5453.
 pub fn is_forbidden6(addr: Ipv6Addr, cidr: Ipv6Net) -> bool {
     let bits = u128::from(addr);
-    if bits & u128::from(cidr.hostmask()) == 0 {
-        return true;
-    }
+    bits & u128::from(cidr.hostmask()) == 0 || is_reserved_iid(bits as u64)
+}
+
+/// How many addresses of `cidr` [`is_forbidden6`] refuses.
+pub(crate) fn forbidden_count6(cidr: Ipv6Net) -> u128 {
     if cidr.prefix_len() <= 64 {
-        let iid = bits as u64; // the low 64 bits are the interface ID
-        return RESERVED_IIDS
-            .iter()
-            .any(|&(lo, hi)| (lo..=hi).contains(&iid));
+        // Every /64 inside holds each reserved IID once; its zero host is IID 0.
+        let per64 = 1u128 << (64 - u32::from(cidr.prefix_len()));
+        return per64.saturating_mul(RESERVED_PER_64);
     }
-    false
+    // The CIDR's addresses share their high 64 bits: count the IIDs of its span.
+    let (lo, hi) = (
+        u128::from(cidr.network()) as u64,
+        u128::from(cidr.broadcast()) as u64,
+    );
+    let reserved: u128 = RESERVED_IIDS
+        .iter()
+        .map(|&(a, b)| {
+            let (from, to) = (a.max(lo), b.min(hi));
+            if from <= to {
+                u128::from(to - from) + 1
+            } else {
+                0
+            }
+        })
+        .sum();
+    // The zero host, unless it is a reserved IID already.
+    reserved + u128::from(!is_reserved_iid(lo))
 }
 
 /// Whether `addr` must never be given to a pod of `cidr`: its network
@@ -56,6 +80,27 @@ pub fn is_forbidden4(addr: Ipv4Addr, cidr: Ipv4Net) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `forbidden_count6` agrees with `is_forbidden6` over every address of small CIDRs
+    /// placed across the reserved ranges' edges.
+    #[test]
+    fn forbidden_count_matches_the_predicate() {
+        for (base, len) in [
+            ("2001:db8::", 120u8),
+            ("2001:db8:0:1:fdff:ffff:ffff:ff00", 120),
+            ("2001:db8:0:1:fdff:ffff:ffff:ff80", 121),
+            ("2001:db8:0:1:fdff:ffff:ffff:ff00", 122),
+            ("2001:db8:0:1:200:5eff:fdff:ff00", 112),
+            ("2001:db8:0:1:200:5eff:feff:ff00", 120),
+            ("2001:db8:0:1:200:5eff:fe00:5200", 120),
+        ] {
+            let cidr = Ipv6Net::new(base.parse().unwrap(), len).unwrap().trunc();
+            let all =
+                (u128::from(cidr.network())..=u128::from(cidr.broadcast())).map(Ipv6Addr::from);
+            let counted = all.filter(|&a| is_forbidden6(a, cidr)).count() as u128;
+            assert_eq!(forbidden_count6(cidr), counted, "{cidr}");
+        }
+    }
 
     #[test]
     fn rfc5453_list() {
@@ -81,13 +126,31 @@ mod tests {
         ] {
             assert!(!is_forbidden6(good.parse().unwrap(), net), "{good}");
         }
-        // shorter prefix: IIDs of every /64 inside; longer: only the zero host
+        // shorter prefix: IIDs of every /64 inside; longer: the zero host and
+        // the reserved IIDs its span holds
         let wide: Ipv6Net = "2001:db8::/48".parse().unwrap();
         assert!(is_forbidden6("2001:db8:0:7::".parse().unwrap(), wide));
         let narrow: Ipv6Net = "2001:db8::ff00/120".parse().unwrap();
         assert!(is_forbidden6("2001:db8::ff00".parse().unwrap(), narrow));
         assert!(!is_forbidden6("2001:db8::ffff".parse().unwrap(), narrow));
+        assert_eq!(forbidden_count6(narrow), 1);
+        let anycast: Ipv6Net = "2001:db8:0:1:fdff:ffff:ffff:ff00/120".parse().unwrap();
+        assert!(is_forbidden6(
+            "2001:db8:0:1:fdff:ffff:ffff:ff80".parse().unwrap(),
+            anycast
+        ));
+        assert!(is_forbidden6(
+            "2001:db8:0:1:fdff:ffff:ffff:ffff".parse().unwrap(),
+            anycast
+        ));
+        assert!(!is_forbidden6(
+            "2001:db8:0:1:fdff:ffff:ffff:ff7f".parse().unwrap(),
+            anycast
+        ));
+        assert_eq!(forbidden_count6(anycast), 1 + 128);
         assert_eq!(RESERVED_PER_64, 1 + 128 + (1 << 24));
+        assert_eq!(forbidden_count6(net), RESERVED_PER_64);
+        assert_eq!(forbidden_count6(wide), RESERVED_PER_64 << 16);
     }
 
     #[test]
