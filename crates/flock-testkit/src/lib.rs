@@ -214,8 +214,13 @@ fn run<const N: usize>(args: [&str; N]) {
 }
 
 /// Crates a pure flock library must never depend on (normal dependencies): an async runtime,
-/// netlink, raw syscalls.
+/// netlink, raw syscalls, an OS random source (randomness comes from the caller's `Rng`), a
+/// clock.
 pub const IMPURE_CRATES: &[&str] = &[
+    "getrandom",
+    "rand",
+    "chrono",
+    "time",
     "tokio",
     "mio",
     "nix",
