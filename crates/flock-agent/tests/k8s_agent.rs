@@ -359,16 +359,6 @@ fn settings_of(cidr6: &str, neighbors: Value) -> flock_agent::nodeconfig::NodeSe
         .expect("valid")
 }
 
-/// The routes `route X blackhole;` of a rendered BIRD config.
-fn announced(config: &str) -> Vec<String> {
-    config
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("route "))
-        .filter_map(|r| r.split_whitespace().next())
-        .map(str::to_owned)
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_cidr_keeps_old_pods_announced_until_they_go() {
     let node = Netns::new("node");
@@ -397,7 +387,8 @@ async fn a_changed_cidr_keeps_old_pods_announced_until_they_go() {
         Arc::new(Metrics::new()),
         agent.health().clone(),
     ));
-    let routes = || announced(&std::fs::read_to_string(&config).unwrap_or_default());
+    let routes =
+        || flock_testkit::bird_routes(&std::fs::read_to_string(&config).unwrap_or_default());
     let blackholes = || node.ok(["ip", "-6", "route", "show", "type", "blackhole"]);
 
     agent

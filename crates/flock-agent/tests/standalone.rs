@@ -526,12 +526,7 @@ fn a_burst_of_adds_is_at_most_three_bird_reloads() {
         .collect();
     expected.extend(["2001:db8:b1::/64".to_owned(), "10.73.0.0/24".to_owned()]);
     let announced = |config: &str| -> BTreeSet<String> {
-        config
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("route "))
-            .filter_map(|r| r.split_whitespace().next())
-            .map(str::to_owned)
-            .collect()
+        flock_testkit::bird_routes(config).into_iter().collect()
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while announced(&std::fs::read_to_string(node.bird_config()).unwrap_or_default()) != expected
@@ -574,14 +569,7 @@ fn a_burst_of_adds_is_at_most_three_bird_reloads() {
 #[test]
 fn absent_bird_shows_in_readyz_and_pods_are_still_served() {
     let mut node = FlockNode::start("node", BGP_NODE);
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while node.metric("flock_bird_reload_failures_total") < 1.0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no failed reload counted"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    node.wait_metric_at_least("flock_bird_reload_failures_total", 1.0);
     let readyz = node.http_get("/readyz");
     assert!(
         !readyz.starts_with("ok") && readyz.contains("bird"),
@@ -601,18 +589,7 @@ fn absent_bird_shows_in_readyz_and_pods_are_still_served() {
     node.start_bird();
     // The writer retries on its own (every 5 s after a failure); a DEL also triggers it.
     rt.del(&att).expect("DEL");
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let readyz = node.http_get("/readyz");
-        if readyz.starts_with("ok") {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "/readyz still not ok with BIRD up: {readyz}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    node.wait_ready();
     assert!(node.metric("flock_bird_reloads_total") >= 1.0);
 }
 
@@ -648,14 +625,7 @@ fn status_says_why_adds_cannot_be_served() {
     let pod = Netns::new("p");
     let att = attach("only", &pod);
     rt.add(&att).expect("ADD");
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while node.metric("flock_bird_reload_failures_total") < 1.0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no failed reload counted"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    node.wait_metric_at_least("flock_bird_reload_failures_total", 1.0);
     let e = status_error(&rt);
     assert_eq!(e.code, 51, "{e:?}");
     assert!(
@@ -665,15 +635,7 @@ fn status_says_why_adds_cannot_be_served() {
 
     // BIRD up: the pool is still full, existing pods are announced: 50.
     node.start_bird();
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while !node.http_get("/readyz").starts_with("ok") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "BIRD never reloaded: {}",
-            node.http_get("/readyz")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    node.wait_ready();
     let e = status_error(&rt);
     assert_eq!(e.code, 50, "{e:?}");
     assert!(!e.msg.contains("BIRD"), "{e:?}");

@@ -213,6 +213,17 @@ fn run<const N: usize>(args: [&str; N]) {
     );
 }
 
+/// The prefixes of the `route PREFIX …;` lines of a rendered BIRD config (what a node
+/// announces), in file order.
+pub fn bird_routes(config: &str) -> Vec<String> {
+    config
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("route "))
+        .filter_map(|r| r.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Crates a pure flock library must never depend on (normal dependencies): an async runtime,
 /// netlink, raw syscalls, an OS random source (randomness comes from the caller's `Rng`), a
 /// clock.

@@ -248,6 +248,32 @@ impl FlockNode {
             .unwrap_or(0.0)
     }
 
+    /// Waits (15 s at most) until the metric `name` is at least `value`.
+    pub fn wait_metric_at_least(&self, name: &str, value: f64) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self.metric(name) < value {
+            assert!(
+                Instant::now() < deadline,
+                "{name} did not reach {value}: {}",
+                self.metric(name)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits (15 s at most) until `/readyz` says ok.
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let readyz = self.http_get("/readyz");
+            if readyz.starts_with("ok") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "/readyz still not ok: {readyz}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Starts BIRD in the node namespace on the agent's rendered config, once the agent has
     /// written it (its writer task may still be at it when the socket is up).
     pub fn start_bird(&mut self) {
