@@ -160,6 +160,55 @@ impl Error {
     }
 }
 
+impl Error {
+    /// A failed link operation `op` on `ifname` in namespace `ns`.
+    pub(crate) fn link(
+        op: &'static str,
+        ifname: impl Into<String>,
+        ns: &str,
+        source: rtnetlink::Error,
+    ) -> Error {
+        Error::Link {
+            op,
+            ifname: ifname.into(),
+            ns: ns.to_owned(),
+            source: Box::new(source),
+        }
+    }
+
+    /// A failed address operation `op` on `addr` of `ifname` in namespace `ns`.
+    pub(crate) fn address(
+        op: &'static str,
+        addr: IpNet,
+        ifname: &str,
+        ns: &str,
+        source: rtnetlink::Error,
+    ) -> Error {
+        Error::Address {
+            op,
+            addr,
+            ifname: ifname.to_owned(),
+            ns: ns.to_owned(),
+            source: Box::new(source),
+        }
+    }
+
+    /// A failed route operation `op` on `route` in namespace `ns`.
+    pub(crate) fn route(
+        op: &'static str,
+        route: impl Into<String>,
+        ns: &str,
+        source: rtnetlink::Error,
+    ) -> Error {
+        Error::Route {
+            op,
+            route: route.into(),
+            ns: ns.to_owned(),
+            source: Box::new(source),
+        }
+    }
+}
+
 /// The positive errno of a netlink NACK.
 pub(crate) fn nl_errno(e: &rtnetlink::Error) -> Option<i32> {
     match e {

@@ -82,12 +82,7 @@ pub(crate) async fn link_by_name(h: &Handle, ns: &str, name: &str) -> Result<Opt
         Ok(Some(msg)) => Ok(Some(parse_link(&msg))),
         Ok(None) => Ok(None),
         Err(e) if nl_errno(&e) == Some(ENODEV) => Ok(None),
-        Err(source) => Err(Error::Link {
-            op: "look up",
-            ifname: name.to_owned(),
-            ns: ns.to_owned(),
-            source: Box::new(source),
-        }),
+        Err(source) => Err(Error::link("look up", name, ns, source)),
     }
 }
 
@@ -99,12 +94,7 @@ pub(crate) async fn links(h: &Handle, ns: &str) -> Result<Vec<Link>> {
         .map_ok(|m| parse_link(&m))
         .try_collect()
         .await
-        .map_err(|source| Error::Link {
-            op: "list",
-            ifname: "*".to_owned(),
-            ns: ns.to_owned(),
-            source: Box::new(source),
-        })
+        .map_err(|source| Error::link("list", "*", ns, source))
 }
 
 /// Sets a link up, optionally with an MTU.
@@ -117,12 +107,7 @@ pub(crate) async fn link_up(h: &Handle, ns: &str, link: &Link, mtu: Option<u32>)
         .set(b.build())
         .execute()
         .await
-        .map_err(|source| Error::Link {
-            op: "set up",
-            ifname: link.name.clone(),
-            ns: ns.to_owned(),
-            source: Box::new(source),
-        })
+        .map_err(|source| Error::link("set up", &link.name, ns, source))
 }
 
 /// Deletes a link; `Ok(false)` when it was already gone.
@@ -130,12 +115,7 @@ pub(crate) async fn link_del(h: &Handle, ns: &str, index: u32, name: &str) -> Re
     match h.link().del(index).execute().await {
         Ok(()) => Ok(true),
         Err(e) if nl_errno(&e) == Some(ENODEV) => Ok(false),
-        Err(source) => Err(Error::Link {
-            op: "delete",
-            ifname: name.to_owned(),
-            ns: ns.to_owned(),
-            source: Box::new(source),
-        }),
+        Err(source) => Err(Error::link("delete", name, ns, source)),
     }
 }
 
@@ -155,12 +135,8 @@ pub(crate) async fn addrs(h: &Handle, ns: &str, index: u32, ifname: &str) -> Res
         .execute()
         .try_collect()
         .await
-        .map_err(|source| Error::Address {
-            op: "list",
-            addr: IpNet::V6(Default::default()),
-            ifname: ifname.to_owned(),
-            ns: ns.to_owned(),
-            source: Box::new(source),
+        .map_err(|source| {
+            Error::address("list", IpNet::V6(Default::default()), ifname, ns, source)
         })?;
     let mut out = Vec::new();
     for m in msgs {
@@ -216,13 +192,9 @@ pub(crate) async fn addr_replace_scoped(
         msg.attributes
             .push(AddressAttribute::Flags(AddressFlags::Nodad));
     }
-    req.execute().await.map_err(|source| Error::Address {
-        op: "add",
-        addr: net,
-        ifname: ifname.to_owned(),
-        ns: ns.to_owned(),
-        source: Box::new(source),
-    })
+    req.execute()
+        .await
+        .map_err(|source| Error::address("add", net, ifname, ns, source))
 }
 
 /// Deletes an address; gone already = done.
@@ -246,13 +218,7 @@ pub(crate) async fn addr_del(
     match h.address().del(msg).execute().await {
         Ok(()) => Ok(()),
         Err(e) if matches!(nl_errno(&e), Some(EADDRNOTAVAIL | ENODEV | ENOENT)) => Ok(()),
-        Err(source) => Err(Error::Address {
-            op: "delete",
-            addr: net,
-            ifname: ifname.to_owned(),
-            ns: ns.to_owned(),
-            source: Box::new(source),
-        }),
+        Err(source) => Err(Error::address("delete", net, ifname, ns, source)),
     }
 }
 
@@ -326,18 +292,13 @@ pub(crate) async fn main_routes(h: &Handle, ns: &str) -> Result<Vec<KRoute>> {
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut msg = RouteMessage::default();
         msg.header.address_family = family;
-        let msgs: Vec<RouteMessage> =
-            h.route()
-                .get(msg)
-                .execute()
-                .try_collect()
-                .await
-                .map_err(|source| Error::Route {
-                    op: "list",
-                    route: format!("{family:?} main table"),
-                    ns: ns.to_owned(),
-                    source: Box::new(source),
-                })?;
+        let msgs: Vec<RouteMessage> = h
+            .route()
+            .get(msg)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(|source| Error::route("list", format!("{family:?} main table"), ns, source))?;
         out.extend(
             msgs.iter()
                 .filter(|m| m.header.table == RouteHeader::RT_TABLE_MAIN)
@@ -408,12 +369,7 @@ pub(crate) async fn route_replace(
         .replace()
         .execute()
         .await
-        .map_err(|source| Error::Route {
-            op: "replace",
-            route: spec.to_string(),
-            ns: ns.to_owned(),
-            source: Box::new(source),
-        })
+        .map_err(|source| Error::route("replace", spec.to_string(), ns, source))
 }
 
 /// Deletes the unicast route `dst dev index`; gone already = done.
@@ -430,12 +386,7 @@ async fn del(h: &Handle, ns: &str, mut m: RouteMessage, what: String) -> Result<
     match h.route().del(m).execute().await {
         Ok(()) => Ok(()),
         Err(e) if matches!(nl_errno(&e), Some(ESRCH | ENOENT | ENODEV)) => Ok(()),
-        Err(source) => Err(Error::Route {
-            op: "delete",
-            route: what,
-            ns: ns.to_owned(),
-            source: Box::new(source),
-        }),
+        Err(source) => Err(Error::route("delete", what, ns, source)),
     }
 }
 
@@ -482,11 +433,13 @@ pub(crate) async fn multipath_replace(
             if let Some(gw) = gw {
                 b = b
                     .via(*gw)
-                    .map_err(|e| Error::Route {
-                        op: "replace",
-                        route: describe(),
-                        ns: ns.to_owned(),
-                        source: Box::new(rtnetlink::Error::InvalidNla(e.to_string())),
+                    .map_err(|e| {
+                        Error::route(
+                            "replace",
+                            describe(),
+                            ns,
+                            rtnetlink::Error::InvalidNla(e.to_string()),
+                        )
                     })?
                     .flags(RouteNextHopFlags::Onlink);
             }
@@ -502,12 +455,7 @@ pub(crate) async fn multipath_replace(
         .replace()
         .execute()
         .await
-        .map_err(|source| Error::Route {
-            op: "replace",
-            route: describe(),
-            ns: ns.to_owned(),
-            source: Box::new(source),
-        })
+        .map_err(|source| Error::route("replace", describe(), ns, source))
 }
 
 /// Replaces a blackhole route.
@@ -519,12 +467,7 @@ pub(crate) async fn blackhole_replace(h: &Handle, ns: &str, dst: IpNet) -> Resul
         .replace()
         .execute()
         .await
-        .map_err(|source| Error::Route {
-            op: "replace",
-            route: format!("blackhole {dst}"),
-            ns: ns.to_owned(),
-            source: Box::new(source),
-        })
+        .map_err(|source| Error::route("replace", format!("blackhole {dst}"), ns, source))
 }
 
 /// Deletes a blackhole route; gone already = done.

@@ -356,12 +356,12 @@ async fn ensure_veth(
         .map_err(|source| match crate::error::nl_errno(&source) {
             // the pod end's name exists in the pod (the host end was absent)
             Some(EEXIST) => taken(spec.if_name.clone()),
-            _ => Error::Link {
-                op: "create veth",
-                ifname: format!("{host_if} (peer {} in {podname})", spec.if_name),
-                ns: nodename.to_owned(),
-                source: Box::new(source),
-            },
+            _ => Error::link(
+                "create veth",
+                format!("{host_if} (peer {} in {podname})", spec.if_name),
+                nodename,
+                source,
+            ),
         })?;
     drop(netns);
     let host = nl::link_by_name(h, nodename, host_if)
