@@ -63,6 +63,46 @@ fn runtime_of(node: &FlockNode, conflist: Value) -> Runtime {
     .in_netns(node.ns().path())
 }
 
+/// An attachment for the chain: bandwidth limits, and a TCP mapping of `host_port` to the
+/// pod's port 80 if given.
+fn chain_attachment(id: &str, pod: &Netns, host_port: Option<u16>) -> Attachment {
+    let att = Attachment::new(id, pod.path(), "eth0")
+        .with_arg("IgnoreUnknown", "1")
+        .with_capability(
+            "bandwidth",
+            json!({
+                "ingressRate": 1_000_000, "ingressBurst": 100_000,
+                "egressRate": 2_000_000, "egressBurst": 200_000
+            }),
+        );
+    match host_port {
+        Some(port) => att.with_capability(
+            "portMappings",
+            json!([{ "hostPort": port, "containerPort": 80, "protocol": "tcp" }]),
+        ),
+        None => att,
+    }
+}
+
+/// After a DEL through the chain: no host interface (veth, ifb), no allocation, no DNAT rule
+/// for `host_port` in either family.
+fn assert_chain_removed(node: &FlockNode, host_port: u16) {
+    assert_eq!(
+        node.ns().links_settled(<[String]>::is_empty),
+        Vec::<String>::new(),
+        "veth and ifb gone"
+    );
+    assert!(
+        node.records().is_empty(),
+        "allocation left: {:?}",
+        node.records()
+    );
+    for table in ["iptables", "ip6tables"] {
+        let nat = node.ns().ok([table, "-w", "-t", "nat", "-S"]);
+        assert!(!nat.contains(&format!("--dport {host_port}")), "{nat}");
+    }
+}
+
 /// Interfaces of the result without a sandbox: flock's host veth and bandwidth's ifb.
 fn host_interfaces(result: &Value) -> Vec<String> {
     result["interfaces"]
@@ -94,21 +134,9 @@ fn flock_tuning_portmap_bandwidth_chain() {
         .ok(["ip", "addr", "add", "10.99.0.1/32", "dev", "lo"]);
     let rt = runtime(&node, true);
     let pod = Netns::new("cpod");
-    let att = Attachment::new("chain-flock-1", pod.path(), "eth0")
-        .with_arg("IgnoreUnknown", "1")
+    let att = chain_attachment("chain-flock-1", &pod, Some(8080))
         .with_arg("K8S_POD_NAMESPACE", "e2e")
-        .with_arg("K8S_POD_NAME", "chained")
-        .with_capability(
-            "portMappings",
-            json!([{ "hostPort": 8080, "containerPort": 80, "protocol": "tcp" }]),
-        )
-        .with_capability(
-            "bandwidth",
-            json!({
-                "ingressRate": 1_000_000, "ingressBurst": 100_000,
-                "egressRate": 2_000_000, "egressBurst": 200_000
-            }),
-        );
+        .with_arg("K8S_POD_NAME", "chained");
 
     let result = rt.add(&att).expect("ADD through the chain");
     let ip4 = result_ip(&result, false);
@@ -192,20 +220,7 @@ fn flock_tuning_portmap_bandwidth_chain() {
     );
 
     rt.del(&att).expect("DEL through the chain");
-    assert_eq!(
-        node.ns().links_settled(<[String]>::is_empty),
-        Vec::<String>::new(),
-        "veth and ifb gone"
-    );
-    assert!(
-        node.records().is_empty(),
-        "allocation left: {:?}",
-        node.records()
-    );
-    let nat4 = node.ns().ok(["iptables", "-w", "-t", "nat", "-S"]);
-    assert!(!nat4.contains("--dport 8080"), "{nat4}");
-    let nat6 = node.ns().ok(["ip6tables", "-w", "-t", "nat", "-S"]);
-    assert!(!nat6.contains("--dport 8080"), "{nat6}");
+    assert_chain_removed(&node, 8080);
     assert!(
         !pod.ok(["ip", "link"]).contains("eth0"),
         "pod interface left"
@@ -236,21 +251,7 @@ fn chain_case(tag: &str, only: Option<&str>, ports: bool) -> Result<(), flock_te
     }
     let rt = runtime_of(&node, list);
     let pod = Netns::new("cpod1");
-    let mut att = Attachment::new("chain-flock-1f", pod.path(), "eth0")
-        .with_arg("IgnoreUnknown", "1")
-        .with_capability(
-            "bandwidth",
-            json!({
-                "ingressRate": 1_000_000, "ingressBurst": 100_000,
-                "egressRate": 2_000_000, "egressBurst": 200_000
-            }),
-        );
-    if ports {
-        att = att.with_capability(
-            "portMappings",
-            json!([{ "hostPort": 8081, "containerPort": 80, "protocol": "tcp" }]),
-        );
-    }
+    let att = chain_attachment("chain-flock-1f", &pod, ports.then_some(8081));
     let result = rt.add(&att).expect("ADD through the chain");
     let families: Vec<bool> = match only {
         Some("ipv6") => vec![true],
@@ -287,16 +288,7 @@ fn chain_case(tag: &str, only: Option<&str>, ports: bool) -> Result<(), flock_te
     let checked = rt.check(&att);
 
     rt.del(&att).expect("DEL through the chain");
-    assert_eq!(
-        node.ns().links_settled(<[String]>::is_empty),
-        Vec::<String>::new(),
-        "veth and ifb gone"
-    );
-    assert!(node.records().is_empty(), "{:?}", node.records());
-    for table in ["iptables", "ip6tables"] {
-        let nat = node.ns().ok([table, "-w", "-t", "nat", "-S"]);
-        assert!(!nat.contains("--dport 8081"), "{nat}");
-    }
+    assert_chain_removed(&node, 8081);
     rt.del(&att).expect("second DEL");
     checked
 }
