@@ -151,6 +151,24 @@ impl E2eNode {
         &self.containerd
     }
 
+    /// The output of `ip ARGS…` run inside a sandbox's network namespace (as containerd
+    /// mounted it); panics with `ip`'s stderr if it fails, as a test wants.
+    pub fn ip_in_sandbox(&self, netns_path: &Path, args: &[&str]) -> String {
+        let out = self
+            .containerd
+            .command_in_netns(netns_path, "ip")
+            .args(args)
+            .output()
+            .expect("run ip in sandbox netns");
+        assert!(
+            out.status.success(),
+            "ip {args:?} in {}: {}",
+            netns_path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// The harness directory (config, log, root, state, `net.d`).
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -155,21 +155,6 @@ fn in_node_cidr(ip: &IpAddr) -> bool {
     }
 }
 
-fn sandbox_ip(node: &E2eNode, net: &SandboxNetwork, args: &[&str]) -> String {
-    let out = node
-        .containerd()
-        .command_in_netns(&net.netns_path, "ip")
-        .args(args)
-        .output()
-        .expect("run ip in sandbox netns");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn pod(i: usize) -> PodSandboxSpec {
     PodSandboxSpec::new(
         &format!("pod-{i}"),
@@ -259,7 +244,7 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
         // (containerd 1.6 makes the first IPv4 the primary pod IP whatever the result's order.)
 
         // Visible inside the sandbox's own namespace…
-        let addrs = sandbox_ip(&node, &net, &["-o", "addr", "show", "dev", "eth0"]);
+        let addrs = node.ip_in_sandbox(&net.netns_path, &["-o", "addr", "show", "dev", "eth0"]);
         for ip in &flock_ips {
             assert!(
                 addrs.contains(&format!("{ip}/")),
@@ -279,7 +264,7 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
                 "node cannot ping {ip}\nnode routes:\n{}{}\npod routes:\n{}",
                 node.netns().ok(["ip", "route"]),
                 node.netns().ok(["ip", "-6", "route"]),
-                sandbox_ip(&node, &net, &["-6", "route"]),
+                node.ip_in_sandbox(&net.netns_path, &["-6", "route"]),
             );
         }
         sandboxes.push((run.id, net));

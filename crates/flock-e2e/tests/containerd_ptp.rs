@@ -123,18 +123,7 @@ async fn five_ptp_sandboxes_run_answer_and_clean_up() {
         assert!(node.containerd().is_mounted(&net.netns_path));
 
         // Visible inside the sandbox's own namespace…
-        let out = node
-            .containerd()
-            .command_in_netns(&net.netns_path, "ip")
-            .args(["-o", "addr", "show", "dev", "eth0"])
-            .output()
-            .expect("run ip in sandbox netns");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let addrs = String::from_utf8_lossy(&out.stdout);
+        let addrs = node.ip_in_sandbox(&net.netns_path, &["-o", "addr", "show", "dev", "eth0"]);
         for ip in &net.ips {
             assert!(
                 addrs.contains(&format!("{ip}/")),
@@ -144,15 +133,7 @@ async fn five_ptp_sandboxes_run_answer_and_clean_up() {
         // …and reachable from the node.
         for ip in &net.ips {
             if !pings_within(&node, *ip, Duration::from_secs(6)) {
-                let pod = |args: &[&str]| {
-                    let out = node
-                        .containerd()
-                        .command_in_netns(&net.netns_path, "ip")
-                        .args(args)
-                        .output()
-                        .expect("run ip in sandbox netns");
-                    String::from_utf8_lossy(&out.stdout).into_owned()
-                };
+                let pod = |args: &[&str]| node.ip_in_sandbox(&net.netns_path, args);
                 panic!(
                     "node cannot ping {ip}\nnode addrs:\n{}\nnode routes:\n{}\npod addrs:\n{}\npod routes:\n{}",
                     node.netns().ok(["ip", "addr"]),
