@@ -43,12 +43,9 @@ fn node_config(cidr6: &str, neighbors: Value) -> Value {
 
 async fn start_agent(node: &Netns, state: &Path, pods: Option<Arc<PodWatcher>>) -> Arc<Agent> {
     // The leak test starts with the node's settings, as after a NodeConfig event.
-    let settings = pods.as_ref().map(|_| {
-        serde_json::from_value::<NodeConfig>(node_config("2001:db8:0:1::/64", json!([])))
-            .expect("fixture")
-            .settings()
-            .expect("valid")
-    });
+    let settings = pods
+        .as_ref()
+        .map(|_| settings_of("2001:db8:0:1::/64", json!([])));
     let (agent, _) = Agent::start(AgentParts {
         node_ns: NodeNs::at(node.path()),
         state_dir: state.to_owned(),
