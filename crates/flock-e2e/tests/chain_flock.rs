@@ -1,8 +1,8 @@
-#![cfg(feature = "root-tests")]
 //! flock chained with the reference `tuning`, `portmap` and `bandwidth` plugins (Debian's
 //! containernetworking-plugins), driven per the CNI spec by testkit's libcni-like runtime
 //! (`prevResult` injection and caching, reverse-order DEL): the real agent runs standalone in
 //! a stand-in node namespace and the real shim is exec'd there, as containerd would.
+#![cfg(feature = "root-tests")]
 
 use std::path::PathBuf;
 

@@ -1,4 +1,3 @@
-#![cfg(feature = "root-tests")]
 //! containerd 1.6's CRI plugin with flock as its CNI: the real agent runs standalone inside
 //! the stand-in node namespace (started by the harness's `before_start` hook, so it dies with
 //! the node), containerd execs the real shim `flock` from its CNI bin dir, and a Rust CRI
@@ -6,6 +5,7 @@
 //!
 //! In the same run, the same five sandboxes with the reference `ptp` + `host-local` give the
 //! RunPodSandbox time to compare against (printed).
+#![cfg(feature = "root-tests")]
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};

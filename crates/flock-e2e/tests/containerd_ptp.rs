@@ -1,7 +1,7 @@
-#![cfg(feature = "root-tests")]
 //! containerd 1.6's CRI plugin driving the reference `ptp` + `host-local`
 //! plugins (dual stack) in a stand-in node namespace: the harness works with
 //! a real CNI before flock is plugged in.
+#![cfg(feature = "root-tests")]
 
 use std::net::IpAddr;
 use std::path::Path;
