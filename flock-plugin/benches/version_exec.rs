@@ -14,8 +14,8 @@ fn shim_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("FLOCK_SHIM_BIN") {
         return PathBuf::from(p);
     }
-    // crates/flock-plugin → workspace root.
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    // flock-plugin → workspace root.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     root.join("target/release/flock")
 }
 
