@@ -1,9 +1,10 @@
-//! The CNI error object and its well-known codes.
+//! The CNI error object and its well-known codes, and [`cause_chain`], the one
+//! way flock prints an error with its causes.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::version::CniVersion;
+use crate::version::{CniVersion, VersionParseError};
 
 /// A CNI error code: the spec's well-known codes, 999 for internal errors and
 /// plugin-specific codes (100 and above).
@@ -131,6 +132,41 @@ impl CniError {
     }
 }
 
+impl From<VersionParseError> for CniError {
+    /// A malformed `cniVersion` is error 1 (incompatible version) naming the value.
+    fn from(e: VersionParseError) -> CniError {
+        CniError::new(ErrorCode::IncompatibleCniVersion, e.to_string())
+    }
+}
+
+/// `e` and every error under it (its `source` chain) on one line, joined with
+/// `": "`, for a CNI error's `details` or a log line.
+///
+/// Many errors already print their source (`#[error("read {path}: {source}")]`);
+/// a source whose text already ends the line so far is skipped, so no cause is
+/// printed twice. Empty messages are skipped too.
+pub fn cause_chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !text.is_empty() && !ends_with_cause(&line, &text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}
+
+/// Whether `line` ends with `cause` as a whole (the match starts the line or
+/// follows a character that is not a letter or digit: `"os error 12"` does not
+/// end with the cause `"2"`).
+fn ends_with_cause(line: &str, cause: &str) -> bool {
+    line.strip_suffix(cause)
+        .is_some_and(|before| !before.ends_with(char::is_alphanumeric))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +204,78 @@ mod tests {
         for (e, v) in errors.iter().zip(&printed) {
             let back: CniError = serde_json::from_value(v.clone()).unwrap();
             assert_eq!(&back, e);
+        }
+    }
+
+    #[test]
+    fn a_malformed_version_is_error_1_naming_it() {
+        let e = CniError::from("1.0".parse::<CniVersion>().unwrap_err());
+        assert_eq!(e.code, ErrorCode::IncompatibleCniVersion);
+        assert_eq!(
+            e.msg,
+            "invalid cniVersion \"1.0\": expected major.minor.patch"
+        );
+    }
+
+    /// An error with an optional source, printing it in its own message or not.
+    #[derive(Debug)]
+    struct Layer {
+        msg: String,
+        source: Option<Box<Layer>>,
+    }
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.msg)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.source.as_deref().map(|s| s as _)
+        }
+    }
+
+    fn layers(msgs: &[&str]) -> Layer {
+        msgs.iter()
+            .rev()
+            .fold(None, |source, msg| {
+                Some(Layer {
+                    msg: (*msg).to_owned(),
+                    source: source.map(Box::new),
+                })
+            })
+            .expect("at least one layer")
+    }
+
+    #[test]
+    fn cause_chain_joins_each_cause_once() {
+        let os = "No such file or directory (os error 2)";
+        for (msgs, line) in [
+            (vec!["alone"], "alone".to_owned()),
+            (
+                vec!["flock agent unreachable at /a.sock", os],
+                format!("flock agent unreachable at /a.sock: {os}"),
+            ),
+            // The outer message already prints its source: not twice.
+            (
+                vec![&format!("read /x: {os}"), os],
+                format!("read /x: {os}"),
+            ),
+            // Nor a cause two levels down that a wrapper already printed.
+            (
+                vec!["install: write /y: denied", "write /y: denied", "denied"],
+                "install: write /y: denied".to_owned(),
+            ),
+            (
+                vec!["outer", "middle: inner", "inner", "root"],
+                "outer: middle: inner: root".to_owned(),
+            ),
+            // A cause that only ends the line in the middle of a word is printed.
+            (vec!["os error 12", "2"], "os error 12: 2".to_owned()),
+            (vec!["outer", "", "inner"], "outer: inner".to_owned()),
+        ] {
+            assert_eq!(cause_chain(&layers(&msgs)), line, "{msgs:?}");
         }
     }
 

@@ -8,7 +8,7 @@
 //! - [`version`]: `cniVersion` ([`CniVersion`]) and the VERSION reply.
 //! - [`netconf`]: [`NetConf`], [`Conflist`], flock's [`FlockNetConf`].
 //! - [`result`]: the CNI [`CniResult`] for 0.4.0, 1.0.0 and 1.1.0.
-//! - [`error`]: [`CniError`] and [`ErrorCode`].
+//! - [`error`]: [`CniError`], [`ErrorCode`] and [`error::cause_chain`].
 //! - [`env`](mod@env): [`CniEnv`] and [`CniArgs`].
 //! - [`skel`]: the [`Plugin`] trait, [`skel::dispatch`] and [`skel::run`].
 //! - [`rpc`]: requests, responses, framing and the blocking [`rpc::Client`].
@@ -32,7 +32,7 @@ pub use netconf::{Attachment, Conflist, FlockNetConf, NetConf};
 pub use prefix::IpPrefix;
 pub use result::{CniResult, Dns, Interface, IpConfig, Route};
 pub use skel::{Call, Plugin};
-pub use version::{CniVersion, VersionInfo};
+pub use version::{CniVersion, VersionInfo, VersionParseError};
 
 // The README's examples are compiled and run as doctests.
 #[cfg(doctest)]

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::env::CniEnv;
-use crate::error::{CniError, ErrorCode};
+use crate::error::{CniError, ErrorCode, cause_chain};
 
 /// The protocol version this crate speaks (`v`).
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -411,16 +411,10 @@ impl ClientError {
         matches!(self, ClientError::Unreachable { .. })
     }
 
-    /// The error with its whole `source` chain, for a CNI error's details.
+    /// The error with its whole `source` chain ([`cause_chain`]), for a CNI
+    /// error's details.
     pub fn chain(&self) -> String {
-        let mut s = self.to_string();
-        let mut cur: Option<&dyn std::error::Error> = std::error::Error::source(self);
-        while let Some(e) = cur {
-            s.push_str(": ");
-            s.push_str(&e.to_string());
-            cur = e.source();
-        }
-        s
+        cause_chain(self)
     }
 
     /// This error as a CNI error with `code`.

@@ -1,11 +1,12 @@
 //! `cniVersion`: parsing, ordering, the supported set and the VERSION reply.
+//!
+//! A leaf of the crate: it depends on no other module ([`crate::error`] turns a
+//! [`VersionParseError`] into CNI error 1).
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-use crate::error::{CniError, ErrorCode};
 
 /// A CNI specification version (`major.minor.patch`), ordered numerically.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -61,20 +62,25 @@ impl fmt::Display for CniVersion {
     }
 }
 
-impl FromStr for CniVersion {
-    type Err = CniError;
+/// A `cniVersion` that is not `major.minor.patch` (as a CNI error: code 1,
+/// incompatible version, see [`crate::error`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid cniVersion {value:?}: expected major.minor.patch")]
+pub struct VersionParseError {
+    /// The string that failed to parse.
+    pub value: String,
+}
 
-    /// Parses `major.minor.patch`; a malformed string is error 1 (incompatible
-    /// version) naming the value.
+impl FromStr for CniVersion {
+    type Err = VersionParseError;
+
+    /// Parses `major.minor.patch` (each a decimal number that fits in 16 bits).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || {
-            CniError::new(
-                ErrorCode::IncompatibleCniVersion,
-                format!("invalid cniVersion {s:?}: expected major.minor.patch"),
-            )
+        let bad = || VersionParseError {
+            value: s.to_owned(),
         };
         let mut parts = s.split('.');
-        let mut next = || -> Result<u16, CniError> {
+        let mut next = || -> Result<u16, VersionParseError> {
             let p = parts.next().ok_or_else(bad)?;
             if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(bad());
@@ -144,8 +150,8 @@ mod tests {
             "", "1", "1.0", "1.0.0.0", "a.b.c", "1..0", "-1.0.0", "1.0.0 ",
         ] {
             let e = bad.parse::<CniVersion>().unwrap_err();
-            assert_eq!(e.code, ErrorCode::IncompatibleCniVersion, "{bad:?}");
-            assert!(e.msg.contains(&format!("{bad:?}")), "{}", e.msg);
+            assert_eq!(e.value, bad);
+            assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
         }
     }
 

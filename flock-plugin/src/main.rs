@@ -8,6 +8,7 @@
 //! error is ever written to stdout; with `FLOCK_SHIM_DEBUG=1` a line per call
 //! goes to stderr.
 
+use flock_cni_proto::error::cause_chain;
 use flock_cni_proto::rpc::{Client, ClientError, Op, Request};
 use flock_cni_proto::serde_json;
 use flock_cni_proto::{Call, CniError, CniResult, DelQueue, ErrorCode, FlockNetConf, Plugin, skel};
@@ -115,7 +116,7 @@ impl Plugin for Shim {
                     .with_details(format!(
                         "{}; {}",
                         e.chain(),
-                        error_chain(&q)
+                        cause_chain(&q)
                     ))),
                 }
             }
@@ -138,17 +139,6 @@ impl Plugin for Shim {
     fn gc(&self, call: &Call<'_>) -> Result<(), CniError> {
         self.forward_unit(Op::Gc, call, ErrorCode::TryAgainLater, false)
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn main() {
