@@ -5,6 +5,8 @@
 //! (a reader, a writer, a Unix socket path for the blocking RPC client, a
 //! directory for the DEL queue).
 //!
+//! - [`defaults`]: the socket, state and DEL-queue paths and the MTU the shim,
+//!   the agent and `install-cni` share.
 //! - [`version`]: `cniVersion` ([`CniVersion`]) and the VERSION reply.
 //! - [`netconf`]: [`NetConf`], [`Conflist`], flock's [`FlockNetConf`].
 //! - [`result`]: the CNI [`CniResult`] for 0.4.0, 1.0.0 and 1.1.0.
@@ -14,6 +16,7 @@
 //! - [`rpc`]: requests, responses, framing and the blocking [`rpc::Client`].
 //! - [`delqueue`]: the durable queue of DELs the agent could not take.
 
+pub mod defaults;
 pub mod delqueue;
 pub mod durable;
 pub mod env;

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::defaults::{DEFAULT_AGENT_SOCKET, DEFAULT_DEL_QUEUE_DIR, DEFAULT_MTU};
 use crate::error::{CniError, ErrorCode};
 use crate::result::CniResult;
 use crate::version::CniVersion;
@@ -203,12 +204,6 @@ impl Conflist {
 
 /// The `type` flock's shim is installed as.
 pub const FLOCK_TYPE: &str = "flock";
-/// Default agent socket.
-pub const DEFAULT_AGENT_SOCKET: &str = "/run/flock/agent.sock";
-/// Default DEL queue directory.
-pub const DEFAULT_DEL_QUEUE_DIR: &str = "/var/lib/flock/del-queue";
-/// Default pod MTU.
-pub const DEFAULT_MTU: u32 = 1500;
 /// The `runtimeConfig` key under which CRI runtimes pass pod annotations.
 pub const POD_ANNOTATIONS_KEY: &str = "io.kubernetes.cri.pod-annotations";
 
