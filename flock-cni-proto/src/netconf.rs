@@ -141,7 +141,8 @@ pub struct Conflist {
     /// The version of the list.
     #[serde(rename = "cniVersion")]
     pub cni_version: CniVersion,
-    /// Other versions the list is valid for (1.1.0).
+    /// Other versions the list is valid for (CNI 1.1): a runtime picks the
+    /// highest it supports, see [`Conflist::version_for`].
     #[serde(
         rename = "cniVersions",
         default,
@@ -185,14 +186,36 @@ impl Conflist {
         Ok(list)
     }
 
-    /// The config the runtime hands plugin `index` (as libcni builds it):
-    /// the plugin's keys plus the list's `cniVersion` and `name`, and
-    /// `prevResult` when given. `None` when there is no such plugin.
+    /// The version a runtime supporting `supported` runs this list in (CNI
+    /// 1.1's version selection, as libcni does it): the highest of
+    /// `cniVersions` and `cniVersion` that it supports. When it supports none
+    /// of them, `cniVersion`, which the plugins then refuse with error 1
+    /// naming it.
+    ///
+    /// So the list flock installs, `"cniVersion": "1.0.0", "cniVersions":
+    /// ["1.0.0", "1.1.0"]`, runs in 1.1.0 where the runtime knows it and in
+    /// 1.0.0 under containerd 1.6/1.7, whose libcni ignores `cniVersions`.
+    pub fn version_for(&self, supported: &[CniVersion]) -> CniVersion {
+        self.cni_versions
+            .iter()
+            .flatten()
+            .chain([&self.cni_version])
+            .filter(|v| supported.contains(v))
+            .max()
+            .copied()
+            .unwrap_or(self.cni_version)
+    }
+
+    /// The config a runtime speaking every version of
+    /// [`CniVersion::SUPPORTED`] hands plugin `index` (as libcni builds it):
+    /// the plugin's keys plus the list's `name`, the `cniVersion` chosen by
+    /// [`Conflist::version_for`], and `prevResult` when given. `None` when
+    /// there is no such plugin.
     pub fn plugin_config(&self, index: usize, prev_result: Option<&Value>) -> Option<Value> {
         let mut obj = self.plugins.get(index)?.clone();
         obj.insert(
             "cniVersion".into(),
-            Value::String(self.cni_version.to_string()),
+            Value::String(self.version_for(&CniVersion::SUPPORTED).to_string()),
         );
         obj.insert("name".into(), Value::String(self.name.clone()));
         if let Some(prev) = prev_result {
@@ -417,5 +440,52 @@ mod tests {
         let e = Conflist::from_slice(br#"{"cniVersion":"1.1.0","name":"k8s","plugins":[]}"#)
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidNetworkConfig);
+    }
+
+    #[test]
+    fn conflist_runs_in_the_highest_version_of_cni_versions_the_runtime_supports() {
+        let list = |versions: &str| {
+            Conflist::from_slice(
+                format!(r#"{{"cniVersion":"1.0.0",{versions}"name":"flock","plugins":[{{"type":"flock"}}]}}"#)
+                    .as_bytes(),
+            )
+            .unwrap()
+        };
+        let v = |s: &str| s.parse::<CniVersion>().unwrap();
+        // What install-cni writes.
+        let installed = list(r#""cniVersions":["1.0.0","1.1.0"],"#);
+        assert_eq!(
+            installed.cni_versions,
+            Some(vec![CniVersion::V1_0_0, CniVersion::V1_1_0])
+        );
+        assert_eq!(
+            installed.version_for(&CniVersion::SUPPORTED),
+            CniVersion::V1_1_0
+        );
+        // A runtime without 1.1.0 (containerd 1.6) runs it in 1.0.0.
+        let old = [CniVersion::V0_4_0, CniVersion::V1_0_0];
+        assert_eq!(installed.version_for(&old), CniVersion::V1_0_0);
+        assert_eq!(
+            installed.plugin_config(0, None).unwrap()["cniVersion"],
+            "1.1.0"
+        );
+        // Without cniVersions: cniVersion.
+        assert_eq!(list("").version_for(&CniVersion::SUPPORTED), v("1.0.0"));
+        // Versions from the future are skipped, not an error; order does not matter.
+        let future = list(r#""cniVersions":["1.3.0","0.4.0","1.1.0","2.0.0"],"#);
+        assert_eq!(future.version_for(&CniVersion::SUPPORTED), v("1.1.0"));
+        // None supported: cniVersion, for the plugin to refuse by name.
+        let none = Conflist::from_slice(
+            br#"{"cniVersion":"0.3.1","cniVersions":["0.2.0"],"name":"n","plugins":[{"type":"flock"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(none.version_for(&CniVersion::SUPPORTED), v("0.3.1"));
+        // A malformed entry makes the list invalid, as in libcni.
+        let e = Conflist::from_slice(
+            br#"{"cniVersion":"1.0.0","cniVersions":["1.1"],"name":"n","plugins":[{"type":"flock"}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::DecodingFailure);
+        assert!(e.msg.contains("\"1.1\""), "{}", e.msg);
     }
 }
