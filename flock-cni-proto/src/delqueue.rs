@@ -1,6 +1,7 @@
-//! The DEL queue: DELs the shim could not deliver, one small file per
-//! attachment, written durably so none is lost; the agent drains it at
-//! start-up before it serves anything (DESIGN §2).
+//! The DEL queue: DELs the agent may not have completed (the shim could not
+//! deliver them, or got no answer), one small file per attachment, written
+//! durably so none is lost; the agent drains it at start-up before it serves
+//! anything (DESIGN §2).
 
 use std::fs::{self, DirBuilder};
 use std::io;

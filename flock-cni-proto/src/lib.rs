@@ -14,7 +14,7 @@
 //! - [`env`](mod@env): [`CniEnv`] and [`CniArgs`].
 //! - [`skel`]: the [`Plugin`] trait, [`skel::dispatch`] and [`skel::run`].
 //! - [`rpc`]: requests, responses, framing and the blocking [`rpc::Client`].
-//! - [`delqueue`]: the durable queue of DELs the agent could not take.
+//! - [`delqueue`]: the durable queue of DELs the agent may not have completed.
 
 pub mod defaults;
 pub mod delqueue;

@@ -406,6 +406,31 @@ impl ClientError {
         )
     }
 
+    /// Whether the request was sent but no complete response came back: the
+    /// read failed (the agent reset the connection, or the read timed out)
+    /// or the connection closed before a whole line arrived. The agent may or
+    /// may not have carried the request out.
+    pub fn is_unanswered(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Receive { .. }
+                | ClientError::Frame {
+                    source: FrameError::Empty | FrameError::NoNewline { .. },
+                    ..
+                }
+        )
+    }
+
+    /// Whether the agent may not have completed the request: it was not
+    /// delivered ([`is_undelivered`](Self::is_undelivered)) or not answered
+    /// ([`is_unanswered`](Self::is_unanswered)). An idempotent request (DEL)
+    /// failing this way can safely be run again. `false` when the agent did
+    /// answer, but with a line this side cannot read (too long, not a valid
+    /// response): it finished the request, and its outcome is unknown.
+    pub fn may_be_incomplete(&self) -> bool {
+        self.is_undelivered() || self.is_unanswered()
+    }
+
     /// Whether the agent could not be reached at all.
     pub fn is_unreachable(&self) -> bool {
         matches!(self, ClientError::Unreachable { .. })
@@ -679,6 +704,7 @@ mod tests {
             "{e:?}"
         );
         assert!(!e.is_undelivered());
+        assert!(e.is_unanswered() && e.may_be_incomplete());
         server.join().unwrap();
 
         let (_dir, client, server) = serve(b"{\"v\":1".to_vec(), Duration::ZERO);
@@ -693,6 +719,7 @@ mod tests {
             ),
             "{e:?}"
         );
+        assert!(e.is_unanswered() && e.may_be_incomplete());
         server.join().unwrap();
 
         let (_dir, client, server) = serve(Vec::new(), Duration::ZERO);
@@ -707,8 +734,28 @@ mod tests {
             ),
             "{e:?}"
         );
+        assert!(!e.is_undelivered() && e.is_unanswered() && e.may_be_incomplete());
         server.join().unwrap();
 
+        // The agent dies with the request half read: the connection is reset.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut start = [0u8; 8];
+            conn.read_exact(&mut start).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let e = Client::new(path).call(&request()).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::Receive { source, .. } if source.kind() == io::ErrorKind::ConnectionReset),
+            "{e:?}"
+        );
+        assert!(!e.is_undelivered() && e.is_unanswered() && e.may_be_incomplete());
+        server.join().unwrap();
+
+        // An answer this side cannot read: the agent finished the request.
         let (_dir, client, server) = serve(vec![b'x'; MAX_LINE + 10], Duration::ZERO);
         let e = client.call(&request()).unwrap_err();
         assert!(
@@ -721,12 +768,19 @@ mod tests {
             ),
             "{e:?}"
         );
+        assert!(!e.is_unanswered() && !e.may_be_incomplete());
+        server.join().unwrap();
+
+        let (_dir, client, server) = serve(b"{\"v\":7}\n".to_vec(), Duration::ZERO);
+        let e = client.call(&request()).unwrap_err();
+        assert!(matches!(e, ClientError::Decode { .. }), "{e:?}");
+        assert!(!e.may_be_incomplete());
         server.join().unwrap();
 
         let e = Client::new("/nonexistent/flock/agent.sock")
             .call(&request())
             .unwrap_err();
-        assert!(e.is_unreachable() && e.is_undelivered());
+        assert!(e.is_unreachable() && e.is_undelivered() && e.may_be_incomplete());
         assert_eq!(
             e.to_cni(ErrorCode::TryAgainLater).code,
             ErrorCode::TryAgainLater

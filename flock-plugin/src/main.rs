@@ -3,10 +3,12 @@
 //! It answers `VERSION` itself and forwards every other call to the node
 //! agent over its Unix socket (DESIGN §2): the agent's error is printed as
 //! the CNI error; an unreachable agent is error 11 for ADD, CHECK and GC and
-//! error 50 for STATUS; a DEL that cannot be delivered is written durably to
-//! the DEL queue and reported as success. Nothing but the CNI result or
-//! error is ever written to stdout; with `FLOCK_SHIM_DEBUG=1` a line per call
-//! goes to stderr.
+//! error 50 for STATUS; a DEL the agent may not have completed (not
+//! delivered, or the connection broke or timed out before the answer) is
+//! written durably to the DEL queue and reported as success: DEL is
+//! idempotent, and the agent runs the queue. Nothing but the CNI result or
+//! error is ever written to stdout; with `FLOCK_SHIM_DEBUG=1` a line per
+//! failed or queued call goes to stderr.
 
 use flock_cni_proto::error::cause_chain;
 use flock_cni_proto::rpc::{Client, ClientError, Op, Request};
@@ -96,7 +98,10 @@ impl Plugin for Shim {
         let conf = FlockNetConf::from_netconf(call.conf)?;
         match self.forward(Op::Del, call, &conf) {
             Ok(outcome) => outcome.map(|_| ()),
-            Err(e) if e.is_undelivered() => {
+            // Not delivered, or delivered but not answered (the agent died or
+            // hung while running it): the agent may not have torn it down.
+            // DEL is idempotent, so the agent runs it (again) from the queue.
+            Err(e) if e.may_be_incomplete() => {
                 let queue = DelQueue::new(&conf.del_queue_dir);
                 let req = Request::new(Op::Del, call.env, call.raw_conf.clone());
                 match queue.enqueue(&req) {
@@ -109,9 +114,7 @@ impl Plugin for Shim {
                     }
                     Err(q) => Err(CniError::new(
                         ErrorCode::IoFailure,
-                        format!(
-                            "the flock agent is unreachable and the DEL could not be queued: {q}"
-                        ),
+                        format!("{e}, and the DEL could not be queued: {q}"),
                     )
                     .with_details(format!(
                         "{}; {}",
@@ -120,9 +123,11 @@ impl Plugin for Shim {
                     ))),
                 }
             }
+            // The agent answered with something unreadable: it finished the
+            // DEL, and whether it failed is unknown.
             Err(e) => {
                 self.log(call, format_args!("{}", e.chain()));
-                Err(e.to_cni(ErrorCode::TryAgainLater))
+                Err(e.to_cni(ErrorCode::Internal))
             }
         }
     }

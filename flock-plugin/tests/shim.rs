@@ -266,6 +266,116 @@ fn del_with_agent_down_is_queued_and_succeeds() {
     assert_eq!(req.config, serde_json::from_str::<Value>(&stdin).unwrap());
 }
 
+/// How an agent stand-in fails a connection after accepting it.
+#[derive(Clone, Copy, Debug)]
+enum Dies {
+    /// Reads the whole request line, then closes without a word (the agent
+    /// died while running it): the shim reads EOF.
+    AfterReading,
+    /// Reads a few bytes, then closes with the rest unread: the shim's read
+    /// fails with ECONNRESET.
+    MidRequest,
+    /// Reads the request and starts a response it never finishes.
+    MidResponse,
+}
+
+/// Accepts one connection and fails it the way `dies` says; returns what it read.
+fn dying_agent(dir: &Path, dies: Dies) -> JoinHandle<Vec<u8>> {
+    let listener = UnixListener::bind(dir.join("agent.sock")).expect("bind the agent stand-in");
+    std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().expect("accept");
+        let mut got = Vec::new();
+        if let Dies::MidRequest = dies {
+            let mut first = [0u8; 8];
+            conn.read_exact(&mut first).expect("read the start");
+            got.extend_from_slice(&first);
+            // Let the shim finish writing so the close finds unread bytes.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            return got;
+        }
+        let mut decoder = LineDecoder::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(line) = decoder.next_line().expect("framed request") {
+                got = line;
+                break;
+            }
+            let n = conn.read(&mut buf).expect("read request");
+            assert!(n > 0, "shim closed before sending a line");
+            decoder.push(&buf[..n]);
+        }
+        if let Dies::MidResponse = dies {
+            conn.write_all(b"{\"v\":1,\"res")
+                .expect("write half a reply");
+        }
+        got
+    })
+}
+
+#[test]
+fn del_the_agent_dies_on_is_queued_and_succeeds() {
+    for dies in [Dies::AfterReading, Dies::MidRequest, Dies::MidResponse] {
+        let dir = tempfile::tempdir().unwrap();
+        let stand_in = dying_agent(dir.path(), dies);
+        let stdin = conf("1.1.0", dir.path());
+        let run = shim("DEL", "eth0", &stdin);
+        let received = stand_in.join().unwrap();
+        assert!(!received.is_empty(), "{dies:?}: the agent got the request");
+        assert_eq!(
+            (run.code, run.stdout.as_str()),
+            (0, ""),
+            "{dies:?}: DEL is idempotent, so the shim queues it: {}",
+            run.stdout
+        );
+        let pending = DelQueue::new(dir.path().join("del-queue"))
+            .pending()
+            .unwrap();
+        assert_eq!(pending.len(), 1, "{dies:?}");
+        let (file, req) = &pending[0];
+        assert_eq!(file, &dir.path().join("del-queue/3f2a9c1d0b7e.eth0.json"));
+        let req = req.as_ref().unwrap();
+        assert_eq!((req.op, req.if_name.as_str()), (Op::Del, "eth0"));
+        assert_eq!(req.config, serde_json::from_str::<Value>(&stdin).unwrap());
+    }
+}
+
+#[test]
+fn del_the_agent_dies_on_is_an_error_when_it_cannot_be_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let stand_in = dying_agent(dir.path(), Dies::AfterReading);
+    // The queue directory cannot be created: a file is in the way.
+    std::fs::write(dir.path().join("del-queue"), b"").unwrap();
+    let run = shim("DEL", "eth0", &conf("1.1.0", dir.path()));
+    stand_in.join().unwrap();
+    assert_eq!(run.code, 1);
+    let out = run.json();
+    assert_eq!(out["code"], 5, "{out}");
+    let msg = out["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("agent.sock") && msg.contains("could not be queued"),
+        "{out}"
+    );
+}
+
+#[test]
+fn del_answered_with_garbage_is_an_error_not_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let stand_in = agent(dir.path(), vec![b"{\"v\":7}\n".to_vec()]);
+    let run = shim("DEL", "eth0", &conf("1.1.0", dir.path()));
+    stand_in.join().unwrap();
+    assert_eq!(run.code, 1);
+    let out = run.json();
+    assert_eq!(out["code"], 999, "{out}");
+    assert!(out["details"].as_str().unwrap().contains("v=7"), "{out}");
+    assert!(
+        DelQueue::new(dir.path().join("del-queue"))
+            .pending()
+            .unwrap()
+            .is_empty(),
+        "the agent answered: it ran the DEL"
+    );
+}
+
 #[test]
 fn version_needs_no_agent() {
     let run = shim("VERSION", "", r#"{"cniVersion":"1.1.0"}"#);
