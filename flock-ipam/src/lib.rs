@@ -8,6 +8,7 @@
 //!   [`Pools::allocate`] serves a request, [`Pools::release`] and
 //!   [`Pools::reserve`] keep it in step with the store.
 //! - [`effective_cidr6`] / [`effective_cidr4`]: the rule matrix of DESIGN §3.
+//! - [`Pools::stats`] and [`Pools::exhausted`]: how full the node's pools are.
 //!
 //! Pure: no I/O, no clock, no global RNG — randomness comes in as a `rand_core::Rng`.
 

@@ -51,16 +51,29 @@ impl Allocation {
     }
 }
 
-/// Counts and sizes for metrics.
+/// Usage and sizes of the node's pools, for metrics and STATUS.
+///
+/// `allocatedN` and `capacityN` count the same set — the addresses of the current node CIDR
+/// a pod may be given — so `allocatedN <= capacityN` always holds and `allocatedN ==
+/// capacityN` means the pool is exhausted ([`Pools::exhausted`]). Addresses held outside
+/// that set (fixed `addresses` elsewhere, anycast addresses reserved in the pools, pods left
+/// in an old CIDR after a CIDR change, a forbidden address reserved by hand) are counted
+/// only in `heldN`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolStats {
-    /// IPv6 addresses held (inside the node CIDR or not).
+    /// IPv6 addresses held inside the node's IPv6 CIDR that a pod may get (the all-zero
+    /// host and RFC 5453's reserved interface IDs excluded).
     pub allocated6: usize,
-    /// IPv4 addresses held (inside the node CIDR or not).
+    /// IPv4 addresses held inside the node's IPv4 CIDR that a pod may get (network, first
+    /// host and broadcast excluded).
     pub allocated4: usize,
-    /// Addresses of the node's IPv6 CIDR a pod may get (saturating).
+    /// Every IPv6 address held, inside the node CIDR or not.
+    pub held6: usize,
+    /// Every IPv4 address held, inside the node CIDR or not.
+    pub held4: usize,
+    /// Addresses of the node's IPv6 CIDR a pod may get (saturating; 0 without a CIDR).
     pub capacity6: u128,
-    /// Addresses of the node's IPv4 CIDR a pod may get.
+    /// Addresses of the node's IPv4 CIDR a pod may get (0 without a CIDR).
     pub capacity4: u64,
 }
 
@@ -72,6 +85,17 @@ struct Pool4 {
     /// Where the next search starts: after the last address handed out, so
     /// a released address is not reused at once while others are free.
     cursor: u32,
+}
+
+impl Pool4 {
+    /// How many of the addresses never handed out — network, first host, broadcast — are
+    /// held anyway (reserved by hand, or pods of an older, larger CIDR).
+    fn never_handed_out_held(&self) -> usize {
+        let last = self.bits.len() - 1;
+        let mut never = vec![0, 1.min(last), last];
+        never.dedup();
+        never.into_iter().filter(|&i| self.bits.get(i)).count()
+    }
 }
 
 /// The node's pools: its optional IPv6 and IPv4 CIDRs and every address in
@@ -97,6 +121,8 @@ struct Pool4 {
 pub struct Pools {
     cidr6: Option<Ipv6Net>,
     held6: HashSet<Ipv6Addr>,
+    /// How many of `held6` a pod of `cidr6` may get (inside it, not forbidden).
+    pooled6: usize,
     v4: Option<Pool4>,
     /// IPv4 addresses held outside the node's IPv4 CIDR.
     held4_outside: BTreeSet<Ipv4Addr>,
@@ -108,6 +134,7 @@ impl Pools {
         let mut pools = Self {
             cidr6: None,
             held6: HashSet::new(),
+            pooled6: 0,
             v4: None,
             held4_outside: BTreeSet::new(),
         };
@@ -163,7 +190,32 @@ impl Pools {
             self.held4_outside = outside;
         }
         self.cidr6 = cidr6.map(|c| c.trunc());
+        self.pooled6 = self.held6.iter().filter(|&&a| self.in_pool6(a)).count();
         Ok(())
+    }
+
+    /// Whether `addr` is an address of the node's IPv6 CIDR a pod may get.
+    fn in_pool6(&self, addr: Ipv6Addr) -> bool {
+        self.cidr6
+            .is_some_and(|c| c.contains(&addr) && !is_forbidden6(addr, c))
+    }
+
+    /// Holds `addr`; false if it already was.
+    fn insert6(&mut self, addr: Ipv6Addr) -> bool {
+        let fresh = self.held6.insert(addr);
+        if fresh && self.in_pool6(addr) {
+            self.pooled6 += 1;
+        }
+        fresh
+    }
+
+    /// Frees `addr`; false if it was not held.
+    fn remove6(&mut self, addr: Ipv6Addr) -> bool {
+        let held = self.held6.remove(&addr);
+        if held && self.in_pool6(addr) {
+            self.pooled6 -= 1;
+        }
+        held
     }
 
     fn held4(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
@@ -190,7 +242,7 @@ impl Pools {
     /// reserved, inside the node CIDRs or not.
     pub fn reserve(&mut self, addr: IpAddr) -> Result<()> {
         let fresh = match addr {
-            IpAddr::V6(a) => self.held6.insert(a),
+            IpAddr::V6(a) => self.insert6(a),
             IpAddr::V4(a) => match &mut self.v4 {
                 Some(p) if p.cidr.contains(&a) => p.bits.insert(u32::from(a) - p.base),
                 _ => self.held4_outside.insert(a),
@@ -206,7 +258,7 @@ impl Pools {
     /// Frees `addr`; returns whether it was held.
     pub fn release(&mut self, addr: IpAddr) -> bool {
         match addr {
-            IpAddr::V6(a) => self.held6.remove(&a),
+            IpAddr::V6(a) => self.remove6(a),
             IpAddr::V4(a) => match &mut self.v4 {
                 Some(p) if p.cidr.contains(&a) => p.bits.remove(u32::from(a) - p.base),
                 _ => self.held4_outside.remove(&a),
@@ -232,7 +284,7 @@ impl Pools {
         all
     }
 
-    /// Counts and pool sizes per family.
+    /// Usage and pool sizes per family; see [`PoolStats`] for what is counted where.
     pub fn stats(&self) -> PoolStats {
         let capacity6 = self.cidr6.map_or(0, |c| {
             let host = 128 - u32::from(c.prefix_len());
@@ -250,12 +302,32 @@ impl Pools {
                 u64::from(p.bits.len()) - 3
             }
         });
+        let (allocated4, inside4) = self.v4.as_ref().map_or((0, 0), |p| {
+            let inside = p.bits.count() as usize;
+            (inside - p.never_handed_out_held(), inside)
+        });
         PoolStats {
-            allocated6: self.held6.len(),
-            allocated4: self.v4.as_ref().map_or(0, |p| p.bits.count() as usize)
-                + self.held4_outside.len(),
+            allocated6: self.pooled6,
+            allocated4,
+            held6: self.held6.len(),
+            held4: inside4 + self.held4_outside.len(),
             capacity6,
             capacity4,
+        }
+    }
+
+    /// Whether the node's pool of `family` has no address left for a pod: every address of
+    /// the node CIDR a pod may get is held. Addresses held outside the node CIDR do not count
+    /// (see [`PoolStats`]). A family the node has no CIDR for is not exhausted — it is absent
+    /// ([`Error::NoNodeCidr`] on allocation).
+    ///
+    /// This is the node-wide answer STATUS gives; an allocation from a smaller effective CIDR
+    /// (a `cidr6`/`cidr4` annotation) can still fail while the node's pool is not exhausted.
+    pub fn exhausted(&self, family: Family) -> bool {
+        let s = self.stats();
+        match family {
+            Family::V6 => self.cidr6.is_some() && s.allocated6 as u128 >= s.capacity6,
+            Family::V4 => self.v4.is_some() && s.allocated4 as u64 >= s.capacity4,
         }
     }
 
@@ -424,7 +496,7 @@ impl Pools {
     }
 
     fn take6(&mut self, addr: Ipv6Addr, cidr: Ipv6Net) -> bool {
-        !is_forbidden6(addr, cidr) && self.held6.insert(addr)
+        !is_forbidden6(addr, cidr) && self.insert6(addr)
     }
 
     fn allocate4(&mut self, cidr: Ipv4Net) -> Result<Ipv4Addr> {
@@ -444,7 +516,7 @@ impl Pools {
             return Err(Error::Exhausted {
                 family: Family::V4,
                 cidr: cidr.into(),
-                allocated: self.stats().allocated4,
+                allocated: self.stats().held4,
             });
         };
         pool.bits.insert(index);

@@ -335,7 +335,12 @@ fn cidr_change_keeps_live_addresses() {
         assert!(pools.is_allocated(addr), "{addr} stranded");
     }
     assert!(pools.is_allocated("10.244.2.9".parse().unwrap()));
-    assert_eq!(pools.stats().allocated4, 2);
+    let s = pools.stats();
+    assert_eq!(
+        (s.held4, s.allocated4),
+        (2, 1),
+        "the old pod's address is no pool usage"
+    );
     // the old addresses cannot be handed out again, and release still works
     assert!(pools.reserve(a.ipv4.unwrap().into()).is_err());
     pools.release_allocation(&a);
@@ -359,6 +364,74 @@ fn capacities() {
     assert_eq!((s.capacity6, s.capacity4), (255, 65533));
     let pools = Pools::new(Some(net6("2001:db8::/64")), None).unwrap();
     assert_eq!(pools.stats().capacity6, (1u128 << 64) - 1 - 128 - (1 << 24));
+}
+
+/// STATUS asks "can this node still serve an ADD from its pool?": the answer must count only
+/// the addresses of the current node CIDR a pod could get, not fixed `addresses` elsewhere,
+/// anycast addresses or pods left in an old CIDR.
+#[test]
+fn usage_counts_only_the_node_cidr() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let v6_only = request(&[("ipv4", "false")]);
+    let v4_only = request(&[("ipv6", "false")]);
+    // a /126 holds three pod addresses (::1, ::2, ::3); a /30 holds one (.2)
+    let mut pools = Pools::new(Some(net6("2001:db8::/126")), Some(net4("10.0.0.0/30"))).unwrap();
+    pools.allocate(&v6_only, &pod("a"), &mut rng).unwrap();
+    // fixed addresses outside both node CIDRs
+    for fixed in [
+        "2001:db8:77::1",
+        "2001:db8:77::2",
+        "2001:db8:77::3",
+        "10.9.9.9",
+    ] {
+        pools.reserve(fixed.parse().unwrap()).unwrap();
+    }
+    let s = pools.stats();
+    assert!(
+        (s.allocated6 as u128) < s.capacity6,
+        "one of three IPv6 pod addresses in use, not exhausted: {s:?}"
+    );
+    assert!(
+        (s.allocated4 as u64) < s.capacity4,
+        "no IPv4 pod yet: {s:?}"
+    );
+    assert_eq!((s.allocated6, s.allocated4), (1, 0));
+    assert_eq!((s.held6, s.held4), (4, 1));
+    assert!(!pools.exhausted(Family::V6) && !pools.exhausted(Family::V4));
+    pools.allocate(&v6_only, &pod("b"), &mut rng).unwrap();
+    pools.allocate(&v6_only, &pod("c"), &mut rng).unwrap();
+    pools.allocate(&v4_only, &pod("d"), &mut rng).unwrap();
+    let s = pools.stats();
+    assert_eq!(
+        (s.allocated6 as u128, s.allocated4 as u64),
+        (s.capacity6, s.capacity4)
+    );
+    assert!(pools.exhausted(Family::V6) && pools.exhausted(Family::V4));
+
+    // a CIDR change strands nothing, and the pods of the old CIDR do not fill the new one
+    pools
+        .set_node_cidrs(Some(net6("2001:db8:1::/126")), Some(net4("10.0.1.0/30")))
+        .unwrap();
+    let s = pools.stats();
+    assert_eq!((s.allocated6, s.allocated4), (0, 0), "{s:?}");
+    assert_eq!((s.held6, s.held4), (6, 2), "{s:?}");
+    assert!(!pools.exhausted(Family::V6) && !pools.exhausted(Family::V4));
+    pools.allocate(&v6_only, &pod("e"), &mut rng).unwrap();
+    pools.allocate(&v4_only, &pod("f"), &mut rng).unwrap();
+    let s = pools.stats();
+    assert_eq!((s.allocated6, s.allocated4), (1, 1), "{s:?}");
+    assert!(pools.exhausted(Family::V4), "a /30 holds one pod");
+
+    // addresses a pod is never given do not count even inside the CIDR
+    let mut pools = Pools::new(Some(net6("2001:db8::/126")), Some(net4("10.0.0.0/30"))).unwrap();
+    for never in ["2001:db8::", "10.0.0.0", "10.0.0.1", "10.0.0.3"] {
+        pools.reserve(never.parse().unwrap()).unwrap();
+    }
+    let s = pools.stats();
+    assert_eq!((s.allocated6, s.allocated4, s.held6, s.held4), (0, 0, 1, 3));
+    // and a family without a CIDR is absent, not exhausted
+    let v6only = Pools::new(Some(net6("2001:db8::/126")), None).unwrap();
+    assert!(!v6only.exhausted(Family::V4));
 }
 
 // ---- properties ------------------------------------------------------------
@@ -430,6 +503,35 @@ proptest! {
             }
             prop_assert_eq!(pools.snapshot().len(), seen.len());
         }
+    }
+
+    #[test]
+    fn usage_is_the_held_addresses_a_pod_of_the_node_cidr_may_get(
+        (v6, v4) in small_node(),
+        picks in prop::collection::vec((any::<u16>(), any::<bool>(), any::<bool>()), 1..60),
+        (new6, new4) in small_node(),
+    ) {
+        let mut pools = Pools::new(Some(v6), Some(v4)).unwrap();
+        // addresses near the node CIDRs: half inside, half in the next block
+        let addr6 = |n: u16| Ipv6Addr::from(u128::from(v6.network()) + u128::from(n % 512));
+        let addr4 = |n: u16| Ipv4Addr::from(u32::from(v4.network()).wrapping_add(u32::from(n % 128)));
+        let model = |pools: &Pools| {
+            let (c6, c4) = (pools.cidr6().unwrap(), pools.cidr4().unwrap());
+            let all = pools.snapshot();
+            let in6 = all.iter().filter(|a| matches!(a, IpAddr::V6(a) if c6.contains(a) && !is_forbidden6(*a, c6))).count();
+            let in4 = all.iter().filter(|a| matches!(a, IpAddr::V4(a) if c4.contains(a) && !is_forbidden4(*a, c4))).count();
+            (in6, in4, all.iter().filter(|a| a.is_ipv6()).count(), all.iter().filter(|a| a.is_ipv4()).count())
+        };
+        for (n, v6_pick, release) in picks {
+            let a = if v6_pick { IpAddr::V6(addr6(n)) } else { IpAddr::V4(addr4(n)) };
+            if release { pools.release(a); } else { let _ = pools.reserve(a); }
+            let s = pools.stats();
+            prop_assert_eq!((s.allocated6, s.allocated4, s.held6, s.held4), model(&pools));
+            prop_assert!(s.allocated6 as u128 <= s.capacity6 && s.allocated4 as u64 <= s.capacity4);
+        }
+        pools.set_node_cidrs(Some(new6), Some(new4)).unwrap();
+        let s = pools.stats();
+        prop_assert_eq!((s.allocated6, s.allocated4, s.held6, s.held4), model(&pools));
     }
 
     #[test]
