@@ -88,7 +88,8 @@ pub enum Error {
         family: Family,
         /// The effective CIDR searched.
         cidr: IpNet,
-        /// How many addresses of the family are held on the node.
+        /// How many addresses of the node's pool of this family are in use
+        /// ([`PoolStats::allocated6`] / [`PoolStats::allocated4`]).
         allocated: usize,
     },
     /// A CIDR too small to hold a pod: IPv4 longer than /30 (network, `.1`

@@ -316,19 +316,33 @@ impl Pools {
         }
     }
 
-    /// Whether the node's pool of `family` has no address left for a pod: every address of
-    /// the node CIDR a pod may get is held. Addresses held outside the node CIDR do not count
-    /// (see [`PoolStats`]). A family the node has no CIDR for is not exhausted — it is absent
-    /// ([`Error::NoNodeCidr`] on allocation).
+    /// Whether the node's pool of `family` has no address left for a pod — every address of
+    /// the node CIDR a pod may get is held — and if so, the [`Error::Exhausted`] naming the
+    /// CIDR and how many of its addresses are in use. Addresses held outside the node CIDR do
+    /// not count (see [`PoolStats`]). A family the node has no CIDR for is not exhausted, it
+    /// is absent ([`Error::NoNodeCidr`] on allocation): `None`.
     ///
     /// This is the node-wide answer STATUS gives; an allocation from a smaller effective CIDR
     /// (a `cidr6`/`cidr4` annotation) can still fail while the node's pool is not exhausted.
-    pub fn exhausted(&self, family: Family) -> bool {
+    pub fn exhausted(&self, family: Family) -> Option<Error> {
         let s = self.stats();
-        match family {
-            Family::V6 => self.cidr6.is_some() && s.allocated6 as u128 >= s.capacity6,
-            Family::V4 => self.v4.is_some() && s.allocated4 as u64 >= s.capacity4,
-        }
+        let (cidr, full, allocated) = match family {
+            Family::V6 => (
+                self.cidr6?.into(),
+                s.allocated6 as u128 >= s.capacity6,
+                s.allocated6,
+            ),
+            Family::V4 => (
+                self.cidr4()?.into(),
+                s.allocated4 as u64 >= s.capacity4,
+                s.allocated4,
+            ),
+        };
+        full.then_some(Error::Exhausted {
+            family,
+            cidr,
+            allocated,
+        })
     }
 
     /// Serves a pod: holds its fixed `addresses`, then an IPv6 and an IPv4
@@ -473,7 +487,7 @@ impl Pools {
         Err(Error::Exhausted {
             family: Family::V6,
             cidr: cidr.into(),
-            allocated: self.held6.len(),
+            allocated: self.pooled6,
         })
     }
 
@@ -516,7 +530,7 @@ impl Pools {
             return Err(Error::Exhausted {
                 family: Family::V4,
                 cidr: cidr.into(),
-                allocated: self.stats().held4,
+                allocated: self.stats().allocated4,
             });
         };
         pool.bits.insert(index);

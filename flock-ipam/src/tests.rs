@@ -397,7 +397,10 @@ fn usage_counts_only_the_node_cidr() {
     );
     assert_eq!((s.allocated6, s.allocated4), (1, 0));
     assert_eq!((s.held6, s.held4), (4, 1));
-    assert!(!pools.exhausted(Family::V6) && !pools.exhausted(Family::V4));
+    assert_eq!(
+        (pools.exhausted(Family::V6), pools.exhausted(Family::V4)),
+        (None, None)
+    );
     pools.allocate(&v6_only, &pod("b"), &mut rng).unwrap();
     pools.allocate(&v6_only, &pod("c"), &mut rng).unwrap();
     pools.allocate(&v4_only, &pod("d"), &mut rng).unwrap();
@@ -406,7 +409,21 @@ fn usage_counts_only_the_node_cidr() {
         (s.allocated6 as u128, s.allocated4 as u64),
         (s.capacity6, s.capacity4)
     );
-    assert!(pools.exhausted(Family::V6) && pools.exhausted(Family::V4));
+    assert_eq!(
+        pools
+            .exhausted(Family::V6)
+            .map(|e| e.to_string())
+            .as_deref(),
+        Some("no free IPv6 address left in 2001:db8::/126 (3 in use)")
+    );
+    assert!(matches!(
+        pools.exhausted(Family::V4),
+        Some(Error::Exhausted {
+            family: Family::V4,
+            allocated: 1,
+            ..
+        })
+    ));
 
     // a CIDR change strands nothing, and the pods of the old CIDR do not fill the new one
     pools
@@ -415,12 +432,15 @@ fn usage_counts_only_the_node_cidr() {
     let s = pools.stats();
     assert_eq!((s.allocated6, s.allocated4), (0, 0), "{s:?}");
     assert_eq!((s.held6, s.held4), (6, 2), "{s:?}");
-    assert!(!pools.exhausted(Family::V6) && !pools.exhausted(Family::V4));
+    assert_eq!(
+        (pools.exhausted(Family::V6), pools.exhausted(Family::V4)),
+        (None, None)
+    );
     pools.allocate(&v6_only, &pod("e"), &mut rng).unwrap();
     pools.allocate(&v4_only, &pod("f"), &mut rng).unwrap();
     let s = pools.stats();
     assert_eq!((s.allocated6, s.allocated4), (1, 1), "{s:?}");
-    assert!(pools.exhausted(Family::V4), "a /30 holds one pod");
+    assert!(pools.exhausted(Family::V4).is_some(), "a /30 holds one pod");
 
     // addresses a pod is never given do not count even inside the CIDR
     let mut pools = Pools::new(Some(net6("2001:db8::/126")), Some(net4("10.0.0.0/30"))).unwrap();
@@ -431,7 +451,7 @@ fn usage_counts_only_the_node_cidr() {
     assert_eq!((s.allocated6, s.allocated4, s.held6, s.held4), (0, 0, 1, 3));
     // and a family without a CIDR is absent, not exhausted
     let v6only = Pools::new(Some(net6("2001:db8::/126")), None).unwrap();
-    assert!(!v6only.exhausted(Family::V4));
+    assert_eq!(v6only.exhausted(Family::V4), None);
 }
 
 // ---- properties ------------------------------------------------------------
