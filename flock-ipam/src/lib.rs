@@ -8,13 +8,15 @@
 //!   [`Pools::allocate`] serves a request, [`Pools::release`] and
 //!   [`Pools::reserve`] keep it in step with the store.
 //! - [`effective_cidr6`] / [`effective_cidr4`]: the rule matrix of DESIGN §3.
-//! - [`Pools::stats`] and [`Pools::exhausted`]: how full the node's pools are.
+//! - [`NodeCidrs`] ([`validate_node_cidr6`], [`validate_node_cidr4`]): which pod CIDRs a
+//!   node may have; [`Pools::stats`] and [`Pools::exhausted`]: how full its pools are.
 //!
 //! Pure: no I/O, no clock, no global RNG — randomness comes in as a `rand_core::Rng`.
 
 mod annotations;
 mod bitmap;
 mod cidr;
+mod node_cidr;
 mod pools;
 mod reserved;
 
@@ -23,6 +25,10 @@ pub use annotations::{
     KEY_IPV4, KEY_IPV6, NodeDefaults, PodRequest, Want,
 };
 pub use cidr::{effective_cidr4, effective_cidr6};
+pub use node_cidr::{
+    LONGEST_NODE_PREFIX4, LONGEST_NODE_PREFIX6, NodeCidrProblem, NodeCidrs, SHORTEST_NODE_PREFIX4,
+    validate_node_cidr4, validate_node_cidr6,
+};
 pub use pools::{Allocation, MAX_RANDOM_TRIES, MIN_PREFIX4, PoolStats, Pools};
 pub use reserved::{is_forbidden4, is_forbidden6};
 
@@ -112,6 +118,16 @@ pub enum Error {
     InUse {
         /// The address.
         addr: IpAddr,
+    },
+    /// A node pod CIDR (NodeConfig `spec.cidr6` / `spec.cidr4`) the node cannot serve.
+    #[error("NodeConfig {} {value:?}: {problem}", family.node_cidr_field())]
+    NodeCidr {
+        /// The family; [`Family::node_cidr_field`] names the field.
+        family: Family,
+        /// The value as written.
+        value: String,
+        /// What is wrong with it.
+        problem: NodeCidrProblem,
     },
 }
 

@@ -241,6 +241,43 @@ fn every_allocation_error() {
 }
 
 #[test]
+fn every_node_cidr_error() {
+    let mut out = String::new();
+    for (cidr6, cidr4) in [
+        (Some("2001:db8::/200"), None),
+        (Some("10.244.0.0/16"), None),
+        (Some("2001:db8::1/64"), None),
+        (Some("2001:db8::/121"), None),
+        (None, Some("2001:db8::/64")),
+        (None, Some("10.244.1.7/24")),
+        (None, Some("10.244.1.0/31")),
+        (None, Some("10.0.0.0/7")),
+        // the IPv6 field is checked first
+        (Some("2001:db8::/128"), Some("10.0.0.0/32")),
+    ] {
+        let err = NodeCidrs::parse(cidr6, cidr4).unwrap_err();
+        let Error::NodeCidr { family, value, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(
+            Some(value.as_str()),
+            if *family == Family::V6 { cidr6 } else { cidr4 }
+        );
+        out.push_str(&format!("{cidr6:?} {cidr4:?} => {err}\n"));
+    }
+    insta::assert_snapshot!(out);
+    // the limits themselves are fine, and every valid pair makes pools
+    for (cidr6, cidr4) in [
+        (Some("2001:db8::/120"), Some("10.0.0.0/30")),
+        (Some("::/0"), Some("10.0.0.0/8")),
+        (None, None),
+    ] {
+        let node = NodeCidrs::parse(cidr6, cidr4).unwrap();
+        Pools::new(node.cidr6(), node.cidr4()).unwrap();
+    }
+}
+
+#[test]
 fn ipv4_skips_network_first_and_broadcast_and_round_robins() {
     let mut pools = Pools::new(None, Some(net4("10.0.0.0/29"))).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(1);
