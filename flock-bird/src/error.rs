@@ -4,8 +4,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-/// What is wrong with a [`BirdModel`](crate::BirdModel); every variant names
-/// the field and the value so the message alone says what to fix.
+/// What is wrong with a [`BirdModel`](crate::BirdModel) or a [`Community`](crate::Community);
+/// every variant names the field and the value so the message alone says what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -164,6 +164,14 @@ pub enum Error {
         /// The value.
         value: IpNet,
         /// Why not.
+        reason: &'static str,
+    },
+    /// A BGP community that does not parse.
+    #[error("community {value:?} {reason}")]
+    CommunitySyntax {
+        /// The text as given.
+        value: String,
+        /// What is wrong with it.
         reason: &'static str,
     },
     /// The graceful-restart time is 0.

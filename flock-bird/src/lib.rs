@@ -8,6 +8,7 @@
 //!   de-duplicated), or returns an [`Error`] naming the field and the value.
 //! - [`render`] writes the BIRD 2 configuration: byte-for-byte stable
 //!   whatever the input order, accepted by `bird -p`.
+//! - [`Community`] reads and writes `ASN:value` and `a:b:c`.
 //!
 //! Pure: no I/O. Writing the file and calling `birdc configure` is the agent's
 //! job. What the configuration announces and accepts is described in

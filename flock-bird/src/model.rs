@@ -88,12 +88,72 @@ impl Timers {
 }
 
 /// A BGP community attached to every announced route.
+///
+/// Written as `ASN:value` (two numbers 0–65535, RFC 1997) or `a:b:c` (three numbers
+/// 0–4294967295, an RFC 8092 large community); [`FromStr`](std::str::FromStr) reads that
+/// form and [`Display`](std::fmt::Display) writes it back.
+///
+/// ```
+/// use flock_bird::{Community, Error};
+/// assert_eq!("65000:100".parse::<Community>()?, Community::Standard(65000, 100));
+/// assert_eq!("4200000000:1:2".parse::<Community>()?, Community::Large(4_200_000_000, 1, 2));
+/// assert_eq!(Community::Large(1, 2, 3).to_string(), "1:2:3");
+/// assert!(matches!("70000:1".parse::<Community>(), Err(Error::CommunitySyntax { .. })));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Community {
     /// RFC 1997 community `(asn, value)`.
     Standard(u16, u16),
     /// RFC 8092 large community `(global, local1, local2)`.
     Large(u32, u32, u32),
+}
+
+impl std::str::FromStr for Community {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Community> {
+        let refuse = |reason| Error::CommunitySyntax {
+            value: text.to_owned(),
+            reason,
+        };
+        let parts: Vec<&str> = text.split(':').collect();
+        let numeric = parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        if !numeric || !(2..=3).contains(&parts.len()) {
+            return Err(refuse(
+                "is not ASN:value (two numbers 0 to 65535) or a large community a:b:c (three numbers 0 to 4294967295)",
+            ));
+        }
+        if let [a, b] = parts[..] {
+            let half = |p: &str| {
+                p.parse::<u16>().map_err(|_| {
+                    refuse("has a number over 65535; a standard community is two 16-bit numbers (use a:b:c for a large community)")
+                })
+            };
+            return Ok(Community::Standard(half(a)?, half(b)?));
+        }
+        let word = |p: &str| {
+            p.parse::<u32>().map_err(|_| {
+                refuse("has a number over 4294967295; a large community is three 32-bit numbers")
+            })
+        };
+        Ok(Community::Large(
+            word(parts[0])?,
+            word(parts[1])?,
+            word(parts[2])?,
+        ))
+    }
+}
+
+impl std::fmt::Display for Community {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Community::Standard(a, b) => write!(f, "{a}:{b}"),
+            Community::Large(a, b, c) => write!(f, "{a}:{b}:{c}"),
+        }
+    }
 }
 
 /// Which address families the node routes.

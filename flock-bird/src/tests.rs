@@ -297,6 +297,40 @@ fn cidr() -> impl Strategy<Value = IpNet> {
     ]
 }
 
+#[test]
+fn communities_parse_and_every_bad_one_is_named() {
+    assert_eq!(
+        "65000:100".parse::<Community>().unwrap(),
+        Community::Standard(65000, 100)
+    );
+    assert_eq!(
+        "0:0:4294967295".parse::<Community>().unwrap(),
+        Community::Large(0, 0, u32::MAX)
+    );
+    let mut out = String::new();
+    for bad in [
+        "",
+        "65000",
+        "65000:",
+        ":1",
+        "a:b",
+        "65000:100:1:2",
+        "65536:1",
+        "1:-1",
+        "1: 2",
+        "4294967296:1:1",
+        "+1:2",
+    ] {
+        let e = bad.parse::<Community>().unwrap_err();
+        assert!(
+            matches!(&e, Error::CommunitySyntax { value, .. } if value == bad),
+            "{e:?}"
+        );
+        out.push_str(&format!("{bad:?} => {e}\n"));
+    }
+    insta::assert_snapshot!(out);
+}
+
 fn community() -> impl Strategy<Value = Community> {
     prop_oneof![
         any::<(u16, u16)>().prop_map(|(a, b)| Community::Standard(a, b)),
@@ -337,6 +371,11 @@ fn neighbors() -> impl Strategy<Value = Vec<NeighborSpec>> {
 }
 
 proptest! {
+    #[test]
+    fn a_community_reads_back_what_it_writes(c in community()) {
+        prop_assert_eq!(c.to_string().parse::<Community>().unwrap(), c);
+    }
+
     #[test]
     fn any_permutation_of_the_lists_renders_the_same_bytes(
         cidrs in permuted(proptest::collection::vec(cidr(), 1..6)),
