@@ -232,7 +232,7 @@ pub fn down() -> Result<()> {
         .unwrap_or_default();
     let mut killed = Vec::new();
     for ns in &namespaces {
-        let pids = output(Command::new("ip").args(["netns", "pids", ns])).unwrap_or_default();
+        let pids = sys::output(Command::new("ip").args(["netns", "pids", ns])).unwrap_or_default();
         for pid in pids.split_whitespace() {
             let _ = Command::new("kill").args(["-9", pid]).status();
             killed.push(pid.to_owned());
@@ -240,7 +240,7 @@ pub fn down() -> Result<()> {
     }
     // Dead means gone or a zombie waiting for init (BIRD and the agents are not our children).
     let dead = |pid: &String| !pid.parse().is_ok_and(flock_testkit::is_alive);
-    wait_for(Duration::from_secs(5), || killed.iter().all(dead))
+    sys::wait_for(Duration::from_secs(5), || killed.iter().all(dead))
         .with_context(|| format!("lab processes {killed:?} did not die"))?;
     for ns in &namespaces {
         // A process just killed may still hold the namespace for a moment.
@@ -270,27 +270,13 @@ pub fn down() -> Result<()> {
     Ok(())
 }
 
-/// Runs a command, fails naming it unless it exits 0, returns its stdout.
-fn output(cmd: &mut Command) -> Result<String> {
-    let shown = format!("{cmd:?}");
-    let out = cmd.output().with_context(|| format!("spawn {shown}"))?;
-    if !out.status.success() {
-        bail!(
-            "{shown} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// Runs `args` inside namespace `ns`.
 fn in_ns(ns: &str, args: &[&str]) -> Result<String> {
-    output(Command::new("ip").args(["netns", "exec", ns]).args(args))
+    sys::output(Command::new("ip").args(["netns", "exec", ns]).args(args))
 }
 
 fn add_ns(ns: &str) -> Result<()> {
-    output(Command::new("ip").args(["netns", "add", ns]))?;
+    sys::output(Command::new("ip").args(["netns", "add", ns]))?;
     in_ns(ns, &["ip", "link", "set", "lo", "up"])?;
     Ok(())
 }
@@ -429,7 +415,7 @@ fn start_bird(ns: &str, conf: &Path, ctl: &Path, pid: &Path) -> Result<()> {
             &pid.to_string_lossy(),
         ],
     )?;
-    wait_for(Duration::from_secs(5), || ctl.exists())
+    sys::wait_for(Duration::from_secs(5), || ctl.exists())
         .with_context(|| format!("BIRD in {ns} did not open {}", ctl.display()))
 }
 
@@ -504,7 +490,7 @@ fn start_node(node: &Node, bins: &Path) -> Result<()> {
         .spawn()
         .context("spawn flock-agent")?;
     let agent_log = || std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
-    wait_for(Duration::from_secs(10), || {
+    sys::wait_for(Duration::from_secs(10), || {
         std::os::unix::net::UnixStream::connect(&socket).is_ok()
     })
     .with_context(|| {
@@ -514,7 +500,7 @@ fn start_node(node: &Node, bins: &Path) -> Result<()> {
             agent_log()
         )
     })?;
-    wait_for(Duration::from_secs(10), || bird_conf.exists()).with_context(|| {
+    sys::wait_for(Duration::from_secs(10), || bird_conf.exists()).with_context(|| {
         format!(
             "flock-agent on {} wrote no BIRD configuration:\n{}",
             node.name,
@@ -611,20 +597,6 @@ fn add_pod(pod: &Pod, bins: &Path) -> Result<PodUp> {
     })
 }
 
-/// Polls `done` every 50 ms until it holds or `limit` passes.
-fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if done() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("not within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn birdc(ns: &str, ctl: &Path, args: &[&str]) -> Result<String> {
     let ctl = ctl.to_string_lossy();
     let mut all = vec!["birdc", "-s", &ctl];
@@ -670,10 +642,10 @@ fn wait_converged(failures: &mut Vec<String>) {
         sessions.len() == 2 * NODES.len()
             && sessions.iter().all(|(_, _, info)| info == "Established")
     };
-    if wait_for(CONVERGE, all_established).is_err() {
+    if sys::wait_for(CONVERGE, all_established).is_err() {
         failures.push("BGP sessions not all Established".into());
     }
-    if wait_for(CONVERGE, || {
+    if sys::wait_for(CONVERGE, || {
         route_paths(&format!("{ANYCAST6}/128")) == 2 && route_paths(&format!("{ANYCAST4}/32")) == 2
     })
     .is_err()
@@ -691,47 +663,13 @@ fn wait_converged(failures: &mut Vec<String>) {
                     .unwrap_or(false)
             })
         };
-        if wait_for(CONVERGE, learned).is_err() {
+        if sys::wait_for(CONVERGE, learned).is_err() {
             failures.push(format!(
                 "{} did not learn {}'s pod prefixes",
                 node.name, other.name
             ));
         }
     }
-}
-
-/// Formats rows as a table with a header, columns padded to their widest cell.
-fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_owned()
-    };
-    let _ = writeln!(
-        out,
-        "{}",
-        line(header.iter().map(|h| (*h).to_owned()).collect())
-    );
-    let _ = writeln!(
-        out,
-        "{}",
-        line(widths.iter().map(|w| "-".repeat(*w)).collect())
-    );
-    for row in rows {
-        let _ = writeln!(out, "{}", line(row.clone()));
-    }
-    out.push('\n');
 }
 
 fn report_pods(out: &mut String, pods: &[PodUp]) {
@@ -748,7 +686,7 @@ fn report_pods(out: &mut String, pods: &[PodUp]) {
             ]
         })
         .collect();
-    table(out, &["pod", "node", "ipv6", "ipv4", "annotations"], &rows);
+    sys::table(out, &["pod", "node", "ipv6", "ipv4", "annotations"], &rows);
 }
 
 fn report_sessions(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
@@ -774,7 +712,7 @@ fn report_sessions(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
             rows.push(vec![who.clone(), name, state, info]);
         }
     }
-    table(out, &["speaker", "protocol", "state", "info"], &rows);
+    sys::table(out, &["speaker", "protocol", "state", "info"], &rows);
     Ok(())
 }
 
@@ -862,7 +800,7 @@ fn report_pings(out: &mut String, pods: &[PodUp], failures: &mut Vec<String>) {
         rows.push(cells);
     }
     let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
-    table(out, &header_refs, &rows);
+    sys::table(out, &header_refs, &rows);
 }
 
 /// The router pings the anycast addresses from its own address, and `ip route get` shows
@@ -894,7 +832,7 @@ fn report_anycast(out: &mut String, failures: &mut Vec<String>) {
             ),
         ]);
     }
-    table(out, &["flow", "ping", "route"], &rows);
+    sys::table(out, &["flow", "ping", "route"], &rows);
 }
 
 #[cfg(test)]
@@ -915,16 +853,5 @@ mod tests {
             assert!(conf.contains(&format!("neighbor {} as {}", node.node_addr, node.asn)));
         }
         assert!(ANYCAST6.starts_with("2001:db8:") && ANYCAST4.starts_with("10."));
-    }
-
-    #[test]
-    fn table_pads_columns() {
-        let mut out = String::new();
-        table(
-            &mut out,
-            &["a", "bb"],
-            &[vec!["xxx".into(), "y".into()], vec!["z".into(), "w".into()]],
-        );
-        assert_eq!(out, "a    bb\n---  --\nxxx  y\nz    w\n\n");
     }
 }

@@ -14,6 +14,7 @@ use std::process::Command;
 use anyhow::{Result, bail};
 
 mod bench;
+mod cluster;
 mod lab;
 mod sys;
 
@@ -39,6 +40,7 @@ fn main() -> Result<()> {
         "test" => test(&rest),
         "bench" => bench::bench(&rest),
         "lab" => lab::lab(&rest),
+        "cluster" => cluster::cluster(&rest),
         _ => {
             eprintln!(
                 "usage: cargo xtask test [nextest filters…]\n\

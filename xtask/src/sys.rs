@@ -1,7 +1,9 @@
 //! The few system interactions every xtask command shares.
 
 use std::ffi::OsStr;
+use std::fmt::Write as _;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
@@ -63,4 +65,82 @@ pub fn run(cmd: &mut Command) -> Result<()> {
         bail!("{shown} failed ({status})");
     }
     Ok(())
+}
+
+/// Runs a command, fails naming it unless it exits 0, returns its stdout.
+pub fn output(cmd: &mut Command) -> Result<String> {
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().with_context(|| format!("spawn {shown}"))?;
+    if !out.status.success() {
+        bail!(
+            "{shown} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Polls `done` every 50 ms until it holds or `limit` passes.
+pub fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if done() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("not within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Formats rows as a table with a header, columns padded to their widest cell.
+pub fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_owned()
+    };
+    let _ = writeln!(
+        out,
+        "{}",
+        line(header.iter().map(|h| (*h).to_owned()).collect())
+    );
+    let _ = writeln!(
+        out,
+        "{}",
+        line(widths.iter().map(|w| "-".repeat(*w)).collect())
+    );
+    for row in rows {
+        let _ = writeln!(out, "{}", line(row.clone()));
+    }
+    out.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_pads_columns() {
+        let mut out = String::new();
+        table(
+            &mut out,
+            &["a", "bb"],
+            &[vec!["xxx".into(), "y".into()], vec!["z".into(), "w".into()]],
+        );
+        assert_eq!(out, "a    bb\n---  --\nxxx  y\nz    w\n\n");
+    }
 }
