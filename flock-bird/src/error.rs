@@ -4,8 +4,9 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-/// What is wrong with a [`BirdModel`](crate::BirdModel) or a [`Community`](crate::Community);
-/// every variant names the field and the value so the message alone says what to fix.
+/// What is wrong with a [`BirdModel`](crate::BirdModel), a [`Community`](crate::Community)
+/// or `birdc` output; every variant names the field and the value so the message alone says
+/// what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -173,6 +174,14 @@ pub enum Error {
         value: String,
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// `birdc show protocols` printed something that is not its table.
+    #[error("birdc show protocols: {reason}: {line:?}")]
+    ShowProtocols {
+        /// What is missing.
+        reason: &'static str,
+        /// The offending line (the whole output when the table is missing).
+        line: String,
     },
     /// The graceful-restart time is 0.
     #[error("bgp.gracefulRestart time 0 is not allowed; use at least 1 second or turn it off")]

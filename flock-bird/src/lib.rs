@@ -9,6 +9,7 @@
 //! - [`render`] writes the BIRD 2 configuration: byte-for-byte stable
 //!   whatever the input order, accepted by `bird -p`.
 //! - [`Community`] reads and writes `ASN:value` and `a:b:c`.
+//! - [`parse_show_protocols`] reads `birdc show protocols` into [`ProtocolRow`]s.
 //!
 //! Pure: no I/O. Writing the file and calling `birdc configure` is the agent's
 //! job. What the configuration announces and accepts is described in
@@ -34,10 +35,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod birdc;
 mod error;
 mod model;
 mod render;
 
+pub use birdc::{ProtocolRow, parse_show_protocols};
 pub use error::{Error, Result};
 pub use model::{BirdModel, Community, Families, Neighbor, NeighborSpec, Timers, ValidModel};
 pub use render::render;

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flock_bird::{BirdModel, NeighborSpec, Timers, render};
+use flock_bird::{BirdModel, NeighborSpec, Timers, parse_show_protocols, render};
 use flock_testkit::Netns;
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -61,6 +61,18 @@ impl Node {
             timers: Some(Timers::FAST),
             ..Default::default()
         });
+    }
+
+    /// The BIRD protocol names of the node's neighbors, sorted.
+    fn neighbor_names(&self) -> Vec<String> {
+        let valid = self.model.validate().expect("test model is valid");
+        let mut names: Vec<String> = valid
+            .neighbors()
+            .iter()
+            .map(|n| n.name().to_owned())
+            .collect();
+        names.sort_unstable();
+        names
     }
 
     fn conf(&self) -> PathBuf {
@@ -142,10 +154,15 @@ impl Node {
         let start = Instant::now();
         loop {
             let protocols = self.birdc(&["show", "protocols"]);
-            let sessions: Vec<&str> = protocols.lines().filter(|l| l.contains(" BGP ")).collect();
-            if sessions.len() == self.model.neighbors.len()
-                && sessions.iter().all(|l| l.contains("Established"))
-            {
+            // real BIRD output through flock-bird's own parser
+            let rows = parse_show_protocols(&protocols).unwrap_or_default();
+            let mut established: Vec<String> = rows
+                .iter()
+                .filter(|r| r.bgp_state() == Some("Established"))
+                .map(|r| r.name.clone())
+                .collect();
+            established.sort_unstable();
+            if established == self.neighbor_names() {
                 return;
             }
             assert!(
