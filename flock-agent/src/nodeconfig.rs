@@ -180,48 +180,17 @@ impl NodeConfig {
             return Err(invalid("metadata.name", "", "the node's name is required"));
         }
         let spec = &self.spec;
-        let cidr6 = spec
-            .cidr6
-            .as_deref()
-            .map(|v| parse_net::<Ipv6Net>("spec.cidr6", v, "an IPv6 CIDR"))
-            .transpose()?;
-        let cidr4 = spec
-            .cidr4
-            .as_deref()
-            .map(|v| parse_net::<Ipv4Net>("spec.cidr4", v, "an IPv4 CIDR"))
-            .transpose()?;
-        for (field, given, net) in [
-            ("spec.cidr6", spec.cidr6.as_deref(), cidr6.map(IpNet::V6)),
-            ("spec.cidr4", spec.cidr4.as_deref(), cidr4.map(IpNet::V4)),
-        ] {
-            if let (Some(given), Some(net)) = (given, net)
-                && net.trunc() != net
-            {
-                return Err(invalid(
-                    field,
-                    given,
-                    &format!("has host bits set; did you mean {}?", net.trunc()),
-                ));
-            }
-        }
-        if let Some(c) = cidr6
-            && c.prefix_len() > 120
-        {
-            return Err(invalid(
-                "spec.cidr6",
-                &c.to_string(),
-                "a pod CIDR must be /120 or larger",
-            ));
-        }
-        if let Some(c) = cidr4
-            && c.prefix_len() > 30
-        {
-            return Err(invalid(
-                "spec.cidr4",
-                &c.to_string(),
-                "a pod CIDR must be /30 or larger",
-            ));
-        }
+        // The node-CIDR rules (syntax, host bits, sizes) are flock-ipam's.
+        let cidrs = flock_ipam::NodeCidrs::parse(spec.cidr6.as_deref(), spec.cidr4.as_deref())
+            .map_err(|e| match e {
+                flock_ipam::Error::NodeCidr {
+                    family,
+                    value,
+                    problem,
+                } => invalid(family.node_cidr_field(), &value, &problem.to_string()),
+                other => invalid("spec", "", &other.to_string()),
+            })?;
+        let (cidr6, cidr4) = (cidrs.cidr6(), cidrs.cidr4());
         let defaults = spec.defaults.clone().unwrap_or_default();
         let default_ipv6 = defaults.ipv6.unwrap_or(true);
         let default_ipv4 = defaults.ipv4.unwrap_or(cidr4.is_some());
@@ -247,17 +216,6 @@ impl NodeConfig {
             .as_ref()
             .map(|b| bird_model(b, cidr6, cidr4))
             .transpose()?;
-        // The pools' own rules (smallest and largest CIDR) are the node's rules too.
-        flock_ipam::Pools::new(cidr6, cidr4).map_err(|e| {
-            let (field, value) = match (&e, &spec.cidr4) {
-                (
-                    flock_ipam::Error::CidrTooSmall { .. } | flock_ipam::Error::CidrTooLarge { .. },
-                    Some(v),
-                ) => ("spec.cidr4", v.clone()),
-                _ => ("spec", String::new()),
-            };
-            invalid(field, &value, &e.to_string())
-        })?;
         let ip_algo = self
             .metadata
             .annotations
@@ -313,12 +271,12 @@ fn bird_model(
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            parse_community(c).ok_or_else(|| {
-                invalid(
-                    &format!("spec.bgp.communities[{i}]"),
-                    c,
-                    "a community is ASN:value (two 16-bit numbers) or a:b:c (three 32-bit numbers)",
-                )
+            c.parse::<flock_bird::Community>().map_err(|e| {
+                let reason = match &e {
+                    flock_bird::Error::CommunitySyntax { reason, .. } => (*reason).to_owned(),
+                    other => other.to_string(),
+                };
+                invalid(&format!("spec.bgp.communities[{i}]"), c, &reason)
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -352,28 +310,6 @@ fn bird_model(
         reason: e.to_string(),
     })?;
     Ok(model)
-}
-
-fn parse_community(text: &str) -> Option<flock_bird::Community> {
-    let parts: Vec<&str> = text.split(':').collect();
-    match parts.as_slice() {
-        [a, b] => Some(flock_bird::Community::Standard(
-            a.parse().ok()?,
-            b.parse().ok()?,
-        )),
-        [a, b, c] => Some(flock_bird::Community::Large(
-            a.parse().ok()?,
-            b.parse().ok()?,
-            c.parse().ok()?,
-        )),
-        _ => None,
-    }
-}
-
-fn parse_net<T: std::str::FromStr>(field: &str, value: &str, what: &str) -> Result<T> {
-    value
-        .parse::<T>()
-        .map_err(|_| invalid(field, value, &format!("not {what}")))
 }
 
 fn invalid(field: &str, value: &str, reason: &str) -> Error {

@@ -23,25 +23,17 @@ use crate::{Error, Result};
 /// The default shortest time between two status writes.
 pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Parses `birdc show protocols` into protocol name → state. For a BGP protocol the state is
-/// the session state of the Info column (`Established`, `Active`, `Idle`, …), for others the
-/// State column (`up`, `down`, `start`).
-pub fn parse_show_protocols(text: &str) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let cols: Vec<&str> = line.split_whitespace().collect();
-        // name proto table state since [info…]; skip the banner and the header.
-        if cols.len() < 5 || cols[0] == "Name" || cols[0] == "BIRD" {
-            continue;
-        }
-        let state = if cols[1] == "BGP" {
-            cols.get(5).copied().unwrap_or(cols[3])
-        } else {
-            cols[3]
-        };
-        out.insert(cols[0].to_owned(), state.to_owned());
-    }
-    out
+/// Protocol name → state, from `birdc show protocols` (parsed by `flock-bird`): a BGP
+/// session's state (`Established`, `Active`, `Idle`, …) when BIRD shows one, the State column
+/// (`up`, `down`, `start`) otherwise ([`flock_bird::ProtocolRow::summary_state`]).
+pub fn protocol_states(text: &str) -> Result<BTreeMap<String, String>, flock_bird::Error> {
+    Ok(flock_bird::parse_show_protocols(text)?
+        .into_iter()
+        .map(|row| {
+            let state = row.summary_state().to_owned();
+            (row.name, state)
+        })
+        .collect())
 }
 
 /// Runs `birdc -s SOCK show protocols`.
@@ -55,16 +47,21 @@ pub async fn show_protocols(target: &BirdTarget) -> Result<BTreeMap<String, Stri
         .await
         .map_err(|e| format!("run {}: {e}", target.birdc.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() || !stdout.contains("Name") {
-        return Err(format!(
-            "{} -s {} show protocols: {}{}",
+    let failed = |why: &dyn std::fmt::Display| {
+        format!(
+            "{} -s {} show protocols: {why}",
             target.birdc.display(),
             target.socket.display(),
+        )
+    };
+    if !out.status.success() {
+        return Err(failed(&format_args!(
+            "{}{}",
             stdout.trim(),
             String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        )));
     }
-    Ok(parse_show_protocols(&stdout))
+    protocol_states(&stdout).map_err(|e| failed(&e))
 }
 
 /// Everything the status is computed from, gathered at one instant.
@@ -353,14 +350,15 @@ n_10_0_0_8 BGP        ---        start  2026-11-21    Idle
 ";
 
     #[test]
-    fn parses_show_protocols() {
-        let p = parse_show_protocols(SHOW);
+    fn protocol_states_are_bgp_session_states_or_protocol_states() {
+        let p = protocol_states(SHOW).expect("a protocol table");
         assert_eq!(p["device1"], "up");
         assert_eq!(p["kernel6"], "up");
         assert_eq!(p["n_2001_db8__fe"], "Established");
         assert_eq!(p["n_10_0_0_9"], "Active");
         assert_eq!(p["n_10_0_0_8"], "Idle");
         assert_eq!(p.len(), 5);
+        assert!(protocol_states("Unable to connect to server control socket").is_err());
     }
 
     fn status(allocated6: u64) -> NodeConfigStatus {
