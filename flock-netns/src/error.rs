@@ -9,8 +9,11 @@ use ipnet::IpNet;
 /// What can go wrong while programming, reading or removing kernel state.
 ///
 /// Every variant names the operation and the object (interface, address,
-/// route, sysctl); the kernel's errno stays reachable through
-/// [`std::error::Error::source`] and [`Error::errno`].
+/// route, sysctl); the message does not repeat the cause. The kernel's answer is
+/// the [`std::error::Error::source`] — for netlink an [`io::Error`] of the errno
+/// the kernel returned — so a cause-chain formatter prints, e.g.,
+/// `cannot replace route 2001:db8::1/128 dev flock1234abcd in current netns: File exists (os error 17)`,
+/// and [`Error::errno`] gives the number.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -59,9 +62,10 @@ pub enum Error {
         ifname: String,
         /// The namespace.
         ns: String,
-        /// The kernel's answer.
+        /// The kernel's answer: its errno as an [`io::Error`] (or what else
+        /// went wrong with the netlink request).
         #[source]
-        source: Box<rtnetlink::Error>,
+        source: io::Error,
     },
     /// An address operation failed.
     #[error("cannot {op} address {addr} on {ifname} in {ns}")]
@@ -74,9 +78,10 @@ pub enum Error {
         ifname: String,
         /// The namespace.
         ns: String,
-        /// The kernel's answer.
+        /// The kernel's answer: its errno as an [`io::Error`] (or what else
+        /// went wrong with the netlink request).
         #[source]
-        source: Box<rtnetlink::Error>,
+        source: io::Error,
     },
     /// A route operation failed.
     #[error("cannot {op} route {route} in {ns}")]
@@ -87,9 +92,10 @@ pub enum Error {
         route: String,
         /// The namespace.
         ns: String,
-        /// The kernel's answer.
+        /// The kernel's answer: its errno as an [`io::Error`] (or what else
+        /// went wrong with the netlink request).
         #[source]
-        source: Box<rtnetlink::Error>,
+        source: io::Error,
     },
     /// Reading or writing a sysctl failed.
     #[error("cannot {op} sysctl {path} in {ns}")]
@@ -149,8 +155,8 @@ impl Error {
         match self {
             Error::Link { source, .. }
             | Error::Address { source, .. }
-            | Error::Route { source, .. } => nl_errno(source),
-            Error::OpenNetns { source, .. }
+            | Error::Route { source, .. }
+            | Error::OpenNetns { source, .. }
             | Error::Sysctl { source, .. }
             | Error::Connect { source, .. }
             | Error::NetnsThread { source, .. } => source.raw_os_error(),
@@ -172,7 +178,7 @@ impl Error {
             op,
             ifname: ifname.into(),
             ns: ns.to_owned(),
-            source: Box::new(source),
+            source: kernel_answer(source),
         }
     }
 
@@ -189,7 +195,7 @@ impl Error {
             addr,
             ifname: ifname.to_owned(),
             ns: ns.to_owned(),
-            source: Box::new(source),
+            source: kernel_answer(source),
         }
     }
 
@@ -204,7 +210,7 @@ impl Error {
             op,
             route: route.into(),
             ns: ns.to_owned(),
-            source: Box::new(source),
+            source: kernel_answer(source),
         }
     }
 }
@@ -217,17 +223,32 @@ pub(crate) fn nl_errno(e: &rtnetlink::Error) -> Option<i32> {
     }
 }
 
+/// What the kernel answered, as the source of an [`Error`]: a NACK becomes the [`io::Error`]
+/// of its errno (`File exists (os error 17)`), anything else (a malformed or unexpected
+/// message) keeps rtnetlink's error inside an [`io::Error`].
+fn kernel_answer(e: rtnetlink::Error) -> io::Error {
+    match nl_errno(&e) {
+        Some(errno) => io::Error::from_raw_os_error(errno),
+        None => io::Error::other(e),
+    }
+}
+
 /// `pub type Result<T, E = Error>`, as everywhere in flock.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Every error a teardown met; teardown keeps going past each of them.
+///
+/// Several errors have several cause chains, and [`std::error::Error::source`] can name only
+/// one: so the message lists every error with its whole chain (the kernel's errno included),
+/// and `source()` is `None`, so a cause-chain formatter prints nothing twice.
 #[derive(Debug, thiserror::Error)]
 #[error("teardown failed with {} error(s): {}", errors.len(), summary(errors))]
 pub struct TeardownError {
-    /// The errors, in the order they happened.
+    /// The errors, in the order they happened; each keeps its own source chain.
     pub errors: Vec<Error>,
 }
 
+/// Each error and its causes, `: `-joined; the errors `; `-joined.
 fn summary(errors: &[Error]) -> String {
     errors
         .iter()
@@ -243,4 +264,83 @@ fn summary(errors: &[Error]) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroI32;
+
+    use super::*;
+
+    /// The message and every source below it, `: `-joined (what a caller's formatter prints).
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut out = e.to_string();
+        let mut next = e.source();
+        while let Some(cause) = next {
+            out.push_str(": ");
+            out.push_str(&cause.to_string());
+            next = cause.source();
+        }
+        out
+    }
+
+    fn nack(errno: i32) -> rtnetlink::Error {
+        let mut m = rtnetlink::packet_core::ErrorMessage::default();
+        m.code = NonZeroI32::new(-errno);
+        rtnetlink::Error::NetlinkError(m)
+    }
+
+    #[test]
+    fn the_kernel_errno_is_the_source() {
+        let e = Error::route(
+            "add",
+            "2001:db8::1/128 dev flock1234abcd",
+            "current netns",
+            nack(17),
+        );
+        assert_eq!(
+            e.to_string(),
+            "cannot add route 2001:db8::1/128 dev flock1234abcd in current netns"
+        );
+        assert_eq!(
+            chain(&e),
+            "cannot add route 2001:db8::1/128 dev flock1234abcd in current netns: File exists (os error 17)"
+        );
+        assert_eq!(e.errno(), Some(17));
+        let e = Error::link("delete", "flock1234abcd", "/run/netns/n", nack(19));
+        assert!(
+            chain(&e).ends_with(": No such device (os error 19)"),
+            "{}",
+            chain(&e)
+        );
+        // not a NACK: no errno, but the cause is still in the chain
+        let e = Error::address(
+            "add",
+            "fe80::1/64".parse().unwrap(),
+            "flock1234abcd",
+            "current netns",
+            rtnetlink::Error::RequestFailed,
+        );
+        assert_eq!(e.errno(), None);
+        assert!(
+            chain(&e).ends_with(": A netlink request failed"),
+            "{}",
+            chain(&e)
+        );
+    }
+
+    #[test]
+    fn a_teardown_error_lists_every_chain_once() {
+        let t = TeardownError {
+            errors: vec![
+                Error::route("delete", "10.0.0.1/32 dev flock1", "current netns", nack(1)),
+                Error::link("delete", "flock1", "current netns", nack(16)),
+            ],
+        };
+        assert_eq!(
+            chain(&t),
+            "teardown failed with 2 error(s): cannot delete route 10.0.0.1/32 dev flock1 in current netns: Operation not permitted (os error 1); cannot delete link flock1 in current netns: Device or resource busy (os error 16)"
+        );
+        assert!(std::error::Error::source(&t).is_none());
+    }
 }
