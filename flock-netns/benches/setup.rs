@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use flock_netns::{NodeNs, PodSpec, setup, teardown};
+use flock_netns::{NodeNs, PodSpec, host_ifname, setup, teardown};
 use flock_testkit::{Netns, require_root};
 
 struct Bed {
@@ -31,6 +31,7 @@ fn bed() -> Bed {
     let pod = Netns::new("bpod");
     let spec = PodSpec {
         container_id: "bench-container".into(),
+        host_if: host_ifname("bench-container", "eth0", 0),
         netns: pod.path(),
         if_name: "eth0".into(),
         mtu: 1500,

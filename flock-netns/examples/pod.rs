@@ -4,7 +4,7 @@
 //!
 //! `sudo cargo run -p flock-netns --example pod`
 
-use flock_netns::{NodeNs, PodSpec, check, setup, teardown};
+use flock_netns::{NodeNs, PodSpec, check, host_ifname, setup, teardown};
 use flock_testkit::Netns;
 
 #[tokio::main(flavor = "current_thread")]
@@ -14,6 +14,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let node = NodeNs::at(node_ns.path());
     let spec = PodSpec {
         container_id: "example-container".into(),
+        // the agent picks the first attempt no other attachment owns, and records it
+        host_if: host_ifname("example-container", "eth0", 0),
         netns: pod_ns.path(),
         if_name: "eth0".into(),
         mtu: 1500,

@@ -1,48 +1,53 @@
-//! Node-wide state: anycast nexthop sets, blackholes, and the inventory of
-//! `flock*` links and routes for start-up reconciliation.
+//! The node's side of pods: host veth names, the inventory of `flock*` links and
+//! routes for start-up reconciliation, link removal, and the node CIDRs' blackholes.
 
-use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv6Addr};
+use std::path::PathBuf;
 
 use ipnet::IpNet;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::nl;
-use std::path::PathBuf;
-
-use crate::Error;
 use crate::ns::{NlConn, NodeNs};
-use crate::pod::{HOST_IF_PREFIX, program_anycast};
 
-/// One local pod carrying an anycast address.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct AnycastMember {
-    /// The pod's host veth (`flockXXXXXXXX`).
-    pub host_if: String,
-    /// The pod's IPv6 address: the gateway of its IPv6 nexthop (the kernel
-    /// refuses device-only IPv6 multipath nexthops). Needed for an IPv6
-    /// anycast address, ignored for IPv4.
-    pub pod_ip6: Option<Ipv6Addr>,
+/// Every host veth's name starts with this.
+pub const HOST_IF_PREFIX: &str = "flock";
+
+/// A host veth name for the attachment (`container_id`, `if_name`): `flock` + 8 hex digits
+/// (13 characters, within the kernel's 15) of FNV-1a 32 over the container ID's bytes, a 0
+/// byte, and the interface name's bytes (DESIGN §5) — so two attachments of one container
+/// (two networks, Multus) get two veths.
+///
+/// `attempt` 0 is that name. When it is taken by another attachment (a hash collision), the
+/// caller asks for attempt 1, 2, …: each mixes a further 0 byte and the attempt's four
+/// big-endian bytes into the hash, giving another name of the same form. The caller records
+/// the name it chose and passes it in [`PodSpec::host_if`](crate::PodSpec::host_if); nothing
+/// recomputes it.
+///
+/// ```
+/// use flock_netns::host_ifname;
+/// let eth0 = host_ifname("0123abcd", "eth0", 0);
+/// assert_eq!(eth0.len(), 13);
+/// assert!(eth0.starts_with("flock"));
+/// assert_ne!(eth0, host_ifname("0123abcd", "net1", 0));
+/// assert_ne!(eth0, host_ifname("0123abcd", "eth0", 1));
+/// ```
+pub fn host_ifname(container_id: &str, if_name: &str, attempt: u32) -> String {
+    let mut bytes: Vec<u8> = Vec::with_capacity(container_id.len() + if_name.len() + 6);
+    bytes.extend_from_slice(container_id.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(if_name.as_bytes());
+    if attempt > 0 {
+        bytes.push(0);
+        bytes.extend_from_slice(&attempt.to_be_bytes());
+    }
+    format!("{HOST_IF_PREFIX}{:08x}", fnv1a32(&bytes))
 }
 
-/// Sets the whole nexthop set of anycast address `addr` to `members`
-/// (members whose veth does not exist are skipped); an empty set deletes
-/// the route. Serialised with setup and teardown of this [`NodeNs`].
-pub async fn sync_anycast(node: &NodeNs, addr: IpAddr, members: &[AnycastMember]) -> Result<()> {
-    let h = node.handle().await?;
-    let ns = node.name();
-    let mut registry = node.anycast.lock().await;
-    let set: BTreeMap<String, Option<Ipv6Addr>> = members
-        .iter()
-        .map(|m| (m.host_if.clone(), m.pod_ip6))
-        .collect();
-    program_anycast(&h, &ns, addr, &set).await?;
-    if set.is_empty() {
-        registry.remove(&addr);
-    } else {
-        registry.insert(addr, set);
-    }
-    Ok(())
+/// FNV-1a 32.
+fn fnv1a32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5, |hash: u32, b| {
+        (hash ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// Installs a blackhole route for each CIDR (replace: idempotent).

@@ -13,22 +13,26 @@
 //!
 #![doc = include_str!("../README.md")]
 
+// Modules, each using only those listed before it: error; nl and ns (netlink requests, the
+// one place that enters namespaces); host (veth names, the node's links and blackholes) and
+// anycast (ECMP routes over pods); pod (one attachment: setup, check, detach, teardown).
+mod anycast;
 mod error;
 mod host;
 mod nl;
 mod ns;
 mod pod;
 
+pub use anycast::{AnycastMember, sync_anycast};
 pub use error::{Error, Result, TeardownError};
 pub use host::{
-    AnycastMember, HostIface, HostRoute, ensure_blackholes, host_routes, list_host_ifaces,
-    remove_blackhole, remove_host_iface, sync_anycast,
+    HOST_IF_PREFIX, HostIface, HostRoute, ensure_blackholes, host_ifname, host_routes,
+    list_host_ifaces, remove_blackhole, remove_host_iface,
 };
 pub use nl::RouteSpec;
 pub use ns::{NodeNs, NsTarget};
 pub use pod::{
-    GATEWAY4, GATEWAY6, HOST_IF_PREFIX, Mismatch, PodSpec, SetupOutcome, Side, check, detach,
-    host_ifname, setup, teardown,
+    GATEWAY4, GATEWAY6, Mismatch, PodSpec, SetupOutcome, Side, check, detach, setup, teardown,
 };
 
 #[cfg(test)]
@@ -36,18 +40,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn host_ifname_is_flock_and_fnv1a32() {
-        // FNV-1a 32 of "" is the offset basis, of "a" is 0xe40c292c.
-        assert_eq!(host_ifname(""), "flock811c9dc5");
-        assert_eq!(host_ifname("a"), "flocke40c292c");
-        assert_eq!(host_ifname("foobar"), "flockbf9cf968");
-        assert!(host_ifname(&"x".repeat(200)).len() <= 15);
+    fn host_ifname_is_flock_and_fnv1a32_of_container_nul_ifname() {
+        // FNV-1a 32 (offset basis 0x811c9dc5, prime 0x01000193) of the bytes "\0",
+        // "a\0eth0" and "a\0eth0\0\0\0\0\x01"
+        assert_eq!(host_ifname("", "", 0), "flock050c5d1f");
+        assert_eq!(host_ifname("a", "eth0", 0), "flockfa042165");
+        assert_eq!(host_ifname("a", "eth0", 1), "flockfc4b715c");
+        assert!(host_ifname(&"x".repeat(200), "eth0", 0).len() <= 15);
+    }
+
+    #[test]
+    fn two_attachments_of_one_container_get_two_names() {
+        let id = "9f8e7d6c5b4a39281706f5e4d3c2b1a0";
+        let eth0 = host_ifname(id, "eth0", 0);
+        let net1 = host_ifname(id, "net1", 0);
+        assert_ne!(eth0, net1);
+        // the separator keeps ("ab", "c") and ("a", "bc") apart
+        assert_ne!(host_ifname("ab", "c", 0), host_ifname("a", "bc", 0));
+        // attempts give further distinct names of the same form
+        let names: std::collections::BTreeSet<String> =
+            (0..16).map(|n| host_ifname(id, "eth0", n)).collect();
+        assert_eq!(names.len(), 16);
+        assert!(
+            names
+                .iter()
+                .all(|n| n.len() == 13 && n.starts_with(HOST_IF_PREFIX))
+        );
+        assert!(!names.contains(&net1));
     }
 
     #[test]
     fn pod_routes_follow_the_families() {
         let spec = PodSpec {
             container_id: "c".into(),
+            host_if: host_ifname("c", "eth0", 0),
             netns: "/run/netns/x".into(),
             if_name: "eth0".into(),
             mtu: 1500,
@@ -70,7 +96,7 @@ mod tests {
         );
         assert_eq!(
             spec.host_routes()[0].to_string(),
-            format!("10.1.0.5/32 dev {}", host_ifname("c"))
+            format!("10.1.0.5/32 dev {}", host_ifname("c", "eth0", 0))
         );
     }
 }

@@ -1,6 +1,5 @@
 //! One pod's layout (DESIGN §5): setup, teardown, check.
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
@@ -10,12 +9,11 @@ use ipnet::IpNet;
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth};
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth};
 
+use crate::anycast::{is_unicast, member_set, program_anycast};
 use crate::error::{Error, Result, TeardownError};
-use crate::nl::{self, KRoute, Link, RouteSpec};
+use crate::host::{HOST_IF_PREFIX, remove_host_iface};
+use crate::nl::{self, Link, RouteSpec};
 use crate::ns::{NlConn, NodeNs, NsTarget, Sysctl, ensure_sysctls, read_sysctl, run_in};
-
-/// Every host veth's name starts with this.
-pub const HOST_IF_PREFIX: &str = "flock";
 
 const EEXIST: i32 = 17;
 
@@ -24,22 +22,20 @@ pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 /// The IPv4 gateway the pod routes through (answered by `proxy_arp`).
 pub const GATEWAY4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 
-/// The host veth's name: `flock` + 8 hex digits of FNV-1a 32 of the
-/// container ID (13 characters, within the kernel's 15).
-pub fn host_ifname(container_id: &str) -> String {
-    let mut hash: u32 = 0x811c_9dc5;
-    for b in container_id.as_bytes() {
-        hash ^= u32::from(*b);
-        hash = hash.wrapping_mul(0x0100_0193);
-    }
-    format!("{HOST_IF_PREFIX}{hash:08x}")
-}
-
-/// Everything the kernel layout of one pod depends on.
+/// Everything the kernel layout of one pod attachment depends on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodSpec {
-    /// The container (sandbox) ID; names the host veth.
+    /// The container (sandbox) ID.
     pub container_id: String,
+    /// The host veth's name, chosen by the caller — normally
+    /// [`host_ifname`](crate::host_ifname)`(container_id, if_name, attempt)` with the first
+    /// attempt no other attachment owns — and recorded with the attachment, so that check
+    /// and teardown act on exactly this link and never recompute it. It must start with
+    /// [`HOST_IF_PREFIX`] (start-up reconciliation lists host veths by it).
+    ///
+    /// The link of this name belongs to this attachment: [`setup`] replaces a stale one
+    /// whose peer is not this pod's interface, [`teardown`] deletes it.
+    pub host_if: String,
     /// The pod's network namespace file (`CNI_NETNS`).
     pub netns: PathBuf,
     /// The pod's interface name (`CNI_IFNAME`, normally `eth0`).
@@ -56,11 +52,6 @@ pub struct PodSpec {
 }
 
 impl PodSpec {
-    /// The host veth's name.
-    pub fn host_if(&self) -> String {
-        host_ifname(&self.container_id)
-    }
-
     fn has_v6(&self) -> bool {
         self.addresses.iter().any(|a| a.addr().is_ipv6())
     }
@@ -77,34 +68,20 @@ impl PodSpec {
     }
 
     fn validate(&self) -> Result<()> {
-        let bad = |reason| {
-            Err(Error::InvalidIfName {
-                ifname: self.if_name.clone(),
-                reason,
-            })
-        };
-        if self.if_name.is_empty() {
-            return bad("empty");
-        }
-        if self.if_name.len() > 15 {
-            return bad("longer than 15 bytes");
-        }
-        if self.if_name == "." || self.if_name == ".." {
-            return bad("reserved name");
-        }
-        if self
-            .if_name
-            .bytes()
-            .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace())
-        {
-            return bad("contains '/', ':' or whitespace");
+        validate_ifname(&self.if_name)?;
+        validate_ifname(&self.host_if)?;
+        if !self.host_if.starts_with(HOST_IF_PREFIX) {
+            return Err(Error::InvalidIfName {
+                ifname: self.host_if.clone(),
+                reason: "a host veth name must start with \"flock\"",
+            });
         }
         if let Some(addr) = self.anycast.iter().find(|a| a.is_ipv6())
             && !self.has_v6()
         {
             return Err(Error::AnycastNeedsIpv6 {
                 addr: *addr,
-                host_if: self.host_if(),
+                host_if: self.host_if.clone(),
             });
         }
         Ok(())
@@ -138,7 +115,7 @@ impl PodSpec {
 
     /// The host routes (`<addr>/128|/32 dev flockXXXXXXXX`).
     pub fn host_routes(&self) -> Vec<RouteSpec> {
-        let dev = self.host_if();
+        let dev = self.host_if.clone();
         self.addresses
             .iter()
             .map(|a| RouteSpec {
@@ -148,6 +125,32 @@ impl PodSpec {
             })
             .collect()
     }
+}
+
+/// Whether `name` can be a Linux interface name.
+fn validate_ifname(name: &str) -> Result<()> {
+    let bad = |reason| {
+        Err(Error::InvalidIfName {
+            ifname: name.to_owned(),
+            reason,
+        })
+    };
+    if name.is_empty() {
+        return bad("empty");
+    }
+    if name.len() > 15 {
+        return bad("longer than 15 bytes");
+    }
+    if name == "." || name == ".." {
+        return bad("reserved name");
+    }
+    if name
+        .bytes()
+        .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace())
+    {
+        return bad("contains '/', ':' or whitespace");
+    }
+    Ok(())
 }
 
 /// What a setup built: what the CNI result reports.
@@ -194,7 +197,7 @@ fn ns_name(path: &std::path::Path) -> String {
 /// Creates (or completes) the pod's kernel state; idempotent.
 pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
     spec.validate()?;
-    let host_if = spec.host_if();
+    let host_if = spec.host_if.clone();
     let nodename = node.name();
     let podname = ns_name(&spec.netns);
     let h = node.handle().await?;
@@ -379,78 +382,14 @@ async fn ensure_veth(
     Ok((host, peer))
 }
 
-/// The registry entry for `addr`, seeded from the kernel's current route on
-/// first use (so an agent restart picks up what is installed).
-pub(crate) async fn member_set<'a>(
-    h: &Handle,
-    ns: &str,
-    registry: &'a mut std::collections::HashMap<IpAddr, BTreeMap<String, Option<Ipv6Addr>>>,
-    addr: IpAddr,
-) -> Result<&'a mut BTreeMap<String, Option<Ipv6Addr>>> {
-    let vacant = match registry.entry(addr) {
-        std::collections::hash_map::Entry::Occupied(o) => return Ok(o.into_mut()),
-        std::collections::hash_map::Entry::Vacant(v) => v,
-    };
-    let dst = IpNet::from(addr);
-    let routes = nl::main_routes(h, ns).await?;
-    let links = nl::links(h, ns).await?;
-    let mut seeded = BTreeMap::new();
-    if let Some(r) = routes.iter().find(|r| r.dst == dst && is_unicast(r)) {
-        for (idx, gw) in &r.nexthops {
-            if let Some(l) = links.iter().find(|l| l.index == *idx) {
-                let gw6 = match gw {
-                    Some(IpAddr::V6(g)) => Some(*g),
-                    _ => None,
-                };
-                seeded.insert(l.name.clone(), gw6);
-            }
-        }
-    }
-    Ok(vacant.insert(seeded))
-}
-
-fn is_unicast(r: &KRoute) -> bool {
-    r.kind == netlink_packet_route::route::RouteType::Unicast
-}
-
-/// Installs the route for `addr` over `members` (skipping links that no
-/// longer exist); no member left = no route.
-pub(crate) async fn program_anycast(
-    h: &Handle,
-    ns: &str,
-    addr: IpAddr,
-    members: &BTreeMap<String, Option<Ipv6Addr>>,
-) -> Result<()> {
-    let links = nl::links(h, ns).await?;
-    let mut hops = Vec::new();
-    for (name, gw6) in members {
-        let Some(l) = links.iter().find(|l| &l.name == name) else {
-            continue;
-        };
-        let gw = match addr {
-            IpAddr::V4(_) => None,
-            IpAddr::V6(_) => match gw6 {
-                Some(g) => Some(IpAddr::V6(*g)),
-                None => {
-                    return Err(Error::AnycastNeedsIpv6 {
-                        addr,
-                        host_if: name.clone(),
-                    });
-                }
-            },
-        };
-        hops.push((l.index, name.clone(), gw));
-    }
-    nl::multipath_replace(h, ns, IpNet::from(addr), &hops).await
-}
-
-/// Removes the pod's veth (which takes the pod end with it), its host
+/// Removes the pod's veth `spec.host_if` (which takes the pod end with it), its host
 /// routes and its anycast nexthops, and its anycast addresses from the pod's
 /// `lo` if the namespace still exists. Already gone = done; keeps going past
-/// errors and reports all of them.
+/// errors and reports all of them. Only the link named `spec.host_if` is deleted: another
+/// attachment of the same container keeps its own.
 pub async fn teardown(node: &NodeNs, spec: &PodSpec) -> Result<(), TeardownError> {
     let detached = detach(node, spec).await;
-    let removed = crate::host::remove_host_iface(node, &spec.host_if()).await;
+    let removed = remove_host_iface(node, &spec.host_if).await;
     match (detached, removed) {
         (Ok(()), Ok(_)) => Ok(()),
         (Ok(()), Err(e)) => Err(TeardownError { errors: vec![e] }),
@@ -472,7 +411,7 @@ pub async fn teardown(node: &NodeNs, spec: &PodSpec) -> Result<(), TeardownError
 /// addresses at once.
 pub async fn detach(node: &NodeNs, spec: &PodSpec) -> Result<(), TeardownError> {
     let mut errors = Vec::new();
-    let host_if = spec.host_if();
+    let host_if = spec.host_if.clone();
     let nodename = node.name();
     let h = match node.handle().await {
         Ok(h) => h,
@@ -681,7 +620,7 @@ impl std::fmt::Display for Mismatch {
 /// means the pod is intact. `Err` only when the kernel could not be read.
 pub async fn check(node: &NodeNs, spec: &PodSpec) -> Result<Vec<Mismatch>> {
     let mut out = Vec::new();
-    let host_if = spec.host_if();
+    let host_if = spec.host_if.clone();
     let nodename = node.name();
     let h = node.handle().await?;
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use flock_netns::{NodeNs, PodSpec, check, list_host_ifaces, setup, teardown};
+use flock_netns::{NodeNs, PodSpec, check, host_ifname, list_host_ifaces, setup, teardown};
 use flock_testkit::Netns;
 
 fn count(dir: &str) -> usize {
@@ -13,6 +13,7 @@ fn count(dir: &str) -> usize {
 fn spec(pod: &Netns, i: usize) -> PodSpec {
     PodSpec {
         container_id: format!("conc-{i}"),
+        host_if: host_ifname(&format!("conc-{i}"), "eth0", 0),
         netns: pod.path(),
         if_name: "eth0".into(),
         mtu: 1500,

@@ -15,6 +15,7 @@ use std::net::IpAddr;
 fn spec(pod: &Netns, id: &str, addrs: &[&str], anycast: &[&str]) -> PodSpec {
     PodSpec {
         container_id: id.to_owned(),
+        host_if: host_ifname(id, "eth0", 0),
         netns: pod.path(),
         if_name: "eth0".to_owned(),
         mtu: 1500,
@@ -68,7 +69,7 @@ async fn pods_reach_the_gateway_and_each_other_over_both_families() {
     let a = spec(&pa, "ctr-a", &["2001:db8:1::a/128", "10.244.1.10/32"], &[]);
     let b = spec(&pb, "ctr-b", &["2001:db8:1::b/128", "10.244.1.11/32"], &[]);
     let out = setup(&node, &a).await.unwrap();
-    assert_eq!(out.host_if, host_ifname("ctr-a"));
+    assert_eq!(out.host_if, host_ifname("ctr-a", "eth0", 0));
     assert_eq!(out.pod_if, "eth0");
     assert_eq!(out.sandbox, pa.path());
     assert_eq!(out.host_mac.len(), 17);
@@ -177,7 +178,7 @@ async fn check_reports_each_difference_precisely() {
         &["2001:db8:3::7/128", "10.244.3.7/32"],
         &[],
     );
-    let host_if = host_ifname("ctr-check");
+    let host_if = host_ifname("ctr-check", "eth0", 0);
     setup(&node, &s).await.unwrap();
     assert_eq!(check(&node, &s).await.unwrap(), vec![]);
 
@@ -309,7 +310,10 @@ async fn anycast_route_follows_its_pods() {
     let any = ["2001:db8:aa::53", "10.100.0.53"];
     let a = spec(&pa, "any-a", &["2001:db8:4::a/128", "10.244.4.10/32"], &any);
     let b = spec(&pb, "any-b", &["2001:db8:4::b/128", "10.244.4.11/32"], &any);
-    let (ha, hb) = (host_ifname("any-a"), host_ifname("any-b"));
+    let (ha, hb) = (
+        host_ifname("any-a", "eth0", 0),
+        host_ifname("any-b", "eth0", 0),
+    );
     setup(&node, &a).await.unwrap();
     setup(&node, &b).await.unwrap();
 
@@ -383,7 +387,7 @@ async fn blackholes_and_inventory() {
     setup(&node, &s).await.unwrap();
     let ifaces = list_host_ifaces(&node).await.unwrap();
     assert_eq!(ifaces.len(), 1);
-    assert_eq!(ifaces[0].name, host_ifname("inv"));
+    assert_eq!(ifaces[0].name, host_ifname("inv", "eth0", 0));
     assert!(ifaces[0].up);
     let routes = host_routes(&node).await.unwrap();
     let dsts: Vec<String> = routes.iter().map(|r| r.dst.to_string()).collect();
@@ -413,7 +417,25 @@ async fn errors_name_the_namespace_and_interface() {
         e.to_string().contains("/run/netns/flock-no-such-netns"),
         "{e}"
     );
+    assert_eq!(
+        std::error::Error::source(&e)
+            .map(|c| c.to_string())
+            .as_deref(),
+        Some("No such file or directory (os error 2)")
+    );
     s.netns = pod.path();
+    // the kernel's own refusal keeps its errno in the source chain
+    s.mtu = 10;
+    let e = setup(&node, &s).await.unwrap_err();
+    assert_eq!(e.errno(), Some(22), "{e}");
+    assert!(e.to_string().contains(&s.host_if), "{e}");
+    assert_eq!(
+        std::error::Error::source(&e)
+            .map(|c| c.to_string())
+            .as_deref(),
+        Some("Invalid argument (os error 22)")
+    );
+    s.mtu = 1500;
     s.if_name = "a-very-long-interface-name".into();
     let e = setup(&node, &s).await.unwrap_err();
     assert!(e.to_string().contains("a-very-long-interface-name"), "{e}");
@@ -425,4 +447,119 @@ async fn errors_name_the_namespace_and_interface() {
     let e = setup(&node, &s).await.unwrap_err();
     assert!(e.to_string().contains("eth0"), "{e}");
     assert!(list_host_ifaces(&node).await.unwrap().is_empty());
+}
+
+/// Two attachments of one container (two networks, or Multus): `eth0` and `net1` in the same
+/// pod namespace get two host veths, and tearing one down leaves the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_attachments_of_one_container_coexist_and_tear_down_alone() {
+    let node_ns = Netns::new("node");
+    let pod = Netns::new("pod");
+    let node = NodeNs::at(node_ns.path());
+    let eth0 = spec(
+        &pod,
+        "ctr-multi",
+        &["2001:db8:8::1/128", "10.244.8.1/32"],
+        &[],
+    );
+    let net1 = PodSpec {
+        if_name: "net1".into(),
+        host_if: host_ifname("ctr-multi", "net1", 0),
+        addresses: vec![net("2001:db8:8::2/128")],
+        ..eth0.clone()
+    };
+    assert_ne!(eth0.host_if, net1.host_if);
+    let a = setup(&node, &eth0).await.unwrap();
+    let b = setup(&node, &net1).await.unwrap();
+    assert_eq!(
+        (a.host_if.as_str(), b.host_if.as_str()),
+        (eth0.host_if.as_str(), net1.host_if.as_str())
+    );
+    // the second setup did not replace the first one's veth
+    let names: Vec<String> = list_host_ifaces(&node)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name)
+        .collect();
+    let mut want = vec![eth0.host_if.clone(), net1.host_if.clone()];
+    want.sort();
+    assert_eq!(names, want);
+    assert_eq!(check(&node, &net1).await.unwrap(), vec![]);
+    // Both attachments want the pod's default routes; the last setup's win (`replace`), so
+    // CHECK of the first reports its default route, and only that. Which attachment carries
+    // the default route is the caller's choice, not this crate's.
+    assert_eq!(
+        check(&node, &eth0).await.unwrap(),
+        vec![Mismatch::RouteMissing {
+            side: Side::Pod,
+            route: eth0.pod_routes()[0].clone(),
+        }]
+    );
+    let host6 = node_ns.ok(["ip", "-6", "route"]);
+    for (addr, host_if) in [
+        ("2001:db8:8::1", &eth0.host_if),
+        ("2001:db8:8::2", &net1.host_if),
+    ] {
+        assert!(host6.contains(&format!("{addr} dev {host_if}")), "{host6}");
+    }
+    assert!(pod.pings("fe80::1%eth0") && pod.pings("fe80::1%net1"));
+
+    teardown(&node, &net1).await.unwrap();
+    let left = list_host_ifaces(&node).await.unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].name, eth0.host_if);
+    assert!(!pod.ok(["ip", "link"]).contains("net1"));
+    // eth0's link, addresses and host routes are untouched
+    let addrs = pod.ok(["ip", "addr", "show", "dev", "eth0"]);
+    assert!(
+        addrs.contains("2001:db8:8::1/128") && addrs.contains("10.244.8.1/32"),
+        "{addrs}"
+    );
+    let host6 = node_ns.ok(["ip", "-6", "route"]);
+    assert!(!host6.contains("2001:db8:8::2"), "{host6}");
+    assert!(
+        host6.contains(&format!("2001:db8:8::1 dev {}", eth0.host_if)),
+        "{host6}"
+    );
+    assert!(pod.pings("fe80::1%eth0") && pod.pings("169.254.1.1"));
+    // a new setup of eth0 restores its default route
+    setup(&node, &eth0).await.unwrap();
+    assert_eq!(check(&node, &eth0).await.unwrap(), vec![]);
+    teardown(&node, &eth0).await.unwrap();
+    assert!(list_host_ifaces(&node).await.unwrap().is_empty());
+}
+
+/// The caller's name is used as is: an attachment whose first name is owned by another gets
+/// a later attempt, and setup, check and teardown all act on that name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recorded_host_name_is_used_as_given() {
+    let node_ns = Netns::new("node");
+    let (pa, pb) = (Netns::new("pod"), Netns::new("pod"));
+    let node = NodeNs::at(node_ns.path());
+    let first = spec(&pa, "ctr-owner", &["2001:db8:9::1/128"], &[]);
+    // a second pod whose attempt-0 name is (say, by a collision) the first one's
+    let mut second = spec(&pb, "ctr-other", &["2001:db8:9::2/128"], &[]);
+    second.host_if = host_ifname("ctr-other", "eth0", 1);
+    setup(&node, &first).await.unwrap();
+    let out = setup(&node, &second).await.unwrap();
+    assert_eq!(out.host_if, host_ifname("ctr-other", "eth0", 1));
+    assert_eq!(check(&node, &second).await.unwrap(), vec![]);
+    teardown(&node, &second).await.unwrap();
+    let left: Vec<String> = list_host_ifaces(&node)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name)
+        .collect();
+    assert_eq!(left, [first.host_if.as_str()]);
+    assert_eq!(check(&node, &first).await.unwrap(), vec![]);
+
+    // a host name without flock's prefix is refused before anything is created
+    let mut bad = spec(&pb, "ctr-bad", &["2001:db8:9::3/128"], &[]);
+    bad.host_if = "veth1234".into();
+    let e = setup(&node, &bad).await.unwrap_err();
+    assert!(e.to_string().contains("veth1234"), "{e}");
+    assert_eq!(list_host_ifaces(&node).await.unwrap().len(), 1);
+    teardown(&node, &first).await.unwrap();
 }
