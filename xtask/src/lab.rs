@@ -608,16 +608,15 @@ fn router_ctl() -> PathBuf {
     Path::new(LAB_DIR).join("router/bird.ctl")
 }
 
-/// BGP protocol lines of `birdc show protocols`: (name, state, info).
+/// The BGP sessions of `birdc show protocols` (read by flock-bird's parser): (name, state,
+/// info). None when birdc fails or prints no protocol table.
 fn bgp_sessions(ns: &str, ctl: &Path) -> Vec<(String, String, String)> {
-    birdc(ns, ctl, &["show", "protocols"])
+    let text = birdc(ns, ctl, &["show", "protocols"]).unwrap_or_default();
+    flock_bird::parse_show_protocols(&text)
         .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 6 && f[1] == "BGP")
-                .then(|| (f[0].to_owned(), f[3].to_owned(), f[5..].join(" ")))
-        })
+        .into_iter()
+        .filter(|row| row.is_bgp())
+        .map(|row| (row.name, row.state, row.info))
         .collect()
 }
 
