@@ -13,7 +13,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::metrics::{Health, Metrics};
-use crate::store::write_durably;
 
 /// Where and how to reach BIRD.
 #[derive(Clone, Debug)]
@@ -83,7 +82,13 @@ pub fn spawn(
                     health.set_problem("bird", None);
                     last_ok = true;
                 }
-                Ok(SyncOutcome::Unchanged) | Ok(SyncOutcome::NoBgp) => {
+                Ok(SyncOutcome::Unchanged) => {
+                    last_ok = true;
+                }
+                Ok(SyncOutcome::NoBgp) => {
+                    // Without BGP there is nothing for BIRD to do: an earlier failure is no
+                    // longer a problem of this node.
+                    health.set_problem("bird", None);
                     last_ok = true;
                 }
                 Err(problem) => {
@@ -145,7 +150,7 @@ async fn sync_once(
     if changed {
         write_config(&target.config_path, config.as_bytes())
             .await
-            .map_err(|e| format!("write {}: {e}", target.config_path.display()))?;
+            .map_err(|e| crate::agent::error::cause_chain(&e))?;
     }
     configure(target).await?;
     Ok(SyncOutcome::Reloaded)
@@ -156,7 +161,8 @@ async fn write_config(path: &Path, bytes: &[u8]) -> crate::Result<()> {
     let bytes = bytes.to_owned();
     tokio::task::spawn_blocking(move || {
         let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(|source| crate::Error::Store {
+        std::fs::create_dir_all(dir).map_err(|source| crate::Error::WriteFile {
+            what: "BIRD configuration",
             op: "create directory",
             path: dir.to_owned(),
             source,
@@ -165,7 +171,14 @@ async fn write_config(path: &Path, bytes: &[u8]) -> crate::Result<()> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "bird.conf".into());
-        write_durably(dir, &name, &bytes, 0o644)
+        flock_cni_proto::durable::write_file(dir, &name, &bytes, 0o644)
+            .map(drop)
+            .map_err(|e| crate::Error::WriteFile {
+                what: "BIRD configuration",
+                op: e.op,
+                path: e.path,
+                source: e.source,
+            })
     })
     .await
     .expect("config writer task panicked")
@@ -195,5 +208,62 @@ pub async fn configure(target: &BirdTarget) -> Result<(), String> {
             stdout.trim(),
             stderr.trim()
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    async fn eventually(what: &str, check: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if check() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("timed out waiting for: {what}");
+    }
+
+    #[tokio::test]
+    async fn a_bird_problem_is_cleared_once_bgp_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let bgp = Arc::new(AtomicBool::new(true));
+        let render: Renderer = {
+            let bgp = bgp.clone();
+            Arc::new(move || {
+                Ok(bgp
+                    .load(Ordering::SeqCst)
+                    .then(|| "router id 1.1.1.1;\n".into()))
+            })
+        };
+        let health = Arc::new(Health::default());
+        let handle = spawn(
+            BirdTarget {
+                config_path: dir.path().join("bird.conf"),
+                socket: dir.path().join("bird.ctl"),
+                // `birdc` that always fails: BIRD is down.
+                birdc: "false".into(),
+            },
+            render,
+            Debounce {
+                quiet: Duration::from_millis(5),
+                max_delay: Duration::from_millis(20),
+                retry: Duration::from_millis(50),
+            },
+            Arc::new(Metrics::new()),
+            health.clone(),
+        );
+        eventually("BIRD's failure is reported", || {
+            health.problem("bird").is_some()
+        })
+        .await;
+        bgp.store(false, Ordering::SeqCst);
+        handle.refresh();
+        eventually("the problem is cleared without BGP", || {
+            health.problem("bird").is_none()
+        })
+        .await;
     }
 }

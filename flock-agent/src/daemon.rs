@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flock_netns::NodeNs;
+
+use crate::kernel::NetnsKernel;
 use tracing::{info, warn};
 
-use crate::agent::{Agent, AgentParts, DEFAULT_POD_WAIT};
+use crate::agent::{Agent, AgentParts};
 use crate::bird::{BirdTarget, Debounce};
 use crate::metrics::{Health, Metrics};
 use crate::nodeconfig::NodeConfig;
@@ -57,6 +59,24 @@ pub struct RunOptions {
     pub debounce: Debounce,
     /// `/metrics`, `/healthz`, `/readyz`.
     pub metrics_addr: SocketAddr,
+    /// Seed of the allocation RNG (`main` reads it from the OS).
+    pub rng_seed: [u8; 32],
+    /// Test hook (`FLOCK_FAILPOINT`): abort at this point of an ADD.
+    pub failpoint: Option<String>,
+}
+
+impl RunOptions {
+    /// The agent's parts for these options, on the kernel of the agent's own namespace.
+    pub fn agent_parts(&self) -> AgentParts {
+        AgentParts {
+            rng_seed: self.rng_seed,
+            failpoint: self.failpoint.clone(),
+            ..AgentParts::new(
+                Arc::new(NetnsKernel::new(NodeNs::current())),
+                self.state_dir.clone(),
+            )
+        }
+    }
 }
 
 /// Runs the standalone agent until a termination signal.
@@ -85,13 +105,10 @@ pub async fn run_standalone(options: RunOptions) -> Result<()> {
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
     let (agent, report) = Agent::start(AgentParts {
-        node_ns: NodeNs::current(),
-        state_dir: options.state_dir.clone(),
         settings: Some(settings),
-        pods: None,
-        pod_wait: DEFAULT_POD_WAIT,
         metrics: metrics.clone(),
         health: health.clone(),
+        ..options.agent_parts()
     })
     .await?;
     serve(agent, report, options, metrics, health).await

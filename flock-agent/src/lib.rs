@@ -11,6 +11,7 @@ pub mod bird;
 pub mod daemon;
 pub mod install;
 pub mod k8s;
+pub mod kernel;
 pub mod metrics;
 pub mod nodeconfig;
 pub mod pods;
@@ -46,6 +47,19 @@ pub enum Error {
         value: String,
         /// What is wrong.
         reason: String,
+    },
+    /// A file the agent writes (other than the store's) could not be written.
+    #[error("write {what} {path}: {op}")]
+    WriteFile {
+        /// What the file is (`BIRD configuration`).
+        what: &'static str,
+        /// The step that failed (`create directory`, `rename`, …).
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
     },
     /// A store operation failed.
     #[error("allocation store: {op} {path}: {source}")]

@@ -172,6 +172,9 @@ fn run(args: RunArgs) -> Result<()> {
         },
         debounce: Debounce::default(),
         metrics_addr: args.metrics_addr,
+        rng_seed: flock_agent::agent::os_seed(),
+        // A test hook: the crash-safety tests abort the agent at a chosen point of an ADD.
+        failpoint: std::env::var("FLOCK_FAILPOINT").ok(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -214,8 +217,9 @@ fn install_cni(args: InstallArgs) -> Result<()> {
 }
 
 fn allocations(state_dir: &std::path::Path, json: bool) -> Result<()> {
-    let (_, records) = Store::open(state_dir)
-        .with_context(|| format!("open the store in {}", state_dir.display()))?;
+    // Read-only: a running agent's store is never written (nor its temporary files removed).
+    let records = Store::read(state_dir)
+        .with_context(|| format!("read the store in {}", state_dir.display()))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&records)?);
         return Ok(());

@@ -117,7 +117,15 @@ pub struct AttachmentKey {
 }
 
 impl AttachmentKey {
+    /// The record's file: `<containerId>:<ifName>.json`. Neither part can hold a `:` (the
+    /// shim's and the agent's validation refuse it), so no two keys share a file.
     fn file_name(&self) -> String {
+        format!("{}:{}.json", self.container_id, self.if_name)
+    }
+
+    /// The file name of earlier agents (`<containerId>.<ifName>.json`), ambiguous (`a.b` +
+    /// `c` and `a` + `b.c`): still read, and renamed when the agent opens the store.
+    fn legacy_file_name(&self) -> String {
         format!("{}.{}.json", self.container_id, self.if_name)
     }
 }
@@ -131,6 +139,15 @@ pub struct Store {
 #[derive(Serialize, Deserialize)]
 struct StoreMeta {
     format: u32,
+}
+
+/// Whether reading the records may change the directory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// The agent's own open: removes leftover temporary files, renames legacy file names.
+    Owner,
+    /// Anyone else (`flock-agent allocations`): changes nothing, even beside a running agent.
+    ReadOnly,
 }
 
 impl Store {
@@ -149,99 +166,26 @@ impl Store {
                 path: dir.clone(),
                 source,
             })?;
-        let meta_path = state_dir.join("store.json");
-        match fs::read(&meta_path) {
-            Ok(bytes) => {
-                let meta: StoreMeta =
-                    serde_json::from_slice(&bytes).map_err(|e| Error::CorruptStore {
-                        path: meta_path.clone(),
-                        reason: e.to_string(),
-                    })?;
-                if meta.format != STORE_FORMAT {
-                    return Err(Error::CorruptStore {
-                        path: meta_path,
-                        reason: format!(
-                            "store format {} is not {STORE_FORMAT}, the one this agent knows",
-                            meta.format
-                        ),
-                    });
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let bytes = serde_json::to_vec(&StoreMeta {
-                    format: STORE_FORMAT,
-                })
-                .expect("serialize store meta");
-                write_durably(state_dir, "store.json", &bytes, 0o600)?;
-            }
-            Err(source) => {
-                return Err(Error::Store {
-                    op: "read",
-                    path: meta_path,
-                    source,
-                });
-            }
+        if !check_meta(state_dir)? {
+            let bytes = serde_json::to_vec(&StoreMeta {
+                format: STORE_FORMAT,
+            })
+            .expect("serialize store meta");
+            write_durably(state_dir, "store.json", &bytes, 0o600)?;
         }
-        let store = Store { dir };
-        let records = store.read_all()?;
-        Ok((store, records))
+        let records = read_records(&dir, Access::Owner)?;
+        Ok((Store { dir }, records))
     }
 
-    fn read_all(&self) -> Result<Vec<AllocationRecord>> {
-        let entries = fs::read_dir(&self.dir).map_err(|source| Error::Store {
-            op: "list",
-            path: self.dir.clone(),
-            source,
-        })?;
-        let mut records = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|source| Error::Store {
-                op: "list",
-                path: self.dir.clone(),
-                source,
-            })?;
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if durable::is_temp_name(&name) {
-                // An interrupted write: the rename never happened, the old record (if any)
-                // is intact.
-                let _ = fs::remove_file(&path);
-                continue;
-            }
-            if !name.ends_with(".json") {
-                continue;
-            }
-            let bytes = fs::read(&path).map_err(|source| Error::Store {
-                op: "read",
-                path: path.clone(),
-                source,
-            })?;
-            let record: AllocationRecord =
-                serde_json::from_slice(&bytes).map_err(|e| Error::CorruptStore {
-                    path: path.clone(),
-                    reason: e.to_string(),
-                })?;
-            if record.format != STORE_FORMAT {
-                return Err(Error::CorruptStore {
-                    path,
-                    reason: format!("record format {} is not {STORE_FORMAT}", record.format),
-                });
-            }
-            if record.key().file_name() != name {
-                return Err(Error::CorruptStore {
-                    path,
-                    reason: format!(
-                        "holds container {:?} interface {:?}, which belong in {}",
-                        record.container_id,
-                        record.if_name,
-                        record.key().file_name()
-                    ),
-                });
-            }
-            records.push(record);
+    /// Reads every record without changing anything: safe beside a running agent (its
+    /// in-flight temporary files are skipped, not removed). A state directory without a
+    /// store holds no record.
+    pub fn read(state_dir: &Path) -> Result<Vec<AllocationRecord>> {
+        let dir = state_dir.join("allocations");
+        if !check_meta(state_dir)? && !dir.exists() {
+            return Ok(Vec::new());
         }
-        records.sort_by_key(AllocationRecord::key);
-        Ok(records)
+        read_records(&dir, Access::ReadOnly)
     }
 
     /// Writes (creates or replaces) a record durably.
@@ -292,6 +236,113 @@ impl Store {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// Checks `store.json`: `Ok(false)` when there is none yet, an error when it is not a
+/// store this agent knows.
+fn check_meta(state_dir: &Path) -> Result<bool> {
+    let meta_path = state_dir.join("store.json");
+    match fs::read(&meta_path) {
+        Ok(bytes) => {
+            let meta: StoreMeta =
+                serde_json::from_slice(&bytes).map_err(|e| Error::CorruptStore {
+                    path: meta_path.clone(),
+                    reason: e.to_string(),
+                })?;
+            if meta.format != STORE_FORMAT {
+                return Err(Error::CorruptStore {
+                    path: meta_path,
+                    reason: format!(
+                        "store format {} is not {STORE_FORMAT}, the one this agent knows",
+                        meta.format
+                    ),
+                });
+            }
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(Error::Store {
+            op: "read",
+            path: meta_path,
+            source,
+        }),
+    }
+}
+
+fn read_records(dir: &Path, access: Access) -> Result<Vec<AllocationRecord>> {
+    let list_error = |source| Error::Store {
+        op: "list",
+        path: dir.to_owned(),
+        source,
+    };
+    let mut records = Vec::new();
+    for entry in fs::read_dir(dir).map_err(list_error)? {
+        let entry = entry.map_err(list_error)?;
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if durable::is_temp_name(&name) {
+            // An interrupted write (or, beside a running agent, one in progress): the rename
+            // never happened, the old record (if any) is intact.
+            if access == Access::Owner {
+                let _ = fs::remove_file(&path);
+            }
+            continue;
+        }
+        if !name.ends_with(".json") {
+            continue;
+        }
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            // Deleted by a running agent between the listing and the read.
+            Err(e) if access == Access::ReadOnly && e.kind() == std::io::ErrorKind::NotFound => {
+                continue;
+            }
+            Err(source) => {
+                return Err(Error::Store {
+                    op: "read",
+                    path,
+                    source,
+                });
+            }
+        };
+        let record: AllocationRecord =
+            serde_json::from_slice(&bytes).map_err(|e| Error::CorruptStore {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        if record.format != STORE_FORMAT {
+            return Err(Error::CorruptStore {
+                path,
+                reason: format!("record format {} is not {STORE_FORMAT}", record.format),
+            });
+        }
+        let key = record.key();
+        if key.file_name() != name {
+            if key.legacy_file_name() != name {
+                return Err(Error::CorruptStore {
+                    path,
+                    reason: format!(
+                        "holds container {:?} interface {:?}, which belong in {}",
+                        record.container_id,
+                        record.if_name,
+                        key.file_name()
+                    ),
+                });
+            }
+            if access == Access::Owner {
+                let to = dir.join(key.file_name());
+                fs::rename(&path, &to).map_err(|source| Error::Store {
+                    op: "rename a record to its unambiguous name",
+                    path: path.clone(),
+                    source,
+                })?;
+                durable::sync_dir(dir).map_err(store_error)?;
+            }
+        }
+        records.push(record);
+    }
+    records.sort_by_key(AllocationRecord::key);
+    Ok(records)
 }
 
 /// Writes `bytes` to `dir/name` so that after a crash the file holds either its old content
@@ -387,5 +438,58 @@ mod tests {
         fs::write(dir.path().join("store.json"), b"{\"format\":7}").unwrap();
         let err = Store::open(dir.path()).unwrap_err().to_string();
         assert!(err.contains("store format 7"), "{err}");
+    }
+
+    #[test]
+    fn keys_that_join_alike_get_files_of_their_own() {
+        // `a.b` + `c` and `a` + `b.c` shared the file `a.b.c.json` before.
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path()).unwrap();
+        let mut one = record("a.b");
+        one.if_name = "c".into();
+        let mut two = record("a");
+        two.if_name = "b.c".into();
+        store.put(&one).unwrap();
+        store.put(&two).unwrap();
+        let (store, records) = Store::open(dir.path()).unwrap();
+        assert_eq!(records, vec![two.clone(), one.clone()]);
+        store.delete(&one.key()).unwrap();
+        assert_eq!(Store::read(dir.path()).unwrap(), vec![two]);
+    }
+
+    #[test]
+    fn reading_beside_a_running_agent_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path()).unwrap();
+        store.put(&record("aaa")).unwrap();
+        // A write the running agent has in progress.
+        let in_flight = store.dir().join(".tmp-bbb:eth0.json");
+        fs::write(&in_flight, b"{\"format\":1").unwrap();
+        let records = Store::read(dir.path()).unwrap();
+        assert_eq!(records.len(), 1);
+        assert!(
+            in_flight.exists(),
+            "a read-only listing removed an in-flight file"
+        );
+        assert!(
+            Store::read(&dir.path().join("nothing-here"))
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn records_of_earlier_agents_are_read_and_renamed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path()).unwrap();
+        let r = record("aaa");
+        let legacy = store.dir().join("aaa.eth0.json");
+        fs::write(&legacy, serde_json::to_vec(&r).unwrap()).unwrap();
+        assert_eq!(Store::read(dir.path()).unwrap(), vec![r.clone()]);
+        assert!(legacy.exists(), "read-only");
+        let (store, records) = Store::open(dir.path()).unwrap();
+        assert_eq!(records, vec![r]);
+        assert!(!legacy.exists());
+        assert!(store.dir().join("aaa:eth0.json").exists());
     }
 }

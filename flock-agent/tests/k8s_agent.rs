@@ -15,7 +15,7 @@ use flock_agent::bird::{BirdTarget, Debounce};
 use flock_agent::k8s::leaks::{LeakTracker, reconcile_once};
 use flock_agent::k8s::nodeconfig::follow_node_config;
 use flock_agent::k8s::pods::PodWatcher;
-use flock_agent::metrics::{Health, Metrics};
+use flock_agent::kernel::NetnsKernel;
 use flock_agent::nodeconfig::NodeConfig;
 use flock_agent::pods::PodDirectory;
 use flock_agent::store::AttachmentKey;
@@ -46,14 +46,12 @@ async fn start_agent(node: &Netns, state: &Path, pods: Option<Arc<PodWatcher>>) 
     let settings = pods
         .as_ref()
         .map(|_| settings_of("2001:db8:0:1::/64", json!([])));
+    let kernel = Arc::new(NetnsKernel::new(NodeNs::at(node.path())));
     let (agent, _) = Agent::start(AgentParts {
-        node_ns: NodeNs::at(node.path()),
-        state_dir: state.to_owned(),
         settings,
         pods: pods.map(|p| p as Arc<dyn PodDirectory>),
         pod_wait: Duration::from_secs(5),
-        metrics: Arc::new(Metrics::new()),
-        health: Arc::new(Health::default()),
+        ..AgentParts::new(kernel, state)
     })
     .await
     .expect("agent starts");
@@ -381,7 +379,7 @@ async fn a_changed_cidr_keeps_old_pods_announced_until_they_go() {
             max_delay: Duration::from_millis(100),
             retry: Duration::from_secs(60),
         },
-        Arc::new(Metrics::new()),
+        Arc::new(flock_agent::metrics::Metrics::new()),
         agent.health().clone(),
     ));
     let routes =

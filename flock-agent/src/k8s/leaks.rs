@@ -113,9 +113,10 @@ pub async fn reconcile_once(
                 report.released.push(key);
             }
             Err(e) => {
+                let error = crate::agent::error::cause_chain(&e);
                 warn!(container_id = %key.container_id, if_name = %key.if_name, %pod,
-                    error = %e.msg, "releasing a leaked allocation failed; retrying next pass");
-                report.failed.push((key, e.msg));
+                    %error, "releasing a leaked allocation failed; retrying next pass");
+                report.failed.push((key, error));
             }
         }
     }

@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flock_netns::NodeNs;
 use kube::Client;
 use tracing::info;
 
@@ -108,13 +107,11 @@ pub async fn run(options: RunOptions, kube: KubeOptions) -> Result<()> {
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
     let (agent, report) = Agent::start(AgentParts {
-        node_ns: NodeNs::current(),
-        state_dir: options.state_dir.clone(),
-        settings: None,
         pods: Some(pods.clone()),
         pod_wait: kube.pod_wait,
         metrics: metrics.clone(),
         health: health.clone(),
+        ..options.agent_parts()
     })
     .await?;
     health.set_problem("nodeconfig", Some(format!("waiting for NodeConfig {node}")));

@@ -1,0 +1,26 @@
+//! What the node announces over BGP: the NodeConfig's BGP setup, the node CIDRs as
+//! aggregates, and individually every pod address outside them (the `addresses` annotation,
+//! pods left over from a CIDR change) and every anycast address. Pure.
+
+use flock_bird::BirdModel;
+
+use crate::nodeconfig::NodeSettings;
+use crate::store::AllocationRecord;
+
+/// The BIRD model of this node, `None` without BGP settings.
+pub fn bird_model<'a>(
+    settings: &NodeSettings,
+    records: impl IntoIterator<Item = &'a AllocationRecord>,
+) -> Option<BirdModel> {
+    let mut model = settings.bgp.clone()?;
+    let cidrs = model.cidrs.clone();
+    for record in records {
+        for addr in record.pooled_addresses() {
+            if !cidrs.iter().any(|c| c.contains(&addr)) {
+                model.addresses.push(addr);
+            }
+        }
+        model.anycast.extend(record.anycast.iter().copied());
+    }
+    Some(model)
+}

@@ -1,0 +1,148 @@
+//! The node's allocation state: the pools and the records that hold their addresses, one type
+//! under one lock, so an address is never in the pools without its record or the reverse.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use flock_netns::AnycastMember;
+use ipnet::IpNet;
+use rand_core::Rng;
+
+use crate::store::{AllocationRecord, AttachmentKey};
+
+/// Pools, committed records, and the host veths of ADDs in progress.
+#[derive(Debug)]
+pub struct NodeState {
+    pools: flock_ipam::Pools,
+    records: BTreeMap<AttachmentKey, AllocationRecord>,
+    /// Host veths of ADDs whose record is pending: not orphans, not free names.
+    in_flight: BTreeSet<String>,
+}
+
+impl NodeState {
+    /// Empty state over the node's CIDRs.
+    pub fn new(pools: flock_ipam::Pools) -> NodeState {
+        NodeState {
+            pools,
+            records: BTreeMap::new(),
+            in_flight: BTreeSet::new(),
+        }
+    }
+
+    /// The pools (read-only: every change goes through a method that keeps records in step).
+    pub fn pools(&self) -> &flock_ipam::Pools {
+        &self.pools
+    }
+
+    /// Changes the node CIDRs; live allocations stay reserved.
+    pub fn set_node_cidrs(
+        &mut self,
+        cidr6: Option<ipnet::Ipv6Net>,
+        cidr4: Option<ipnet::Ipv4Net>,
+    ) -> Result<(), flock_ipam::Error> {
+        self.pools.set_node_cidrs(cidr6, cidr4)
+    }
+
+    /// The committed record of an attachment.
+    pub fn record(&self, key: &AttachmentKey) -> Option<&AllocationRecord> {
+        self.records.get(key)
+    }
+
+    /// Every committed record, in key order.
+    pub fn records(&self) -> impl Iterator<Item = &AllocationRecord> {
+        self.records.values()
+    }
+
+    /// Allocates the addresses of a new attachment.
+    pub fn allocate(
+        &mut self,
+        request: &flock_ipam::PodRequest,
+        identity: &flock_embed::Identity<'_>,
+        rng: &mut impl Rng,
+    ) -> Result<flock_ipam::Allocation, flock_ipam::Error> {
+        self.pools.allocate(request, identity, rng)
+    }
+
+    /// Takes a record found committed at start-up: its addresses are reserved. An address
+    /// another record already holds (a store edited by hand) is returned, not reserved twice.
+    pub fn adopt(&mut self, record: AllocationRecord) -> Vec<(IpAddr, flock_ipam::Error)> {
+        let mut refused = Vec::new();
+        for addr in record.pooled_addresses() {
+            if let Err(e) = self.pools.reserve(addr) {
+                refused.push((addr, e));
+            }
+        }
+        self.host_if_done(&record.host_if);
+        self.records.insert(record.key(), record);
+        refused
+    }
+
+    /// Records a committed ADD (its addresses were allocated by [`NodeState::allocate`]).
+    pub fn commit(&mut self, record: AllocationRecord) {
+        self.host_if_done(&record.host_if);
+        self.records.insert(record.key(), record);
+    }
+
+    /// Releases an attachment's addresses and forgets its record; returns the record.
+    pub fn remove(&mut self, key: &AttachmentKey) -> Option<AllocationRecord> {
+        let record = self.records.remove(key)?;
+        self.release_addresses(&record);
+        Some(record)
+    }
+
+    /// Releases the addresses of a record that was never committed (a failed ADD).
+    pub fn release_addresses(&mut self, record: &AllocationRecord) {
+        for addr in record.pooled_addresses() {
+            self.pools.release(addr);
+        }
+    }
+
+    /// Claims a host veth name for an ADD in progress; `false` when another attachment (committed
+    /// or in progress) owns it.
+    pub fn claim_host_if(&mut self, name: &str) -> bool {
+        if self.owns_host_if(name) {
+            return false;
+        }
+        self.in_flight.insert(name.to_owned())
+    }
+
+    /// The ADD that claimed `name` is over (committed or undone).
+    pub fn host_if_done(&mut self, name: &str) {
+        self.in_flight.remove(name);
+    }
+
+    /// Whether a committed record or an ADD in progress owns this host veth.
+    pub fn owns_host_if(&self, name: &str) -> bool {
+        self.in_flight.contains(name) || self.records.values().any(|r| r.host_if == name)
+    }
+
+    /// Every host veth that is owned (committed records and ADDs in progress).
+    pub fn owned_host_ifs(&self) -> BTreeSet<String> {
+        let mut owned: BTreeSet<String> =
+            self.records.values().map(|r| r.host_if.clone()).collect();
+        owned.extend(self.in_flight.iter().cloned());
+        owned
+    }
+
+    /// The node CIDRs as the pools hold them.
+    pub fn node_cidrs(&self) -> Vec<IpNet> {
+        let mut v = Vec::new();
+        v.extend(self.pools.cidr6().map(IpNet::V6));
+        v.extend(self.pools.cidr4().map(IpNet::V4));
+        v
+    }
+
+    /// Every anycast address with the local pods that carry it.
+    pub fn anycast_members(&self) -> BTreeMap<IpAddr, Vec<AnycastMember>> {
+        let mut members: BTreeMap<IpAddr, Vec<AnycastMember>> = BTreeMap::new();
+        for r in self.records.values() {
+            for a in &r.anycast {
+                members.entry(*a).or_default().push(AnycastMember {
+                    host_if: r.host_if.clone(),
+                    pod_ip6: r.ipv6,
+                });
+            }
+        }
+        members
+    }
+}
