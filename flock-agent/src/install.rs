@@ -2,16 +2,25 @@
 //! the shim into the CNI binary directory and write the network configuration list, each
 //! atomically (temp file in the same directory, fsync, rename), so a runtime never execs a
 //! half-copied shim nor reads a half-written conflist.
+//!
+//! The conflist says `cniVersion` 1.0.0 and offers 1.1.0 in `cniVersions` (CNI 1.1):
+//! containerd 1.6 and 1.7 fail every pod on a 1.1.0 result (`unsupported CNI result version
+//! "1.1.0"`) and ignore `cniVersions`, while a runtime that knows CNI 1.1 picks 1.1.0 from it.
 
 use std::path::{Path, PathBuf};
 
+use flock_cni_proto::durable::{self, DurableError};
+use flock_cni_proto::{CniVersion, Conflist, FlockNetConf, NetConf};
 use serde_json::json;
 
-use crate::store::write_durably;
 use crate::{Error, Result};
 
 /// The conflist's file name: sorts first so runtimes pick flock.
 pub const CONFLIST_NAME: &str = "01-flock.conflist";
+
+/// The conflist's default `cniVersion`: the newest version containerd 1.6 and 1.7 accept a
+/// result in.
+pub const DEFAULT_CNI_VERSION: CniVersion = CniVersion::V1_0_0;
 
 /// What `install-cni` installs.
 #[derive(Clone, Debug)]
@@ -24,20 +33,56 @@ pub struct InstallPlan {
     pub conf_dir: PathBuf,
     /// The network name.
     pub network: String,
+    /// The conflist's `cniVersion` (one of [`CniVersion::SUPPORTED`]); `cniVersions` offers it
+    /// and every newer supported version.
+    pub cni_version: CniVersion,
     /// The agent socket the shim connects to.
     pub agent_socket: PathBuf,
+    /// Where the shim queues a DEL the agent may not have completed: the agent's DEL queue.
+    pub del_queue_dir: PathBuf,
     /// The MTU of pod interfaces.
     pub mtu: u32,
 }
 
-/// The conflist flock installs (CNI 1.1.0, flock alone, with the runtime capabilities it uses).
+/// `text` as a `cniVersion` flock supports, for the `--cni-version` flag; the error names the
+/// value and the supported versions.
+pub fn parse_cni_version(text: &str) -> std::result::Result<CniVersion, String> {
+    let version: CniVersion = text.parse().map_err(|e| format!("{e}"))?;
+    if version.is_supported() {
+        Ok(version)
+    } else {
+        Err(format!(
+            "cniVersion {version} is not supported; flock supports {}",
+            supported_list()
+        ))
+    }
+}
+
+fn supported_list() -> String {
+    CniVersion::SUPPORTED
+        .iter()
+        .map(CniVersion::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The conflist flock installs: flock alone, with the runtime capabilities it uses,
+/// `cniVersion` from the plan and `cniVersions` listing it and every newer version flock
+/// supports.
 pub fn conflist(plan: &InstallPlan) -> serde_json::Value {
+    let versions: Vec<String> = CniVersion::SUPPORTED
+        .iter()
+        .filter(|v| **v >= plan.cni_version)
+        .map(CniVersion::to_string)
+        .collect();
     json!({
-        "cniVersion": "1.1.0",
+        "cniVersion": plan.cni_version.to_string(),
+        "cniVersions": versions,
         "name": plan.network,
         "plugins": [{
             "type": "flock",
             "agentSocket": plan.agent_socket,
+            "delQueueDir": plan.del_queue_dir,
             "mtu": plan.mtu,
             "capabilities": { "io.kubernetes.cri.pod-annotations": true }
         }]
@@ -46,27 +91,87 @@ pub fn conflist(plan: &InstallPlan) -> serde_json::Value {
 
 /// Installs the shim and the conflist; running it again with the same inputs changes nothing
 /// a reader can see (each file is replaced atomically by identical bytes).
+///
+/// Before writing anything it checks the conflist the way the shim will read it (a list
+/// whose every pod would fail is not installed): a supported `cniVersion`, absolute
+/// `agentSocket` and `delQueueDir`, an `mtu` in 68..=65535.
 pub fn install(plan: &InstallPlan) -> Result<Vec<PathBuf>> {
-    let shim = std::fs::read(&plan.shim).map_err(|source| Error::ReadFile {
-        path: plan.shim.clone(),
+    let conflist_path = plan.conf_dir.join(CONFLIST_NAME);
+    let mut text = serde_json::to_string_pretty(&conflist(plan)).expect("conflist serializes");
+    text.push('\n');
+    check_conflist(plan, &text).map_err(|source| Error::Install {
+        op: "check the conflist",
+        path: conflist_path.clone(),
         source,
+    })?;
+    let shim = std::fs::read(&plan.shim).map_err(|source| Error::Install {
+        op: "read the shim",
+        path: plan.shim.clone(),
+        source: source.into(),
     })?;
     create_dir(&plan.bin_dir)?;
     create_dir(&plan.conf_dir)?;
-    write_durably(&plan.bin_dir, "flock", &shim, 0o755)?;
-    let mut text = serde_json::to_string_pretty(&conflist(plan)).expect("conflist serializes");
-    text.push('\n');
-    write_durably(&plan.conf_dir, CONFLIST_NAME, text.as_bytes(), 0o644)?;
-    Ok(vec![
-        plan.bin_dir.join("flock"),
-        plan.conf_dir.join(CONFLIST_NAME),
-    ])
+    let shim_path = write(&plan.bin_dir, "flock", &shim, 0o755, "copy the shim to")?;
+    let conflist_path = write(
+        &plan.conf_dir,
+        CONFLIST_NAME,
+        text.as_bytes(),
+        0o644,
+        "write the conflist",
+    )?;
+    Ok(vec![shim_path, conflist_path])
+}
+
+/// The shim's own reading of the conflist: what it will refuse, refused now.
+fn check_conflist(
+    plan: &InstallPlan,
+    text: &str,
+) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if !plan.cni_version.is_supported() {
+        return Err(format!(
+            "cniVersion {} is not supported; flock supports {}",
+            plan.cni_version,
+            supported_list()
+        )
+        .into());
+    }
+    let list = Conflist::from_slice(text.as_bytes())?;
+    let config = list
+        .plugin_config(0, None)
+        .ok_or("the conflist has no plugin")?;
+    FlockNetConf::from_netconf(&NetConf::from_value(&config)?)?;
+    Ok(())
 }
 
 fn create_dir(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|source| Error::Store {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Install {
         op: "create directory",
         path: dir.to_owned(),
-        source,
+        source: source.into(),
     })
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8], mode: u32, op: &'static str) -> Result<PathBuf> {
+    durable::write_file(dir, name, bytes, mode).map_err(|e: DurableError| Error::Install {
+        op,
+        path: dir.join(name),
+        source: e.into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cni_version_flag_takes_only_supported_versions() {
+        assert_eq!(parse_cni_version("1.0.0"), Ok(CniVersion::V1_0_0));
+        assert_eq!(parse_cni_version("0.4.0"), Ok(CniVersion::V0_4_0));
+        assert_eq!(parse_cni_version("1.1.0"), Ok(CniVersion::V1_1_0));
+        assert_eq!(
+            parse_cni_version("0.3.1").unwrap_err(),
+            "cniVersion 0.3.1 is not supported; flock supports 0.4.0, 1.0.0, 1.1.0"
+        );
+        assert!(parse_cni_version("1.0").unwrap_err().contains("\"1.0\""));
+    }
 }

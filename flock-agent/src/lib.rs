@@ -72,6 +72,17 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// `install-cni` could not install the shim or the conflist.
+    #[error("install-cni: {op} {path}: {source}")]
+    Install {
+        /// The step (`read the shim`, `create directory`, `write the conflist`, …).
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// What failed: the I/O error, or why the shim would refuse the conflist.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A socket (the agent's, the metrics listener) could not be set up.
     #[error("{op} {path}: {source}")]
     Socket {

@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use flock_agent::bird::{BirdTarget, Debounce};
 use flock_agent::daemon::{RunOptions, defaults};
 use flock_agent::store::Store;
+use flock_cni_proto::defaults as cni_defaults;
 
 #[derive(Parser, Debug)]
 #[command(name = "flock-agent", version, about = "flock's node agent")]
@@ -51,11 +52,27 @@ struct InstallArgs {
     /// The CNI network name.
     #[arg(long, env = "FLOCK_NETWORK", default_value = "flock")]
     network: String,
+    /// The conflist's cniVersion (0.4.0, 1.0.0 or 1.1.0); cniVersions offers it and every newer
+    /// one. 1.0.0 because containerd 1.6 and 1.7 refuse a 1.1.0 result.
+    #[arg(
+        long,
+        env = "FLOCK_CNI_VERSION",
+        default_value_t = flock_agent::install::DEFAULT_CNI_VERSION,
+        value_parser = flock_agent::install::parse_cni_version
+    )]
+    cni_version: flock_cni_proto::CniVersion,
     /// The agent socket written into the conflist.
-    #[arg(long, env = "FLOCK_SOCKET", default_value = defaults::SOCKET)]
+    #[arg(long, env = "FLOCK_SOCKET", default_value = cni_defaults::DEFAULT_AGENT_SOCKET)]
     agent_socket: PathBuf,
+    /// The agent's state directory: the shim queues DELs in its del-queue.
+    #[arg(long, env = "FLOCK_STATE_DIR", default_value = cni_defaults::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// The DEL queue written into the conflist (default: `<state-dir>/del-queue`); the
+    /// agent's `run --del-queue-dir`.
+    #[arg(long, env = "FLOCK_DEL_QUEUE_DIR")]
+    del_queue_dir: Option<PathBuf>,
     /// The MTU of pod interfaces.
-    #[arg(long, env = "FLOCK_MTU", default_value_t = 1500)]
+    #[arg(long, env = "FLOCK_MTU", default_value_t = cni_defaults::DEFAULT_MTU)]
     mtu: u32,
 }
 
@@ -202,12 +219,17 @@ fn install_cni(args: InstallArgs) -> Result<()> {
             .context("locate this program")?
             .with_file_name("flock"),
     };
+    let del_queue_dir = args
+        .del_queue_dir
+        .unwrap_or_else(|| cni_defaults::del_queue_dir(&args.state_dir));
     let plan = flock_agent::install::InstallPlan {
         shim,
         bin_dir: args.bin_dir,
         conf_dir: args.conf_dir,
         network: args.network,
+        cni_version: args.cni_version,
         agent_socket: args.agent_socket,
+        del_queue_dir,
         mtu: args.mtu,
     };
     for path in flock_agent::install::install(&plan)? {

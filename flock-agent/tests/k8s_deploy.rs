@@ -7,7 +7,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use flock_agent::daemon::defaults;
-use flock_agent::install::{CONFLIST_NAME, InstallPlan, conflist, install};
+use flock_agent::install::{CONFLIST_NAME, DEFAULT_CNI_VERSION, InstallPlan, conflist, install};
+use flock_cni_proto::defaults::{DEFAULT_AGENT_SOCKET, DEFAULT_DEL_QUEUE_DIR, DEFAULT_MTU};
+use flock_cni_proto::{CniVersion, Conflist, FlockNetConf, NetConf};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -350,7 +352,9 @@ fn plan(root: &Path, mtu: u32) -> InstallPlan {
         bin_dir: root.join("host/opt/cni/bin"),
         conf_dir: root.join("host/etc/cni/net.d"),
         network: "flock".into(),
-        agent_socket: defaults::SOCKET.into(),
+        cni_version: DEFAULT_CNI_VERSION,
+        agent_socket: DEFAULT_AGENT_SOCKET.into(),
+        del_queue_dir: DEFAULT_DEL_QUEUE_DIR.into(),
         mtu,
     }
 }
@@ -373,6 +377,218 @@ fn install_cni_conflist_snapshot() {
     let parsed: serde_json::Value = serde_json::from_str(&text).expect("json");
     assert_eq!(parsed, conflist(&plan));
     insta::assert_snapshot!(text);
+}
+
+/// containerd 1.6 and 1.7 (libcni 1.1) ignore `cniVersions`, run the list in its `cniVersion`
+/// and fail every pod on a result newer than 1.0.0; a runtime that knows CNI 1.1 picks 1.1.0.
+#[test]
+fn installed_conflist_runs_in_1_0_0_under_containerd_1_6_and_1_1_0_where_known() {
+    let root = tempfile::tempdir().expect("tmp");
+    let plan = plan(root.path(), 1500);
+    install(&plan).expect("install");
+    let text = std::fs::read(plan.conf_dir.join(CONFLIST_NAME)).expect("conflist");
+    let list = Conflist::from_slice(&text).expect("a valid conflist");
+    assert_eq!(list.cni_version, CniVersion::V1_0_0);
+    let libcni_1_1 = [CniVersion::V0_4_0, CniVersion::V1_0_0];
+    assert_eq!(list.version_for(&libcni_1_1), CniVersion::V1_0_0);
+    assert_eq!(list.version_for(&CniVersion::SUPPORTED), CniVersion::V1_1_0);
+    // The shim reads the plugin's config as intended, the DEL queue included.
+    let conf = NetConf::from_value(&list.plugin_config(0, None).expect("one plugin"))
+        .expect("plugin config");
+    let flock = FlockNetConf::from_netconf(&conf).expect("flock's config");
+    assert_eq!(flock.agent_socket, Path::new(DEFAULT_AGENT_SOCKET));
+    assert_eq!(flock.del_queue_dir, Path::new(DEFAULT_DEL_QUEUE_DIR));
+    assert_eq!(flock.mtu, DEFAULT_MTU);
+}
+
+/// Until the agent's `run` flags take their defaults from `flock_cni_proto::defaults`, they
+/// must at least agree with them: the shim falls back to these when the conflist is silent.
+#[test]
+fn the_agents_defaults_are_the_shims() {
+    assert_eq!(defaults::SOCKET, DEFAULT_AGENT_SOCKET);
+    assert_eq!(
+        flock_cni_proto::defaults::del_queue_dir(Path::new(defaults::STATE_DIR)),
+        Path::new(DEFAULT_DEL_QUEUE_DIR)
+    );
+}
+
+/// Runs `flock-agent install-cni` with a stand-in shim into `root`'s bin and conf dirs, no
+/// `FLOCK_*` variable but `env`.
+fn install_cni(root: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let shim = root.join("build/flock");
+    std::fs::create_dir_all(shim.parent().expect("dir")).expect("mkdir");
+    std::fs::write(&shim, b"#!/bin/sh\n").expect("shim");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_flock-agent"));
+    cmd.env_clear()
+        .envs(env.iter().copied())
+        .arg("install-cni")
+        .arg("--shim")
+        .arg(&shim)
+        .arg("--bin-dir")
+        .arg(root.join("bin"))
+        .arg("--conf-dir")
+        .arg(root.join("net.d"))
+        .args(args);
+    cmd.output().expect("run flock-agent install-cni")
+}
+
+fn installed(root: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(root.join("net.d").join(CONFLIST_NAME)).expect("conflist");
+    serde_json::from_str(&text).expect("json")
+}
+
+#[test]
+fn install_cni_flags_set_the_version_and_the_del_queue() {
+    // No flags: the library's plan with every default.
+    let root = tempfile::tempdir().expect("tmp");
+    let out = install_cni(root.path(), &[], &[]);
+    assert!(out.status.success(), "{out:?}");
+    let defaults_plan = plan(root.path(), DEFAULT_MTU);
+    assert_eq!(installed(root.path()), conflist(&defaults_plan));
+    assert_eq!(installed(root.path())["cniVersion"], "1.0.0");
+    assert_eq!(
+        installed(root.path())["cniVersions"],
+        serde_json::json!(["1.0.0", "1.1.0"])
+    );
+
+    // The queue follows the agent's state dir, flag or env, unless given itself.
+    for (args, env, queue) in [
+        (
+            &["--state-dir", "/srv/flock"][..],
+            &[][..],
+            "/srv/flock/del-queue",
+        ),
+        (
+            &[],
+            &[("FLOCK_STATE_DIR", "/srv/flock")],
+            "/srv/flock/del-queue",
+        ),
+        (
+            &["--state-dir", "/srv/flock", "--del-queue-dir", "/srv/q"],
+            &[],
+            "/srv/q",
+        ),
+        (&[], &[("FLOCK_DEL_QUEUE_DIR", "/srv/q")], "/srv/q"),
+    ] {
+        let root = tempfile::tempdir().expect("tmp");
+        let out = install_cni(root.path(), args, env);
+        assert!(out.status.success(), "{args:?} {env:?}: {out:?}");
+        assert_eq!(
+            installed(root.path())["plugins"][0]["delQueueDir"],
+            queue,
+            "{args:?} {env:?}"
+        );
+    }
+
+    for (args, env, version, versions) in [
+        (
+            &["--cni-version", "1.1.0"][..],
+            &[][..],
+            "1.1.0",
+            &["1.1.0"][..],
+        ),
+        (
+            &[],
+            &[("FLOCK_CNI_VERSION", "0.4.0")],
+            "0.4.0",
+            &["0.4.0", "1.0.0", "1.1.0"],
+        ),
+    ] {
+        let root = tempfile::tempdir().expect("tmp");
+        let out = install_cni(root.path(), args, env);
+        assert!(out.status.success(), "{args:?} {env:?}: {out:?}");
+        let list = installed(root.path());
+        assert_eq!(list["cniVersion"], version);
+        assert_eq!(list["cniVersions"], serde_json::json!(versions));
+    }
+}
+
+#[test]
+fn install_cni_refuses_what_the_shim_would_refuse_and_writes_nothing() {
+    for (args, env, needles) in [
+        (
+            &["--cni-version", "0.3.1"][..],
+            &[][..],
+            &["--cni-version", "0.3.1", "0.4.0, 1.0.0, 1.1.0"][..],
+        ),
+        (
+            &[],
+            &[("FLOCK_CNI_VERSION", "1.1")],
+            &["--cni-version", "\"1.1\""],
+        ),
+        (
+            &["--agent-socket", "run/agent.sock"],
+            &[],
+            &["check the conflist", "agentSocket", "run/agent.sock"],
+        ),
+        (
+            &["--del-queue-dir", "q"],
+            &[],
+            &["check the conflist", "delQueueDir", "\"q\""],
+        ),
+        (&["--mtu", "40"], &[], &["check the conflist", "mtu 40"]),
+    ] {
+        let root = tempfile::tempdir().expect("tmp");
+        let out = install_cni(root.path(), args, env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} {env:?}: {stderr}");
+        for needle in needles {
+            assert!(stderr.contains(needle), "{args:?} {env:?}: {stderr}");
+        }
+        assert!(
+            !root.path().join("bin").exists() && !root.path().join("net.d").exists(),
+            "{args:?} {env:?}: nothing is installed"
+        );
+    }
+}
+
+#[test]
+fn install_failures_are_install_errors_naming_the_step_and_path() {
+    let root = tempfile::tempdir().expect("tmp");
+    let good = plan(root.path(), 1500);
+    let in_the_way = root.path().join("a-file");
+    std::fs::write(&in_the_way, b"").expect("file");
+    let taken = root.path().join("taken");
+    // The conflist's name is taken by a directory that is not empty: the rename fails.
+    std::fs::create_dir_all(taken.join(CONFLIST_NAME).join("x")).expect("dir");
+    for (plan, step, path) in [
+        (
+            InstallPlan {
+                shim: root.path().join("no-such-shim"),
+                ..good.clone()
+            },
+            "read the shim",
+            root.path().join("no-such-shim"),
+        ),
+        (
+            InstallPlan {
+                bin_dir: in_the_way.join("bin"),
+                ..good.clone()
+            },
+            "create directory",
+            in_the_way.join("bin"),
+        ),
+        (
+            InstallPlan {
+                conf_dir: taken.clone(),
+                ..good.clone()
+            },
+            "write the conflist",
+            taken.join(CONFLIST_NAME),
+        ),
+    ] {
+        let e = install(&plan).expect_err(step);
+        assert!(
+            matches!(&e, flock_agent::Error::Install { op, path: p, .. } if *op == step && *p == path),
+            "{e:?}"
+        );
+        let line = flock_cni_proto::error::cause_chain(&e);
+        assert!(
+            line.starts_with(&format!("install-cni: {step} {}: ", path.display())),
+            "{line}"
+        );
+        assert!(!line.contains("allocation store"), "{line}");
+    }
 }
 
 #[test]
