@@ -202,10 +202,10 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
     assert_eq!(
         node.records(),
         [
-            "gcdrop2.eth0.json",
-            "gcdrop3.eth0.json",
-            "gckeep.eth0.json",
-            "gcother.eth0.json"
+            "gcdrop2:eth0.json",
+            "gcdrop3:eth0.json",
+            "gckeep:eth0.json",
+            "gcother:eth0.json"
         ],
         "valid-attachments: exactly gcdrop1 goes"
     );
@@ -218,7 +218,7 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
     );
     assert_eq!(
         node.records(),
-        ["gcdrop3.eth0.json", "gckeep.eth0.json", "gcother.eth0.json"],
+        ["gcdrop3:eth0.json", "gckeep:eth0.json", "gcother:eth0.json"],
         "attachments: exactly gcdrop2 goes"
     );
     assert_eq!(host_links_settled(&node, 3).len(), 3);
@@ -232,12 +232,12 @@ fn gc_removes_exactly_the_stale_attachments_of_its_network() {
         .expect("GC");
     assert_eq!(
         node.records(),
-        ["gckeep.eth0.json", "gcother.eth0.json"],
+        ["gckeep:eth0.json", "gcother:eth0.json"],
         "GC must remove exactly the stale attachments of its own network"
     );
     // And the other network's GC takes its own stale attachment, not flock's.
     raw_gc(&node, "other", "cni.dev/valid-attachments", &[]);
-    assert_eq!(node.records(), ["gckeep.eth0.json"]);
+    assert_eq!(node.records(), ["gckeep:eth0.json"]);
     let links = host_links_settled(&node, 1);
     assert_eq!(links.len(), 1, "{links:?}");
 }
@@ -629,7 +629,7 @@ fn status_says_why_adds_cannot_be_served() {
     let e = status_error(&rt);
     assert_eq!(e.code, 51, "{e:?}");
     assert!(
-        e.msg.contains("IPv4 pool is exhausted (1 of 1 in use)") && e.msg.contains("BIRD"),
+        e.msg.contains("no free IPv4 address left in 10.74.0.0/30 (1 in use)") && e.msg.contains("BIRD"),
         "{e:?}"
     );
 
