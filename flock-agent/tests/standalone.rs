@@ -629,7 +629,9 @@ fn status_says_why_adds_cannot_be_served() {
     let e = status_error(&rt);
     assert_eq!(e.code, 51, "{e:?}");
     assert!(
-        e.msg.contains("no free IPv4 address left in 10.74.0.0/30 (1 in use)") && e.msg.contains("BIRD"),
+        e.msg
+            .contains("no free IPv4 address left in 10.74.0.0/30 (1 in use)")
+            && e.msg.contains("BIRD"),
         "{e:?}"
     );
 
@@ -746,4 +748,31 @@ fn start_up_releases_stale_records_and_removes_stray_veths() {
         "the releases are logged:\n{}",
         node.log()
     );
+}
+
+/// A kernel failure reaches the runtime with its whole cause chain, down to the errno: here
+/// `CNI_NETNS` names a file that is not a network namespace, so `setns` fails with EINVAL.
+#[test]
+fn a_kernel_failure_reaches_the_runtime_with_the_errno() {
+    let node = FlockNode::start("node", NODE);
+    let rt = node.runtime("flock");
+    let not_a_netns = node.dir().join("not-a-netns");
+    std::fs::write(&not_a_netns, b"").expect("a plain file");
+    let att = Attachment::new("kernelfail", &not_a_netns, "eth0")
+        .with_arg("K8S_POD_NAMESPACE", "default")
+        .with_arg("K8S_POD_NAME", "kernelfail");
+    let err = rt.add(&att).expect_err("setns into a plain file fails");
+    let e = err.cni_error().expect("a CNI error");
+    assert_eq!(e.code, 103, "{e:?}");
+    assert_eq!(
+        e.msg, "set up of container kernelfail interface eth0",
+        "{e:?}"
+    );
+    assert!(
+        e.details.contains(&not_a_netns.display().to_string())
+            && e.details.contains("Invalid argument"),
+        "{e:?}"
+    );
+    eprintln!("the runtime sees: {err}");
+    assert!(node.records().is_empty(), "the failed ADD left its record");
 }

@@ -158,8 +158,8 @@ impl HandlerError {
         }
     }
 
-    /// The CNI error the runtime sees: `msg` names what failed, `details` carries the cause
-    /// chain down to the kernel's errno (or every difference, or every failed attachment).
+    /// The CNI error the runtime sees: `msg` names what failed, `details` carries the causes
+    /// under it down to the kernel's errno (or every difference, or every failed attachment).
     pub fn to_cni(&self) -> CniError {
         let details = match self {
             HandlerError::Request(e) => e.details.clone(),
@@ -169,8 +169,10 @@ impl HandlerError {
                 .map(|(k, e)| format!("{} {}: {}", k.container_id, k.if_name, cause_chain(e)))
                 .collect::<Vec<_>>()
                 .join("; "),
-            other if std::error::Error::source(other).is_some() => cause_chain(other),
-            _ => String::new(),
+            // The message says what failed; the details say why, down to the errno.
+            other => std::error::Error::source(other)
+                .map(cause_chain)
+                .unwrap_or_default(),
         };
         CniError::new(self.code(), self.to_string()).with_details(details)
     }
