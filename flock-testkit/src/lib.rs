@@ -12,6 +12,7 @@
 //!   DEL, STATUS/GC), optionally inside a stand-in node namespace.
 
 pub mod cni;
+pub mod modules;
 pub mod node;
 
 use std::ffi::OsStr;
