@@ -10,8 +10,9 @@
 //!   killed with its shims and sandboxes on drop, also on panic.
 //! - [`CriClient`]: CRI v1 over tonic on the Unix socket — RunPodSandbox,
 //!   PodSandboxStatus (netns path and IPs), StopPodSandbox, RemovePodSandbox.
-//! - [`E2eNode`]: all of the above for any conflist and CNI bin dir, with a
-//!   hook that runs before containerd starts (where flock's agent goes).
+//! - [`E2eNode`]: all of the above for any conflist, or a CNI conf dir an
+//!   installer filled ([`NodeSetup::installed`]), and CNI bin dir, with a hook
+//!   that runs before containerd starts.
 
 mod config;
 mod containerd;
@@ -24,7 +25,7 @@ pub use config::{ContainerdConfig, Snapshotter};
 pub use containerd::Containerd;
 pub use cri::{CriClient, PodSandboxSpec, RunConditions, SandboxNetwork, SandboxRun};
 pub use image::{OciDocuments, PauseImage, oci_arch, oci_documents, sha256_digest};
-pub use node::{BeforeStart, E2eNode, NodeSetup};
+pub use node::{BeforeStart, CniConf, E2eNode, NodeSetup};
 pub use tar::TarBuilder;
 
 use std::path::PathBuf;

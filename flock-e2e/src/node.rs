@@ -1,6 +1,7 @@
 //! A stand-in Kubernetes node: a network namespace, containerd with the CRI
-//! plugin using a given conflist and CNI bin dir, the pause image imported,
-//! and a hook that runs before containerd starts (flock's agent goes there).
+//! plugin using a given conflist (or a CNI conf dir an installer filled) and
+//! CNI bin dir, the pause image imported, and a hook that runs before
+//! containerd starts.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -22,12 +23,24 @@ pub type BeforeStart = Box<
         + Send,
 >;
 
+/// Where the CRI plugin's CNI configuration comes from.
+#[derive(Clone, Debug)]
+pub enum CniConf {
+    /// A conflist the harness writes into its own conf dir, `DIR/net.d`.
+    Conflist {
+        /// The conflist (JSON text).
+        text: String,
+        /// Its file name (libcni loads `*.conflist`).
+        file: String,
+    },
+    /// A conf dir as an installer (`flock-agent install-cni`) left it, used as is.
+    Dir(PathBuf),
+}
+
 /// What a node runs: which CNI, from where, and what to start first.
 pub struct NodeSetup {
-    /// The conflist (JSON text) the CRI plugin loads.
-    pub conflist: String,
-    /// The file name it gets in the conf dir (libcni loads `*.conflist`).
-    pub conflist_file: String,
+    /// The CNI configuration the CRI plugin loads.
+    pub cni_conf: CniConf,
     /// Where the CRI plugin looks for the plugins the conflist names.
     pub cni_bin_dir: PathBuf,
     /// Runs before containerd starts.
@@ -43,7 +56,7 @@ pub struct NodeSetup {
 impl std::fmt::Debug for NodeSetup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeSetup")
-            .field("conflist_file", &self.conflist_file)
+            .field("cni_conf", &self.cni_conf)
             .field("cni_bin_dir", &self.cni_bin_dir)
             .field("before_start", &self.before_start.is_some())
             .field("image_name", &self.image_name)
@@ -53,12 +66,29 @@ impl std::fmt::Debug for NodeSetup {
 }
 
 impl NodeSetup {
-    /// A node whose CRI plugin uses `conflist` with plugins from
-    /// `cni_bin_dir`; no hook, image `flock.test/pause:e2e`, overlayfs.
+    /// A node whose CRI plugin uses `conflist` (written as `10-e2e.conflist`)
+    /// with plugins from `cni_bin_dir`; no hook, image `flock.test/pause:e2e`,
+    /// overlayfs.
     pub fn new(conflist: impl Into<String>, cni_bin_dir: impl Into<PathBuf>) -> NodeSetup {
+        NodeSetup::with_cni_conf(
+            CniConf::Conflist {
+                text: conflist.into(),
+                file: "10-e2e.conflist".into(),
+            },
+            cni_bin_dir,
+        )
+    }
+
+    /// A node whose CRI plugin reads the conf dir `conf_dir` and the bin dir
+    /// `cni_bin_dir` as an installer filled them, as on a real node; otherwise
+    /// as [`NodeSetup::new`].
+    pub fn installed(conf_dir: impl Into<PathBuf>, cni_bin_dir: impl Into<PathBuf>) -> NodeSetup {
+        NodeSetup::with_cni_conf(CniConf::Dir(conf_dir.into()), cni_bin_dir)
+    }
+
+    fn with_cni_conf(cni_conf: CniConf, cni_bin_dir: impl Into<PathBuf>) -> NodeSetup {
         NodeSetup {
-            conflist: conflist.into(),
-            conflist_file: "10-e2e.conflist".into(),
+            cni_conf,
             cni_bin_dir: cni_bin_dir.into(),
             before_start: None,
             image_name: "flock.test/pause:e2e".into(),
@@ -96,9 +126,10 @@ pub struct E2eNode {
 
 impl E2eNode {
     /// Creates the node namespace and a temp dir, writes the conflist to
-    /// `DIR/net.d`, runs the hook, builds the pause image, starts containerd
-    /// (blocking while it comes up), imports the image and waits until the
-    /// CRI plugin reports the runtime and the network ready.
+    /// `DIR/net.d` (or uses the installed conf dir), runs the hook, builds the
+    /// pause image, starts containerd (blocking while it comes up), imports
+    /// the image and waits until the CRI plugin reports the runtime and the
+    /// network ready.
     pub async fn start(setup: NodeSetup) -> Result<E2eNode> {
         let dir = tempfile::Builder::new()
             .prefix("flock-e2e-")
@@ -109,18 +140,24 @@ impl E2eNode {
                 source,
             })?;
         let netns = Netns::new("ctd");
-        let conf_dir = dir.path().join("net.d");
-        std::fs::create_dir_all(&conf_dir).map_err(|source| Error::Io {
-            op: "create CNI conf dir",
-            path: conf_dir.clone(),
-            source,
-        })?;
-        let conflist_path = conf_dir.join(&setup.conflist_file);
-        std::fs::write(&conflist_path, &setup.conflist).map_err(|source| Error::Io {
-            op: "write conflist",
-            path: conflist_path,
-            source,
-        })?;
+        let conf_dir = match setup.cni_conf {
+            CniConf::Dir(conf_dir) => conf_dir,
+            CniConf::Conflist { text, file } => {
+                let conf_dir = dir.path().join("net.d");
+                std::fs::create_dir_all(&conf_dir).map_err(|source| Error::Io {
+                    op: "create CNI conf dir",
+                    path: conf_dir.clone(),
+                    source,
+                })?;
+                let conflist_path = conf_dir.join(file);
+                std::fs::write(&conflist_path, text).map_err(|source| Error::Io {
+                    op: "write conflist",
+                    path: conflist_path,
+                    source,
+                })?;
+                conf_dir
+            }
+        };
         if let Some(hook) = setup.before_start {
             hook(&netns, dir.path()).map_err(|source| Error::BeforeStart { source })?;
         }
@@ -169,7 +206,8 @@ impl E2eNode {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// The harness directory (config, log, root, state, `net.d`).
+    /// The harness directory (config, log, root, state, `net.d` unless the
+    /// conf dir was installed elsewhere).
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }

@@ -1,7 +1,9 @@
-//! containerd 1.6's CRI plugin with flock as its CNI: the real agent runs standalone inside
-//! the stand-in node namespace (started by the harness's `before_start` hook, so it dies with
-//! the node), containerd execs the real shim `flock` from its CNI bin dir, and a Rust CRI
-//! client drives RunPodSandbox, StopPodSandbox and RemovePodSandbox as kubelet does.
+//! containerd 1.6's CRI plugin with flock as its CNI, installed as a node gets it: `flock-agent
+//! install-cni` copies the shim into the CNI bin dir and writes the conflist into the conf dir
+//! containerd reads (so containerd 1.6 accepts what the installer writes, `cniVersion` 1.0.0).
+//! The real agent runs standalone in the node (containerd's network and mount namespaces,
+//! entered once containerd is up, so it dies with the node), containerd execs the shim, and a
+//! Rust CRI client drives RunPodSandbox, StopPodSandbox and RemovePodSandbox as kubelet does.
 //!
 //! In the same run, the same five sandboxes with the reference `ptp` + `host-local` give the
 //! RunPodSandbox time to compare against (printed).
@@ -38,36 +40,66 @@ fn require_tools() {
     }
 }
 
-/// The agent's files, outside the harness dir (the conflist names them before the harness
-/// dir exists).
+/// The agent's files and the node's CNI directories, outside the harness dir (the conflist
+/// names them before the harness dir exists).
 struct AgentFiles {
     dir: tempfile::TempDir,
 }
 
 impl AgentFiles {
-    fn new() -> AgentFiles {
+    /// Installs flock with `flock-agent install-cni` (and `install_args`) into `bin` and
+    /// `net.d`, with the socket and state dir (so the DEL queue, `state/del-queue`) the agent
+    /// will use, and writes the NodeConfig.
+    fn new(install_args: &[&str]) -> AgentFiles {
         let dir = tempfile::Builder::new()
             .prefix("flock-e2e-agent-")
             .tempdir()
             .expect("agent dir");
-        let bin = dir.path().join("bin");
-        std::fs::create_dir_all(&bin).expect("bin dir");
-        // containerd's CNI bin dir holds the shim, as /opt/cni/bin would.
-        std::fs::copy(flock_testkit::workspace_bin("flock"), bin.join("flock")).expect("copy shim");
+        let files = AgentFiles { dir };
+        let out = Command::new(flock_testkit::workspace_bin("flock-agent"))
+            .env_clear()
+            .arg("install-cni")
+            .arg("--shim")
+            .arg(flock_testkit::workspace_bin("flock"))
+            .arg("--bin-dir")
+            .arg(files.bin_dir())
+            .arg("--conf-dir")
+            .arg(files.conf_dir())
+            .args(["--network", NET_NAME])
+            .arg("--agent-socket")
+            .arg(files.socket())
+            .arg("--state-dir")
+            .arg(files.state_dir())
+            .args(install_args)
+            .output()
+            .expect("run flock-agent install-cni");
+        assert!(
+            out.status.success(),
+            "install-cni failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         // containerd's CRI plugin also runs `loopback` on every sandbox.
-        std::os::unix::fs::symlink("/usr/lib/cni/loopback", bin.join("loopback"))
+        std::os::unix::fs::symlink("/usr/lib/cni/loopback", files.bin_dir().join("loopback"))
             .expect("link loopback");
         std::fs::write(
-            dir.path().join("node.yaml"),
+            files.path("node.yaml"),
             format!(
                 "apiVersion: flock.fritzlab.net/v1alpha1\nkind: NodeConfig\nmetadata:\n  name: e2e-node\nspec:\n  cidr6: {CIDR6}\n  cidr4: {CIDR4}\n"
             ),
         )
         .expect("write node.yaml");
-        AgentFiles { dir }
+        files
     }
     fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
+    }
+    /// The node's CNI bin dir (`/opt/cni/bin`).
+    fn bin_dir(&self) -> PathBuf {
+        self.path("bin")
+    }
+    /// The node's CNI conf dir (`/etc/cni/net.d`).
+    fn conf_dir(&self) -> PathBuf {
+        self.path("net.d")
     }
     fn socket(&self) -> PathBuf {
         self.path("run/agent.sock")
@@ -75,18 +107,12 @@ impl AgentFiles {
     fn state_dir(&self) -> PathBuf {
         self.path("state")
     }
-    fn conflist(&self) -> String {
-        json!({
-            "cniVersion": "1.0.0",
-            "name": NET_NAME,
-            "plugins": [{
-                "type": "flock",
-                "agentSocket": self.socket(),
-                "delQueueDir": self.path("del-queue"),
-                "capabilities": { "io.kubernetes.cri.pod-annotations": true }
-            }]
-        })
-        .to_string()
+    /// What install-cni wrote, parsed.
+    fn installed_conflist(&self) -> Value {
+        let path = self.conf_dir().join("01-flock.conflist");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        serde_json::from_str(&text).expect("the installed conflist is JSON")
     }
     /// Committed allocation records: (file name, record). The files follow testkit's
     /// [`AgentLayout`] under the agent dir.
@@ -123,10 +149,10 @@ fn start_agent(files: &AgentFiles, containerd_pid: u32) -> Child {
         .arg(files.path("node.yaml"))
         .arg("--socket")
         .arg(files.socket())
+        // No --del-queue-dir: the agent drains `<state-dir>/del-queue`, where install-cni
+        // told the shim to queue.
         .arg("--state-dir")
         .arg(files.state_dir())
-        .arg("--del-queue-dir")
-        .arg(files.path("del-queue"))
         .arg("--bird-config")
         .arg(files.path("bird/bird.conf"))
         .arg("--bird-socket")
@@ -200,12 +226,22 @@ async fn ptp_run_times() -> Vec<Duration> {
 #[tokio::test]
 async fn five_flock_sandboxes_run_answer_and_clean_up() {
     require_tools();
-    let files = AgentFiles::new();
-    let setup = NodeSetup::new(files.conflist(), files.path("bin")).before_start(|netns, _dir| {
-        // A node has an address of its own (the source of the node's IPv4 pings).
-        netns.ok(["ip", "addr", "add", "10.99.0.1/32", "dev", "lo"]);
-        Ok(())
-    });
+    let files = AgentFiles::new(&[]);
+    let conflist = files.installed_conflist();
+    assert_eq!(
+        (
+            &conflist["cniVersion"],
+            &conflist["plugins"][0]["delQueueDir"]
+        ),
+        (&json!("1.0.0"), &json!(files.state_dir().join("del-queue"))),
+        "containerd 1.6 gets a 1.0.0 list, and the shim queues where the agent drains: {conflist}"
+    );
+    let setup =
+        NodeSetup::installed(files.conf_dir(), files.bin_dir()).before_start(|netns, _dir| {
+            // A node has an address of its own (the source of the node's IPv4 pings).
+            netns.ok(["ip", "addr", "add", "10.99.0.1/32", "dev", "lo"]);
+            Ok(())
+        });
     let node = E2eNode::start(setup)
         .await
         .expect("node with containerd starts");
@@ -270,14 +306,14 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
         sandboxes.push((run.id, net));
     }
 
-    // The agent's records: one per sandbox, keyed by containerd's sandbox id, holding the pod
-    // identity containerd passed in CNI_ARGS.
+    // The agent's records: one per sandbox, for containerd's sandbox id and eth0, holding the
+    // pod identity containerd passed in CNI_ARGS.
     let records = files.records();
     assert_eq!(records.len(), 5, "{records:?}");
     for (i, (id, _)) in sandboxes.iter().enumerate() {
         let (_, record) = records
             .iter()
-            .find(|(name, _)| name == &format!("{id}.eth0.json"))
+            .find(|(_, r)| r["containerId"] == id.as_str() && r["ifName"] == "eth0")
             .unwrap_or_else(|| panic!("no record for sandbox {id}: {records:?}"));
         assert_eq!(record["network"], NET_NAME);
         assert_eq!(
@@ -351,7 +387,7 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
         !metrics.contains("op=\"DEL\",outcome=\"error\""),
         "a DEL failed:\n{metrics}"
     );
-    let queued = std::fs::read_dir(files.path("del-queue"))
+    let queued = std::fs::read_dir(files.state_dir().join("del-queue"))
         .map(|d| d.count())
         .unwrap_or(0);
     assert_eq!(queued, 0, "no DEL was queued: the agent answered every one");
@@ -378,4 +414,32 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
         p[p.len() - 1],
         ptp
     );
+}
+
+/// Why install-cni's default is 1.0.0: containerd 1.6 ignores `cniVersions`, runs a list that
+/// says 1.1.0 in 1.1.0, and then cannot read the 1.1.0 result flock answers with.
+#[tokio::test]
+async fn containerd_1_6_fails_a_pod_on_a_1_1_0_conflist() {
+    require_tools();
+    let files = AgentFiles::new(&["--cni-version", "1.1.0"]);
+    assert_eq!(files.installed_conflist()["cniVersion"], "1.1.0");
+    let node = E2eNode::start(NodeSetup::installed(files.conf_dir(), files.bin_dir()))
+        .await
+        .expect("node with containerd starts");
+    let mut agent = start_agent(&files, node.containerd().pid());
+    let mut cri = node.cri().await.expect("CRI client connects");
+    let e = cri
+        .run_pod_sandbox(&pod(0))
+        .await
+        .expect_err("containerd 1.6 refuses a 1.1.0 result");
+    // (tonic prints containerd's message with its quotes escaped.)
+    let text = e.to_string();
+    assert!(
+        text.contains("unsupported CNI result version") && text.contains("1.1.0"),
+        "{e}\ncontainerd log:\n{}",
+        node.containerd().log_tail(30)
+    );
+    drop(cri);
+    drop(node);
+    agent.wait().expect("reap the agent");
 }
