@@ -183,18 +183,50 @@ mod tests {
     #[test]
     fn snapshot_each_error() {
         let errors = [
-            CniError::new(ErrorCode::IncompatibleCniVersion, "unsupported cniVersion \"0.3.1\": this plugin supports 0.4.0, 1.0.0, 1.1.0"),
+            CniError::new(
+                ErrorCode::IncompatibleCniVersion,
+                "unsupported cniVersion \"0.3.1\": this plugin supports 0.4.0, 1.0.0, 1.1.0",
+            ),
             CniError::new(ErrorCode::UnsupportedField, "unsupported field \"ipam\""),
-            CniError::new(ErrorCode::UnknownContainer, "container \"3f2a9c1d0b7e\" has no allocation"),
-            CniError::new(ErrorCode::InvalidEnvironmentVariables, "invalid CNI_IFNAME \"eth0/x\": contains '/', ':' or whitespace"),
-            CniError::new(ErrorCode::IoFailure, "reading the network configuration from stdin: broken pipe"),
-            CniError::new(ErrorCode::DecodingFailure, "invalid network configuration on stdin: EOF while parsing an object at line 1 column 1"),
-            CniError::new(ErrorCode::InvalidNetworkConfig, "invalid mtu 40: expected an integer in 68..=65535"),
-            CniError::new(ErrorCode::TryAgainLater, "flock agent unreachable at /run/flock/agent.sock").with_details("flock agent unreachable at /run/flock/agent.sock: No such file or directory (os error 2)"),
-            CniError::new(ErrorCode::PluginNotAvailable, "flock agent unreachable at /run/flock/agent.sock"),
-            CniError::new(ErrorCode::PluginNotAvailableLimitedConnectivity, "node config missing and 3 pods degraded"),
-            CniError::new(ErrorCode::Internal, "encoding the reply: key must be a string"),
-            CniError::new(ErrorCode::Plugin(100), "pool 2001:db8:42::/64 exhausted").with_details("0 of 65536 addresses free"),
+            CniError::new(
+                ErrorCode::UnknownContainer,
+                "container \"3f2a9c1d0b7e\" has no allocation",
+            ),
+            CniError::new(
+                ErrorCode::InvalidEnvironmentVariables,
+                "invalid CNI_IFNAME \"eth0/x\": contains '/', ':' or whitespace",
+            ),
+            CniError::new(
+                ErrorCode::IoFailure,
+                "reading the network configuration from stdin: broken pipe",
+            ),
+            CniError::new(
+                ErrorCode::DecodingFailure,
+                "invalid network configuration on stdin: EOF while parsing an object at line 1 column 1",
+            ),
+            CniError::new(
+                ErrorCode::InvalidNetworkConfig,
+                "invalid mtu 40: expected an integer in 68..=65535",
+            ),
+            CniError::new(
+                ErrorCode::TryAgainLater,
+                "flock agent unreachable at /run/flock/agent.sock",
+            )
+            .with_details("No such file or directory (os error 2)"),
+            CniError::new(
+                ErrorCode::PluginNotAvailable,
+                "flock agent unreachable at /run/flock/agent.sock",
+            ),
+            CniError::new(
+                ErrorCode::PluginNotAvailableLimitedConnectivity,
+                "node config missing and 3 pods degraded",
+            ),
+            CniError::new(
+                ErrorCode::Internal,
+                "encoding the reply: key must be a string",
+            ),
+            CniError::new(ErrorCode::Plugin(100), "pool 2001:db8:42::/64 exhausted")
+                .with_details("0 of 65536 addresses free"),
         ];
         let printed: Vec<Value> = errors
             .iter()

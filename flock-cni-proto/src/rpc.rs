@@ -442,9 +442,19 @@ impl ClientError {
         cause_chain(self)
     }
 
-    /// This error as a CNI error with `code`.
+    /// The causes under this error ([`cause_chain`] of its source), for a CNI
+    /// error's details under this error as its message.
+    pub fn causes(&self) -> String {
+        std::error::Error::source(self)
+            .map(cause_chain)
+            .unwrap_or_default()
+    }
+
+    /// This error as a CNI error with `code`: the message says what failed,
+    /// the details why (the causes under it, down to the OS error), so a
+    /// runtime printing `msg; details` does not print the message twice.
     pub fn to_cni(&self, code: ErrorCode) -> CniError {
-        CniError::new(code, self.to_string()).with_details(self.chain())
+        CniError::new(code, self.to_string()).with_details(self.causes())
     }
 }
 
@@ -781,9 +791,15 @@ mod tests {
             .call(&request())
             .unwrap_err();
         assert!(e.is_unreachable() && e.is_undelivered() && e.may_be_incomplete());
+        let cni = e.to_cni(ErrorCode::TryAgainLater);
+        assert_eq!(cni.code, ErrorCode::TryAgainLater);
         assert_eq!(
-            e.to_cni(ErrorCode::TryAgainLater).code,
-            ErrorCode::TryAgainLater
+            cni.msg,
+            "flock agent unreachable at /nonexistent/flock/agent.sock"
+        );
+        assert!(
+            cni.details.starts_with("No such file or directory"),
+            "the details are the causes, not the message again: {cni:?}"
         );
         assert!(
             e.chain()

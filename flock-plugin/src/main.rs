@@ -13,7 +13,9 @@
 use flock_cni_proto::error::cause_chain;
 use flock_cni_proto::rpc::{Client, ClientError, Op, Request};
 use flock_cni_proto::serde_json;
-use flock_cni_proto::{Call, CniError, CniResult, DelQueue, ErrorCode, FlockNetConf, Plugin, skel};
+use flock_cni_proto::{
+    Call, CniError, CniResult, DelQueue, ErrorCode, FlockNetConf, Plugin, QueueError, skel,
+};
 
 /// The shim: stateless; every call opens one connection to the agent.
 struct Shim {
@@ -118,8 +120,8 @@ impl Plugin for Shim {
                     )
                     .with_details(format!(
                         "{}; {}",
-                        e.chain(),
-                        cause_chain(&q)
+                        e.causes(),
+                        queue_causes(&q)
                     ))),
                 }
             }
@@ -144,6 +146,12 @@ impl Plugin for Shim {
     fn gc(&self, call: &Call<'_>) -> Result<(), CniError> {
         self.forward_unit(Op::Gc, call, ErrorCode::TryAgainLater, false)
     }
+}
+
+/// The causes under a queue error (its I/O error), or the error itself when
+/// it has none.
+fn queue_causes(q: &QueueError) -> String {
+    std::error::Error::source(q).map_or_else(|| q.to_string(), cause_chain)
 }
 
 fn main() {

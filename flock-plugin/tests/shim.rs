@@ -213,7 +213,14 @@ fn agent_down_is_11_for_add_check_gc_and_50_for_status() {
         assert_eq!(run.code, 1, "{cmd}");
         let out = run.json();
         assert_eq!(out["code"], code, "{cmd}: {out}");
-        assert!(out["msg"].as_str().unwrap().contains("agent.sock"), "{out}");
+        let msg = out["msg"].as_str().unwrap();
+        assert!(msg.contains("agent.sock"), "{out}");
+        // The details say why (the OS error), not the message again.
+        let details = out["details"].as_str().unwrap();
+        assert!(
+            details.contains("os error") && !details.contains(msg),
+            "{out}"
+        );
     }
     // A socket file nobody listens on (the agent died): ECONNREFUSED.
     drop(UnixListener::bind(dir.path().join("agent.sock")).unwrap());
