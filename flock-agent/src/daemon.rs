@@ -9,6 +9,7 @@ use std::time::Duration;
 use flock_netns::NodeNs;
 
 use crate::kernel::NetnsKernel;
+use crate::trace::Tracer;
 use tracing::{info, warn};
 
 use crate::agent::{Agent, AgentParts};
@@ -18,12 +19,13 @@ use crate::nodeconfig::NodeConfig;
 use crate::{Error, Result};
 
 /// The default paths and addresses of DESIGN §9 (the command line's defaults; the manifests
-/// under `deploy/` use the same, which a test checks).
+/// under `deploy/` use the same, which a test checks). What the shim shares with the agent is
+/// defined once, in `flock_cni_proto::defaults`.
 pub mod defaults {
     /// The RPC socket the shim connects to.
-    pub const SOCKET: &str = "/run/flock/agent.sock";
+    pub const SOCKET: &str = flock_cni_proto::defaults::DEFAULT_AGENT_SOCKET;
     /// Where allocations are persisted.
-    pub const STATE_DIR: &str = "/var/lib/flock";
+    pub const STATE_DIR: &str = flock_cni_proto::defaults::DEFAULT_STATE_DIR;
     /// The BIRD configuration file the agent renders.
     pub const BIRD_CONFIG: &str = "/etc/flock/bird/bird.conf";
     /// BIRD's control socket.
@@ -63,19 +65,31 @@ pub struct RunOptions {
     pub rng_seed: [u8; 32],
     /// Test hook (`FLOCK_FAILPOINT`): abort at this point of an ADD.
     pub failpoint: Option<String>,
+    /// `--trace FILE`: one JSON line of phases per request.
+    pub trace: Option<PathBuf>,
 }
 
 impl RunOptions {
     /// The agent's parts for these options, on the kernel of the agent's own namespace.
-    pub fn agent_parts(&self) -> AgentParts {
-        AgentParts {
+    pub fn agent_parts(&self) -> Result<AgentParts> {
+        let tracer = match &self.trace {
+            None => None,
+            Some(path) => Some(Tracer::create(path).map_err(|source| Error::WriteFile {
+                what: "request trace",
+                op: "create",
+                path: path.clone(),
+                source,
+            })?),
+        };
+        Ok(AgentParts {
             rng_seed: self.rng_seed,
             failpoint: self.failpoint.clone(),
+            tracer,
             ..AgentParts::new(
                 Arc::new(NetnsKernel::new(NodeNs::current())),
                 self.state_dir.clone(),
             )
-        }
+        })
     }
 }
 
@@ -108,7 +122,7 @@ pub async fn run_standalone(options: RunOptions) -> Result<()> {
         settings: Some(settings),
         metrics: metrics.clone(),
         health: health.clone(),
-        ..options.agent_parts()
+        ..options.agent_parts()?
     })
     .await?;
     serve(agent, report, options, metrics, health).await

@@ -17,6 +17,7 @@ pub mod nodeconfig;
 pub mod pods;
 pub mod server;
 pub mod store;
+pub mod trace;
 
 /// Everything that can go wrong in the agent.
 #[derive(Debug, thiserror::Error)]

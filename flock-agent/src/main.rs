@@ -113,6 +113,10 @@ struct RunArgs {
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, env = "FLOCK_METRICS_ADDR", default_value = defaults::METRICS_ADDR)]
     metrics_addr: SocketAddr,
+    /// Append one JSON line per CNI request to this file: its phases and their durations
+    /// (`cargo xtask bench` reads it).
+    #[arg(long, env = "FLOCK_TRACE")]
+    trace: Option<PathBuf>,
     /// Kubernetes mode: a kubeconfig file (default: in-cluster service account, or $KUBECONFIG).
     #[arg(long, env = "FLOCK_KUBECONFIG", conflicts_with = "standalone")]
     kubeconfig: Option<PathBuf>,
@@ -175,7 +179,7 @@ fn run(args: RunArgs) -> Result<()> {
         .init();
     let del_queue_dir = args
         .del_queue_dir
-        .unwrap_or_else(|| args.state_dir.join("del-queue"));
+        .unwrap_or_else(|| cni_defaults::del_queue_dir(&args.state_dir));
     let options = RunOptions {
         node_config: args.node_config,
         node: args.node,
@@ -192,6 +196,7 @@ fn run(args: RunArgs) -> Result<()> {
         rng_seed: flock_agent::agent::os_seed(),
         // A test hook: the crash-safety tests abort the agent at a chosen point of an ADD.
         failpoint: std::env::var("FLOCK_FAILPOINT").ok(),
+        trace: args.trace,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

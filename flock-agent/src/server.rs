@@ -15,6 +15,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, warn};
 
 use crate::agent::Agent;
+use crate::trace::Phases;
 use crate::{Error, Result};
 
 /// How long a client may take to send its request line.
@@ -78,19 +79,32 @@ pub async fn serve(listener: UnixListener, agent: Arc<Agent>, socket: PathBuf) {
 }
 
 async fn serve_connection(mut stream: UnixStream, agent: Arc<Agent>) {
-    let response = match tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream)).await {
-        Err(_) => Response::error(bad_request(format!(
-            "no complete request line within {}s",
-            READ_TIMEOUT.as_secs()
-        ))),
-        Ok(Err(response)) => response,
-        Ok(Ok(request)) => agent.handle(request).await,
+    let mut phases = Phases::start();
+    let (response, tag) = match tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream)).await
+    {
+        Err(_) => (
+            Response::error(bad_request(format!(
+                "no complete request line within {}s",
+                READ_TIMEOUT.as_secs()
+            ))),
+            None,
+        ),
+        Ok(Err(response)) => (response, None),
+        Ok(Ok(request)) => {
+            phases.mark("read");
+            let (response, tag) = agent.handle_with(request, &mut phases).await;
+            (response, Some(tag))
+        }
     };
     let line = rpc::encode_line(&response);
     if let Err(e) = stream.write_all(&line).await {
         debug!(error = %e, "client went away before the response");
     }
     let _ = stream.shutdown().await;
+    if let Some(tag) = tag {
+        phases.mark("reply");
+        agent.trace(&tag, &phases);
+    }
 }
 
 async fn read_request(stream: &mut UnixStream) -> Result<rpc::Request, Response> {

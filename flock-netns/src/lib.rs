@@ -32,7 +32,8 @@ pub use host::{
 pub use nl::RouteSpec;
 pub use ns::{NodeNs, NsTarget};
 pub use pod::{
-    GATEWAY4, GATEWAY6, Mismatch, PodSpec, SetupOutcome, Side, check, detach, setup, teardown,
+    GATEWAY4, GATEWAY6, Mismatch, PodSpec, SetupOutcome, SetupTiming, Side, check, detach, setup,
+    teardown,
 };
 
 #[cfg(test)]

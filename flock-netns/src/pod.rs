@@ -166,6 +166,22 @@ pub struct SetupOutcome {
     pub pod_mac: String,
     /// The pod's netns path (the CNI result's `sandbox`).
     pub sandbox: PathBuf,
+    /// Where the time went.
+    pub timing: SetupTiming,
+}
+
+/// How long each part of a [`setup`] took. The host and pod sides run concurrently, so
+/// `host` and `pod` overlap; `veth` and `anycast` do not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SetupTiming {
+    /// Opening the pod's netlink socket, looking up and creating the veth pair.
+    pub veth: std::time::Duration,
+    /// The host side: sysctls, link up, `fe80::1`, host routes.
+    pub host: std::time::Duration,
+    /// The pod side: link up, addresses, routes, anycast addresses on `lo`.
+    pub pod: std::time::Duration,
+    /// The anycast next-hop sets in the node's namespace.
+    pub anycast: std::time::Duration,
 }
 
 /// The sysctls of a host veth, with the values flock wants.
@@ -197,6 +213,8 @@ fn ns_name(path: &std::path::Path) -> String {
 /// Creates (or completes) the pod's kernel state; idempotent.
 pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
     spec.validate()?;
+    let started = std::time::Instant::now();
+    let mut timing = SetupTiming::default();
     let host_if = spec.host_if.clone();
     let nodename = node.name();
     let podname = ns_name(&spec.netns);
@@ -210,9 +228,11 @@ pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
     let pod = pod?;
     let p = &pod.handle;
     let (host, peer) = ensure_veth(&h, p, spec, host?, &host_if, &nodename, &podname).await?;
+    timing.veth = started.elapsed();
 
     // The two sides are independent: program them concurrently.
     let host_side = async {
+        let started = std::time::Instant::now();
         // sysctls before the link goes up (addr_gen_mode none: no
         // kernel-made link-local), then up, then fe80::1.
         let sysctls = host_sysctls(&host_if);
@@ -229,9 +249,10 @@ pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
         for r in spec.host_routes() {
             nl::route_replace(&h, &nodename, &r, host.index).await?;
         }
-        Ok::<(), Error>(())
+        Ok::<_, Error>(started.elapsed())
     };
     let pod_side = async {
+        let started = std::time::Instant::now();
         // up, addresses without DAD, routes, anycast on lo
         if !peer.up || peer.mtu != spec.mtu {
             nl::link_up(p, &podname, &peer, Some(spec.mtu)).await?;
@@ -257,12 +278,13 @@ pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
                 nl::addr_replace(p, &podname, lo.index, "lo", IpNet::from(*a)).await?;
             }
         }
-        Ok::<(), Error>(())
+        Ok::<_, Error>(started.elapsed())
     };
-    futures::try_join!(host_side, pod_side)?;
+    (timing.host, timing.pod) = futures::try_join!(host_side, pod_side)?;
     drop(pod);
 
     // The anycast nexthop sets.
+    let anycast_started = std::time::Instant::now();
     if !spec.anycast.is_empty() {
         let gw = spec.first_v6();
         let mut registry = node.anycast.lock().await;
@@ -274,12 +296,14 @@ pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
         }
     }
 
+    timing.anycast = anycast_started.elapsed();
     Ok(SetupOutcome {
         host_if,
         host_mac: host.mac,
         pod_if: spec.if_name.clone(),
         pod_mac: peer.mac,
         sandbox: spec.netns.clone(),
+        timing,
     })
 }
 

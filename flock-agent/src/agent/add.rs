@@ -10,6 +10,8 @@ use flock_netns::PodSpec;
 use serde_json::Value;
 use tracing::warn;
 
+use crate::trace::Phases;
+
 use super::{
     Agent, HandlerError, Outcome, attachment_key, cni_result, error, parse_conf, pod_spec,
 };
@@ -91,10 +93,11 @@ pub fn node_defaults(settings: &NodeSettings) -> flock_ipam::NodeDefaults {
 }
 
 impl Agent {
-    pub(super) async fn add(&self, req: &Request) -> Outcome<Value> {
+    pub(super) async fn add(&self, req: &Request, phases: &mut Phases) -> Outcome<Value> {
         let conf = parse_conf(req)?;
         let key = attachment_key(req)?;
         let _guard = self.lock_container(&req.container_id).await;
+        phases.mark("lock");
         if let Some(existing) = self.state().record(&key) {
             // kubelet retries ADD: the same attachment gets the same result.
             return Ok(cni_result(existing).to_value(conf.cni_version));
@@ -114,6 +117,7 @@ impl Agent {
             pod: &pod.pod.name,
             container_id: &req.container_id,
         };
+        phases.mark("resolve");
         let record = {
             let mut state = self.state();
             let host_if = choose_host_if(&key, |name| state.owns_host_if(name))?;
@@ -137,8 +141,9 @@ impl Agent {
                 boot_id: &self.boot_id,
             })
         };
+        phases.mark("allocate");
         let host_if = record.host_if.clone();
-        let outcome = self.add_pending(record, &conf).await;
+        let outcome = self.add_pending(record, &conf, phases).await;
         self.state().host_if_done(&host_if);
         outcome
     }
@@ -148,11 +153,13 @@ impl Agent {
         &self,
         mut record: AllocationRecord,
         conf: &FlockNetConf,
+        phases: &mut Phases,
     ) -> Outcome<Value> {
         if let Err(e) = self.put_record(&record).await {
             self.state().release_addresses(&record);
             return Err(e);
         }
+        phases.mark("store_pending");
         self.fail_at("after-pending");
         let spec = pod_spec(&record, None);
         let outcome = match self.kernel.setup(&spec).await {
@@ -167,6 +174,8 @@ impl Agent {
                 });
             }
         };
+        phases.mark("kernel");
+        phases.kernel_detail(outcome.timing);
         self.fail_at("after-kernel");
         record.state = RecordState::Committed;
         record.host_mac = outcome.host_mac;
@@ -175,6 +184,7 @@ impl Agent {
             self.undo_add(&record, &spec).await;
             return Err(e);
         }
+        phases.mark("store_commit");
         self.fail_at("after-commit");
         let announces = !record.addresses.is_empty() || !record.anycast.is_empty();
         let result = cni_result(&record).to_value(conf.cni_version);
@@ -183,6 +193,7 @@ impl Agent {
         if announces {
             self.refresh_bird();
         }
+        phases.mark("bird");
         Ok(result)
     }
 

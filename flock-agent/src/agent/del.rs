@@ -7,6 +7,8 @@ use flock_cni_proto::rpc::Request;
 use flock_netns::PodSpec;
 use tracing::warn;
 
+use crate::trace::Phases;
+
 use super::{
     Agent, ContainerGuard, HandlerError, Outcome, attachment_key, error, parse_conf, pod_spec,
 };
@@ -29,12 +31,13 @@ pub fn unrecorded_veth(key: &AttachmentKey, owned: impl Fn(&str) -> bool) -> Opt
 }
 
 impl Agent {
-    pub(super) async fn del(&self, req: &Request) -> Outcome {
+    pub(super) async fn del(&self, req: &Request, phases: &mut Phases) -> Outcome {
         // A configuration that is not flock's (wrong type, bad mtu) is an error even for DEL.
         parse_conf(req)?;
         let key = attachment_key(req)?;
         let guard = self.lock_container(&req.container_id).await;
-        self.del_locked(&key, &req.netns, guard, VethDeletion::AfterAnswer)
+        phases.mark("lock");
+        self.del_locked(&key, &req.netns, guard, VethDeletion::AfterAnswer, phases)
             .await
     }
 
@@ -43,7 +46,8 @@ impl Agent {
     /// Unlike a DEL, nobody waits on the answer, so the veth is gone when this returns.
     pub async fn release_attachment(&self, key: &AttachmentKey) -> Result<(), HandlerError> {
         let guard = self.lock_container(&key.container_id).await;
-        self.del_locked(key, "", guard, VethDeletion::Before).await
+        self.del_locked(key, "", guard, VethDeletion::Before, &mut Phases::start())
+            .await
     }
 
     /// Tears down and releases one attachment; `guard` is its container's lock.
@@ -60,6 +64,7 @@ impl Agent {
         netns: &str,
         guard: ContainerGuard,
         veth: VethDeletion,
+        phases: &mut Phases,
     ) -> Outcome {
         let record = self.state().record(key).cloned();
         let Some(record) = record else {
@@ -88,7 +93,9 @@ impl Agent {
             .detach(&spec)
             .await
             .map_err(|e| kernel_error("detach", key, e))?;
+        phases.mark("kernel");
         self.delete_stored(key).await?;
+        phases.mark("store_delete");
         {
             let mut state = self.state();
             state.remove(key);
@@ -120,6 +127,7 @@ impl Agent {
         // has since changed is announced on its own, until it goes. The writer is debounced
         // and writes nothing when the bytes do not change.
         self.refresh_bird();
+        phases.mark("release");
         Ok(())
     }
 

@@ -49,7 +49,11 @@ impl Agent {
         let mut failures = Vec::new();
         for key in victims {
             let guard = self.lock_container(&key.container_id).await;
-            if let Err(e) = self.del_locked(&key, "", guard, VethDeletion::Before).await {
+            let phases = &mut crate::trace::Phases::start();
+            if let Err(e) = self
+                .del_locked(&key, "", guard, VethDeletion::Before, phases)
+                .await
+            {
                 failures.push((key, e));
             }
         }

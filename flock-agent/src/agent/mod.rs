@@ -29,6 +29,7 @@ use crate::metrics::{Health, Metrics};
 use crate::nodeconfig::NodeSettings;
 use crate::pods::PodDirectory;
 use crate::store::{AllocationRecord, AttachmentKey, Store};
+use crate::trace::{Phases, RequestTag, Tracer};
 
 pub mod add;
 pub mod announce;
@@ -67,6 +68,7 @@ pub struct Agent {
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     failpoint: Option<String>,
+    tracer: Option<Tracer>,
 }
 
 /// What [`Agent::start`] needs. The caller (`main`) reads the environment; the agent does not.
@@ -90,6 +92,8 @@ pub struct AgentParts {
     /// Test hook: abort the process at this point of an ADD (`after-pending`,
     /// `after-kernel`, `after-commit`).
     pub failpoint: Option<String>,
+    /// Where each request's phases are written (`--trace`), if anywhere.
+    pub tracer: Option<Tracer>,
 }
 
 impl AgentParts {
@@ -106,6 +110,7 @@ impl AgentParts {
             health: Arc::new(Health::default()),
             rng_seed: os_seed(),
             failpoint: None,
+            tracer: None,
         }
     }
 }
@@ -154,6 +159,7 @@ impl Agent {
             metrics: parts.metrics,
             health: parts.health,
             failpoint: parts.failpoint.filter(|f| !f.is_empty()),
+            tracer: parts.tracer,
         });
         let report = agent.reconcile_at_start(records).await?;
         Ok((agent, report))
@@ -292,18 +298,31 @@ impl Agent {
 
     /// Handles one RPC request and returns its response.
     pub async fn handle(&self, request: Request) -> Response {
+        self.handle_with(request, &mut Phases::start()).await.0
+    }
+
+    /// Handles one RPC request, marking its phases; returns the response and what a trace
+    /// line says of the request.
+    pub async fn handle_with(
+        &self,
+        request: Request,
+        phases: &mut Phases,
+    ) -> (Response, RequestTag) {
         let started = Instant::now();
         let op = request.op;
         let span =
             tracing::info_span!("cni", op = op.as_str(), container_id = %request.container_id);
         let _enter = span.enter();
         let outcome: Outcome<Option<Value>> = match op {
-            Op::Add => self.add(&request).await.map(Some),
-            Op::Del => self.del(&request).await.map(|()| None),
+            Op::Add => self.add(&request, phases).await.map(Some),
+            Op::Del => self.del(&request, phases).await.map(|()| None),
             Op::Check => self.check(&request).await.map(|()| None),
             Op::Status => self.status(&request).await.map(|()| None),
             Op::Gc => self.gc(&request).await.map(|()| None),
         };
+        if !matches!(op, Op::Add | Op::Del) {
+            phases.mark("handle");
+        }
         let outcome = outcome.map_err(|e| e.to_cni());
         let label = match &outcome {
             Ok(_) => "ok".to_owned(),
@@ -311,13 +330,27 @@ impl Agent {
         };
         self.metrics
             .observe_request(op.as_str(), &label, started.elapsed());
-        match outcome {
+        let tag = RequestTag {
+            op: op.as_str().to_owned(),
+            container_id: request.container_id,
+            if_name: request.if_name,
+            outcome: label,
+        };
+        let response = match outcome {
             Ok(None) => Response::done(),
             Ok(Some(v)) => Response::ok(v),
             Err(e) => {
                 info!(code = e.code.as_u32(), msg = %e.msg, details = %e.details, "request failed");
                 Response::error(e)
             }
+        };
+        (response, tag)
+    }
+
+    /// Writes a finished request's trace line, when tracing.
+    pub fn trace(&self, tag: &RequestTag, phases: &Phases) {
+        if let Some(t) = &self.tracer {
+            t.record(tag, phases);
         }
     }
 

@@ -111,7 +111,7 @@ pub async fn run(options: RunOptions, kube: KubeOptions) -> Result<()> {
         pod_wait: kube.pod_wait,
         metrics: metrics.clone(),
         health: health.clone(),
-        ..options.agent_parts()
+        ..options.agent_parts()?
     })
     .await?;
     health.set_problem("nodeconfig", Some(format!("waiting for NodeConfig {node}")));

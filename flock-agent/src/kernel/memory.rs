@@ -196,6 +196,7 @@ impl Kernel for MemoryKernel {
                 pod_if: spec.if_name.clone(),
                 pod_mac: "02:00:00:00:00:02".into(),
                 sandbox: spec.netns.clone(),
+                timing: flock_netns::SetupTiming::default(),
             })
         })
     }

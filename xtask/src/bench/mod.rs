@@ -27,6 +27,10 @@ use serde_json::{Value, json};
 
 use crate::sys;
 
+mod breakdown;
+
+use breakdown::{Breakdown, Floor, Observed};
+
 /// Where Debian's containernetworking-plugins live.
 const REFERENCE_BIN_DIR: &str = "/usr/lib/cni";
 
@@ -66,6 +70,11 @@ pub trait Subject {
     fn setup(&mut self, ctx: &SetupContext<'_>) -> Result<SubjectConfig>;
     /// The pid of the subject's long-running daemon, for its RSS.
     fn daemon_pid(&self) -> Option<u32> {
+        None
+    }
+    /// The daemon's per-request trace (one JSON line per request with its phases), when the
+    /// subject writes one.
+    fn trace(&self) -> Option<String> {
         None
     }
     /// Stops what `setup` started. (The node namespace's drop kills whatever
@@ -119,6 +128,7 @@ impl Subject for ReferencePtp {
 #[derive(Default)]
 pub struct Flock {
     agent: Option<std::process::Child>,
+    trace: Option<PathBuf>,
 }
 
 impl Subject for Flock {
@@ -142,15 +152,20 @@ impl Subject for Flock {
             "apiVersion: flock.fritzlab.net/v1alpha1\nkind: NodeConfig\nmetadata:\n  name: bench\n\
              spec:\n  cidr6: 2001:db8:98::/64\n  cidr4: 10.98.0.0/16\n",
         )?;
+        let trace = ctx.work_dir.join("agent-trace.jsonl");
         let mut child = spawn_agent(
             ctx.node.name(),
             &ctx.release_dir.join("flock-agent"),
             &layout,
-            &[("FLOCK_LOG".into(), "warn".into())],
+            &[
+                ("FLOCK_LOG".into(), "warn".into()),
+                ("FLOCK_TRACE".into(), trace.display().to_string()),
+            ],
         )
         .map_err(anyhow::Error::msg)?;
         wait_until_serving(&mut child, &layout).map_err(anyhow::Error::msg)?;
         self.agent = Some(child);
+        self.trace = Some(trace);
         Ok(SubjectConfig {
             conflist: layout.conflist("bench-flock"),
             bin_dirs: vec![ctx.release_dir.to_owned()],
@@ -159,6 +174,10 @@ impl Subject for Flock {
 
     fn daemon_pid(&self) -> Option<u32> {
         self.agent.as_ref().map(std::process::Child::id)
+    }
+
+    fn trace(&self) -> Option<String> {
+        std::fs::read_to_string(self.trace.as_ref()?).ok()
     }
 
     fn teardown(&mut self) -> Result<()> {
@@ -264,6 +283,8 @@ struct Figures {
     del_conc: Vec<Duration>,
     add_conc_wall: Duration,
     rss_kib: Option<u64>,
+    /// Per phase of the sequential ADDs and DELs, from the daemon's trace.
+    breakdown: Option<Breakdown>,
 }
 
 /// `cargo xtask bench [ARGS…]`.
@@ -317,7 +338,15 @@ pub fn bench(args: &[String]) -> Result<()> {
     let _ = std::fs::remove_dir_all(&scratch);
     outcome?;
 
-    let table = render_table(&all, &opts);
+    let mut table = render_table(&all, &opts);
+    if let Some(flock) = all.iter().find(|f| f.key == "flock") {
+        eprintln!(
+            "xtask bench: kernel floor — flock-netns alone, {} pods",
+            opts.pods
+        );
+        let floor = breakdown::measure_floor(opts.pods, &release_dir.join("flock"))?;
+        table.push_str(&render_breakdown(flock, &floor, opts.pods));
+    }
     println!("{table}");
     if opts.write {
         let command = std::iter::once("cargo xtask bench".to_owned())
@@ -414,6 +443,17 @@ fn measure(
         del_seq.push(start.elapsed());
     }
     drop(pods);
+    let observed: Vec<Observed> = atts
+        .iter()
+        .zip(&add_seq)
+        .map(|(a, d)| ("ADD", a, d))
+        .chain(atts.iter().zip(&del_seq).map(|(a, d)| ("DEL", a, d)))
+        .map(|(op, a, d)| Observed {
+            op,
+            container_id: a.container_id.clone(),
+            elapsed: *d,
+        })
+        .collect();
 
     // Concurrent: fresh pods, `concurrency` threads.
     let pods = make_pods(opts.pods);
@@ -434,6 +474,10 @@ fn measure(
             .with_context(|| format!("DEL {}", a.container_id))
     })?;
     drop(pods);
+    let breakdown = match subject.trace() {
+        Some(trace) => Some(Breakdown::from_trace(&trace, &observed)?),
+        None => None,
+    };
 
     Ok(Figures {
         label: subject.label().to_owned(),
@@ -444,6 +488,7 @@ fn measure(
         del_conc,
         add_conc_wall,
         rss_kib,
+        breakdown,
     })
 }
 
@@ -616,6 +661,23 @@ fn render_table(all: &[Figures], opts: &Options) -> String {
     out
 }
 
+/// flock's per-phase table, the floor beside it, and the ADD goal of issue 13.
+fn render_breakdown(flock: &Figures, floor: &Floor, pods: usize) -> String {
+    let mut out = format!(
+        "\nWhere flock's time goes ({pods} sequential ADDs and DELs, ms, from the agent's \
+         `--trace`), and the floor measured in the same run:\n\n"
+    );
+    if let Some(b) = &flock.breakdown {
+        out.push_str(&breakdown::render(b, floor));
+    }
+    let (add, bound) = breakdown::add_goal(&flock.add_seq, floor);
+    out.push_str(&format!(
+        "\nADD p50 {add:.3} ms against 1.5 × (kernel floor + VERSION exec) = {bound:.3} ms: {}\n",
+        if add <= bound { "met" } else { "not met" }
+    ));
+    out
+}
+
 fn format_value(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
@@ -708,6 +770,7 @@ mod tests {
             del_conc: ms(&[1]),
             add_conc_wall: Duration::from_secs(1),
             rss_kib: rss,
+            breakdown: None,
         }
     }
 

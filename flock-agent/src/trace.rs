@@ -1,0 +1,170 @@
+//! Where a request's time goes: [`Phases`] marks the end of each phase of one request, and
+//! [`Tracer`] (`flock-agent run --trace FILE`) appends one JSON line per request:
+//!
+//! ```json
+//! {"op":"ADD","containerId":"c1","ifName":"eth0","outcome":"ok","totalUs":812,
+//!  "phases":{"read":21,"lock":1,"resolve":9,"allocate":3,"store_pending":48,"kernel":611,
+//!            "store_commit":41,"bird":1,"reply":30},
+//!  "kernel":{"veth":402,"host":150,"pod":141,"anycast":0}}
+//! ```
+//!
+//! Phases follow each other, so they add up to `totalUs` (from the accepted connection to the
+//! written reply); `kernel` details the kernel phase, whose host and pod sides overlap.
+//! `cargo xtask bench` reads these lines for its per-phase table.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+
+/// The phases of one request, in order.
+#[derive(Debug)]
+pub struct Phases {
+    started: Instant,
+    last: Instant,
+    marks: Vec<(&'static str, Duration)>,
+    kernel: Option<flock_netns::SetupTiming>,
+}
+
+impl Default for Phases {
+    fn default() -> Self {
+        Phases::start()
+    }
+}
+
+impl Phases {
+    /// Starts the clock.
+    pub fn start() -> Phases {
+        let now = Instant::now();
+        Phases {
+            started: now,
+            last: now,
+            marks: Vec::with_capacity(12),
+            kernel: None,
+        }
+    }
+
+    /// Ends the phase `name` now (it began where the previous one ended).
+    pub fn mark(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.marks.push((name, now - self.last));
+        self.last = now;
+    }
+
+    /// Records how the kernel phase of an ADD split up.
+    pub fn kernel_detail(&mut self, timing: flock_netns::SetupTiming) {
+        self.kernel = Some(timing);
+    }
+
+    /// Since the start.
+    pub fn total(&self) -> Duration {
+        self.last - self.started
+    }
+
+    /// The marked phases, in order.
+    pub fn marks(&self) -> &[(&'static str, Duration)] {
+        &self.marks
+    }
+}
+
+/// What a trace line says of the request besides its phases.
+#[derive(Debug, Clone, Default)]
+pub struct RequestTag {
+    /// `ADD`, `DEL`, …
+    pub op: String,
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub if_name: String,
+    /// `ok` or the CNI error code.
+    pub outcome: String,
+}
+
+/// Appends one JSON line per request to a file.
+#[derive(Debug)]
+pub struct Tracer {
+    out: Mutex<BufWriter<File>>,
+}
+
+impl Tracer {
+    /// Creates (or truncates) the trace file.
+    pub fn create(path: &Path) -> std::io::Result<Tracer> {
+        Ok(Tracer {
+            out: Mutex::new(BufWriter::new(File::create(path)?)),
+        })
+    }
+
+    /// Writes the line of one finished request (flushed, so a reader sees it at once).
+    pub fn record(&self, tag: &RequestTag, phases: &Phases) {
+        let line = trace_line(tag, phases);
+        let mut out = self.out.lock().expect("trace lock");
+        let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The JSON line of one request.
+pub fn trace_line(tag: &RequestTag, phases: &Phases) -> Value {
+    let mut by_phase = Map::new();
+    for (name, d) in phases.marks() {
+        // A phase marked twice (a retried step) adds up.
+        let sum = by_phase.get(*name).and_then(Value::as_u64).unwrap_or(0) + micros(*d);
+        by_phase.insert((*name).to_owned(), sum.into());
+    }
+    let mut line = json!({
+        "op": tag.op,
+        "containerId": tag.container_id,
+        "ifName": tag.if_name,
+        "outcome": tag.outcome,
+        "totalUs": micros(phases.total()),
+        "phases": by_phase,
+    });
+    if let Some(k) = phases.kernel {
+        line["kernel"] = json!({
+            "veth": micros(k.veth),
+            "host": micros(k.host),
+            "pod": micros(k.pod),
+            "anycast": micros(k.anycast),
+        });
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_add_up_to_the_total() {
+        let mut p = Phases::start();
+        p.mark("read");
+        std::thread::sleep(Duration::from_millis(2));
+        p.mark("kernel");
+        p.mark("reply");
+        let line = trace_line(
+            &RequestTag {
+                op: "ADD".into(),
+                container_id: "c1".into(),
+                if_name: "eth0".into(),
+                outcome: "ok".into(),
+            },
+            &p,
+        );
+        let phases = line["phases"].as_object().unwrap();
+        assert_eq!(
+            phases.keys().collect::<Vec<_>>(),
+            ["kernel", "read", "reply"]
+        );
+        // Each phase is truncated to whole microseconds on its own.
+        let sum: u64 = phases.values().map(|v| v.as_u64().unwrap()).sum();
+        let total = line["totalUs"].as_u64().unwrap();
+        assert!(sum <= total && total - sum < 3, "{line}");
+        assert!(phases["kernel"].as_u64().unwrap() >= 2000, "{line}");
+    }
+}

@@ -1,0 +1,305 @@
+//! Where an ADD's and a DEL's time goes, per phase, p50/p99, beside the kernel floor measured
+//! in the same run.
+//!
+//! - The agent's phases come from its `--trace` file (one JSON line per request, see
+//!   `flock_agent::trace`).
+//! - "outside the agent" is what the runtime stand-in measured for the call minus the agent's
+//!   total: exec'ing the shim, its connect, the transfer both ways, the stand-in's own work.
+//! - The floor: `flock-netns` alone setting up (and detaching) the same dual-stack pods in
+//!   fresh namespaces, and the shim exec'd for `VERSION` (which never leaves the shim).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use flock_netns::{NodeNs, PodSpec, detach, host_ifname, setup};
+use flock_testkit::Netns;
+use serde_json::Value;
+
+use super::percentile_ms;
+
+/// The phases of the agent's ADD and DEL, in the order they happen.
+const ADD_PHASES: &[&str] = &[
+    "read",
+    "lock",
+    "resolve",
+    "allocate",
+    "store_pending",
+    "kernel",
+    "store_commit",
+    "bird",
+    "reply",
+];
+const DEL_PHASES: &[&str] = &["read", "lock", "kernel", "store_delete", "release", "reply"];
+const KERNEL_DETAIL: &[&str] = &["veth", "host", "pod"];
+
+/// One call the runtime stand-in timed.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    /// `ADD` or `DEL`.
+    pub op: &'static str,
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// What the stand-in measured.
+    pub elapsed: Duration,
+}
+
+/// Per phase, the samples of each op.
+#[derive(Debug, Default)]
+pub struct Breakdown {
+    /// (op, phase) → samples.
+    samples: BTreeMap<(String, String), Vec<Duration>>,
+}
+
+impl Breakdown {
+    /// Reads the agent's trace lines for the calls in `observed`.
+    pub fn from_trace(trace: &str, observed: &[Observed]) -> Result<Breakdown> {
+        let mut by_call: BTreeMap<(String, String), Value> = BTreeMap::new();
+        for (n, line) in trace.lines().enumerate() {
+            let v: Value = serde_json::from_str(line)
+                .with_context(|| format!("trace line {}: {line:?}", n + 1))?;
+            let op = v["op"].as_str().unwrap_or_default().to_owned();
+            let cid = v["containerId"].as_str().unwrap_or_default().to_owned();
+            by_call.insert((op, cid), v);
+        }
+        let mut b = Breakdown::default();
+        for call in observed {
+            let Some(line) = by_call.get(&(call.op.to_owned(), call.container_id.clone())) else {
+                bail!(
+                    "the agent's trace has no {} of {}",
+                    call.op,
+                    call.container_id
+                );
+            };
+            let us = |v: &Value| Duration::from_micros(v.as_u64().unwrap_or(0));
+            let total = us(&line["totalUs"]);
+            b.push(
+                call.op,
+                "outside the agent",
+                call.elapsed.saturating_sub(total),
+            );
+            b.push(call.op, "agent total", total);
+            if let Some(phases) = line["phases"].as_object() {
+                for (phase, d) in phases {
+                    b.push(call.op, phase, us(d));
+                }
+            }
+            if let Some(kernel) = line["kernel"].as_object() {
+                for (part, d) in kernel {
+                    b.push(call.op, &format!("kernel: {part}"), us(d));
+                }
+            }
+        }
+        Ok(b)
+    }
+
+    fn push(&mut self, op: &str, phase: &str, d: Duration) {
+        self.samples
+            .entry((op.to_owned(), phase.to_owned()))
+            .or_default()
+            .push(d);
+    }
+
+    fn get(&self, op: &str, phase: &str) -> Option<&Vec<Duration>> {
+        self.samples.get(&(op.to_owned(), phase.to_owned()))
+    }
+}
+
+/// The kernel floor and the shim's own floor, measured in the bench's run.
+#[derive(Debug, Default)]
+pub struct Floor {
+    /// `flock_netns::setup` of a dual-stack pod in a fresh namespace.
+    pub setup: Vec<Duration>,
+    /// `flock_netns::detach` of it (what a DEL waits for; the veth goes after the answer).
+    pub detach: Vec<Duration>,
+    /// The release shim exec'd for `VERSION`.
+    pub version_exec: Vec<Duration>,
+}
+
+/// Sets up and detaches `pods` dual-stack pods with `flock-netns` alone, in a node
+/// namespace of its own and a fresh pod namespace each; and execs `shim` for `VERSION` as
+/// many times.
+pub fn measure_floor(pods: usize, shim: &Path) -> Result<Floor> {
+    let node_ns = Netns::new("bfloor");
+    let pod_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
+    let node = NodeNs::at(node_ns.path());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio runtime for the kernel floor")?;
+    let specs: Vec<PodSpec> = pod_nss
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| {
+            let cid = format!("floor-{i:05}");
+            PodSpec {
+                host_if: host_ifname(&cid, "eth0", 0),
+                container_id: cid,
+                netns: ns.path(),
+                if_name: "eth0".into(),
+                mtu: 1500,
+                addresses: vec![
+                    format!("2001:db8:97::{:x}/128", i + 1).parse().expect("v6"),
+                    format!("10.97.{}.{}/32", (i + 1) / 256, (i + 1) % 256)
+                        .parse()
+                        .expect("v4"),
+                ],
+                anycast: vec![],
+            }
+        })
+        .collect();
+    let mut floor = Floor::default();
+    rt.block_on(async {
+        for spec in &specs {
+            let t = Instant::now();
+            setup(&node, spec)
+                .await
+                .with_context(|| format!("floor setup of {}", spec.container_id))?;
+            floor.setup.push(t.elapsed());
+        }
+        for spec in &specs {
+            let t = Instant::now();
+            detach(&node, spec)
+                .await
+                .with_context(|| format!("floor detach of {}", spec.container_id))?;
+            floor.detach.push(t.elapsed());
+        }
+        anyhow::Ok(())
+    })?;
+    for _ in 0..pods {
+        let t = Instant::now();
+        let out = Command::new(shim)
+            .env("CNI_COMMAND", "VERSION")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                child
+                    .stdin
+                    .take()
+                    .expect("piped stdin")
+                    .write_all(br#"{"cniVersion":"1.0.0"}"#)?;
+                child.wait_with_output()
+            })
+            .with_context(|| format!("exec {} VERSION", shim.display()))?;
+        if !out.status.success() {
+            bail!("{} VERSION failed: {:?}", shim.display(), out.status);
+        }
+        floor.version_exec.push(t.elapsed());
+    }
+    Ok(floor)
+}
+
+/// The breakdown table (markdown), the floor rows under it, and the goal of issue 13 checked.
+pub fn render(b: &Breakdown, floor: &Floor) -> String {
+    let mut out = String::from(
+        "| phase (sequential) | ADD p50 | ADD p99 | DEL p50 | DEL p99 |\n|---|---:|---:|---:|---:|\n",
+    );
+    let cell = |op: &str, phase: &str, p: f64| {
+        b.get(op, phase)
+            .map_or("—".to_owned(), |s| format!("{:.3}", percentile_ms(s, p)))
+    };
+    let mut phases: Vec<String> = vec!["outside the agent".into()];
+    for p in ADD_PHASES.iter().chain(DEL_PHASES) {
+        if !phases.iter().any(|q| q == p) {
+            phases.push((*p).to_owned());
+        }
+    }
+    phases.extend(KERNEL_DETAIL.iter().map(|p| format!("kernel: {p}")));
+    phases.push("agent total".into());
+    for phase in &phases {
+        out.push_str(&format!(
+            "| {phase} | {} | {} | {} | {} |\n",
+            cell("ADD", phase, 50.0),
+            cell("ADD", phase, 99.0),
+            cell("DEL", phase, 50.0),
+            cell("DEL", phase, 99.0)
+        ));
+    }
+    let floor_row = |name: &str, add: &[Duration], del: &[Duration]| {
+        let f = |s: &[Duration], p| {
+            if s.is_empty() {
+                "—".to_owned()
+            } else {
+                format!("{:.3}", percentile_ms(s, p))
+            }
+        };
+        format!(
+            "| {name} | {} | {} | {} | {} |\n",
+            f(add, 50.0),
+            f(add, 99.0),
+            f(del, 50.0),
+            f(del, 99.0)
+        )
+    };
+    out.push_str(&floor_row(
+        "**floor**: flock-netns alone (setup / detach)",
+        &floor.setup,
+        &floor.detach,
+    ));
+    out.push_str(&floor_row(
+        "**floor**: shim exec of VERSION",
+        &floor.version_exec,
+        &floor.version_exec,
+    ));
+    out
+}
+
+/// ADD p50 against 1.5 × (kernel floor p50 + VERSION exec p50), in ms: (measured, bound).
+pub fn add_goal(add_seq: &[Duration], floor: &Floor) -> (f64, f64) {
+    let bound =
+        1.5 * (percentile_ms(&floor.setup, 50.0) + percentile_ms(&floor.version_exec, 50.0));
+    (percentile_ms(add_seq, 50.0), bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outside_the_agent_is_the_runtimes_time_less_the_agents() {
+        let trace = concat!(
+            r#"{"op":"ADD","containerId":"a","ifName":"eth0","outcome":"ok","totalUs":800,"#,
+            r#""phases":{"read":20,"kernel":700,"reply":80},"kernel":{"veth":400,"host":200,"pod":150,"anycast":0}}"#,
+            "\n",
+            r#"{"op":"DEL","containerId":"a","ifName":"eth0","outcome":"ok","totalUs":300,"phases":{"kernel":300}}"#,
+        );
+        let observed = [
+            Observed {
+                op: "ADD",
+                container_id: "a".into(),
+                elapsed: Duration::from_micros(1300),
+            },
+            Observed {
+                op: "DEL",
+                container_id: "a".into(),
+                elapsed: Duration::from_micros(1000),
+            },
+        ];
+        let b = Breakdown::from_trace(trace, &observed).unwrap();
+        assert_eq!(
+            b.get("ADD", "outside the agent").unwrap(),
+            &vec![Duration::from_micros(500)]
+        );
+        assert_eq!(
+            b.get("ADD", "kernel: veth").unwrap(),
+            &vec![Duration::from_micros(400)]
+        );
+        let table = render(&b, &Floor::default());
+        assert!(
+            table.contains("| outside the agent | 0.500 | 0.500 | 0.700 | 0.700 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| kernel | 0.700 | 0.700 | 0.300 | 0.300 |"),
+            "{table}"
+        );
+        let missing = Breakdown::from_trace("", &observed).unwrap_err();
+        assert!(missing.to_string().contains("no ADD of a"), "{missing}");
+    }
+}
