@@ -283,6 +283,8 @@ struct Figures {
     del_conc: Vec<Duration>,
     add_conc_wall: Duration,
     rss_kib: Option<u64>,
+    /// The plugin exec'd for `VERSION` by the same runtime.
+    version_exec: Vec<Duration>,
     /// Per phase of the sequential ADDs and DELs, from the daemon's trace.
     breakdown: Option<Breakdown>,
 }
@@ -313,6 +315,16 @@ pub fn bench(args: &[String]) -> Result<()> {
     packages.dedup();
     let release_dir = build_release(&packages)?;
 
+    // The kernel floor first, on a quiet kernel.
+    let floor = if selected.iter().any(|s| s.key() == "flock") {
+        eprintln!(
+            "xtask bench: kernel floor — flock-netns alone, {} pods",
+            opts.pods
+        );
+        Some(breakdown::measure_kernel_floor(opts.pods)?)
+    } else {
+        None
+    };
     let scratch = std::env::temp_dir().join(format!("flock-bench-{}", std::process::id()));
     let mut all = Vec::new();
     let outcome = (|| -> Result<()> {
@@ -339,12 +351,8 @@ pub fn bench(args: &[String]) -> Result<()> {
     outcome?;
 
     let mut table = render_table(&all, &opts);
-    if let Some(flock) = all.iter().find(|f| f.key == "flock") {
-        eprintln!(
-            "xtask bench: kernel floor — flock-netns alone, {} pods",
-            opts.pods
-        );
-        let floor = breakdown::measure_floor(opts.pods, &release_dir.join("flock"))?;
+    if let (Some(flock), Some(mut floor)) = (all.iter().find(|f| f.key == "flock"), floor) {
+        floor.version_exec = flock.version_exec.clone();
         table.push_str(&render_breakdown(flock, &floor, opts.pods));
     }
     println!("{table}");
@@ -474,6 +482,11 @@ fn measure(
             .with_context(|| format!("DEL {}", a.container_id))
     })?;
     drop(pods);
+    let plugin = runtime.conflist()["plugins"][0]["type"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let version_exec = breakdown::measure_version_exec(&runtime, &plugin, opts.pods)?;
     let breakdown = match subject.trace() {
         Some(trace) => Some(Breakdown::from_trace(&trace, &observed)?),
         None => None,
@@ -488,6 +501,7 @@ fn measure(
         del_conc,
         add_conc_wall,
         rss_kib,
+        version_exec,
         breakdown,
     })
 }
@@ -770,6 +784,7 @@ mod tests {
             del_conc: ms(&[1]),
             add_conc_wall: Duration::from_secs(1),
             rss_kib: rss,
+            version_exec: Vec::new(),
             breakdown: None,
         }
     }
