@@ -124,12 +124,6 @@ pub struct Floor {
 pub fn measure_kernel_floor(pods: usize) -> Result<Floor> {
     let node_ns = Netns::new("bfloor");
     let pod_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
-    let node = NodeNs::at(node_ns.path());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("tokio runtime for the kernel floor")?;
     let specs: Vec<PodSpec> = pod_nss
         .iter()
         .enumerate()
@@ -151,33 +145,54 @@ pub fn measure_kernel_floor(pods: usize) -> Result<Floor> {
             }
         })
         .collect();
-    let mut floor = Floor::default();
-    rt.block_on(async {
-        for spec in &specs {
-            let t = Instant::now();
-            setup(&node, spec)
-                .await
-                .with_context(|| format!("floor setup of {}", spec.container_id))?;
-            floor.setup.push(t.elapsed());
-        }
-        for spec in &specs {
-            let t = Instant::now();
-            detach(&node, spec)
-                .await
-                .with_context(|| format!("floor detach of {}", spec.container_id))?;
-            floor.detach.push(t.elapsed());
-        }
-        for spec in &specs {
-            flock_netns::teardown(&node, spec)
-                .await
-                .with_context(|| format!("floor teardown of {}", spec.container_id))?;
-        }
-        anyhow::Ok(())
+    // As in the agent: the process (here, a thread and the runtime's workers it spawns) sits
+    // in the node's namespace, so node-side work needs no namespace thread.
+    let node_path = node_ns.path();
+    let floor = std::thread::scope(|s| {
+        s.spawn(|| -> Result<Floor> {
+            let file = std::fs::File::open(&node_path)
+                .with_context(|| format!("open {}", node_path.display()))?;
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .with_context(|| format!("enter {}", node_path.display()))?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("tokio runtime for the kernel floor")?;
+            rt.block_on(floor_cycles(&specs))
+        })
+        .join()
+        .unwrap_or_else(|_| bail!("the kernel floor thread panicked"))
     })?;
     drop(pod_nss);
     drop(node_ns);
     // Deleted namespaces are cleaned up by the kernel in the background.
     std::thread::sleep(Duration::from_secs(2));
+    Ok(floor)
+}
+
+async fn floor_cycles(specs: &[PodSpec]) -> Result<Floor> {
+    let node = NodeNs::current();
+    let mut floor = Floor::default();
+    for spec in specs {
+        let t = Instant::now();
+        setup(&node, spec)
+            .await
+            .with_context(|| format!("floor setup of {}", spec.container_id))?;
+        floor.setup.push(t.elapsed());
+    }
+    for spec in specs {
+        let t = Instant::now();
+        detach(&node, spec)
+            .await
+            .with_context(|| format!("floor detach of {}", spec.container_id))?;
+        floor.detach.push(t.elapsed());
+    }
+    for spec in specs {
+        flock_netns::teardown(&node, spec)
+            .await
+            .with_context(|| format!("floor teardown of {}", spec.container_id))?;
+    }
     Ok(floor)
 }
 
