@@ -8,6 +8,9 @@
 //!   `BENCHMARKS.md` (see `bench.rs`).
 //! - `lab [up|down|check]`: two routed nodes, a router and four pods in network
 //!   namespaces, checked and printed as tables (see `lab.rs`).
+//! - `cluster [up|down|check|build|kubectl ARGS…]`: a real Kubernetes 1.20 cluster (built
+//!   from Debian's source package) in network namespaces, flock deployed into it from
+//!   `deploy/`, checked and printed as tables (see `cluster/mod.rs`).
 
 use std::process::Command;
 
@@ -46,9 +49,11 @@ fn main() -> Result<()> {
                 "usage: cargo xtask test [nextest filters…]\n\
                  \x20      cargo xtask bench [--pods N] [--concurrency C] [--rss-pods N] [--subjects reference,flock] [--no-write]\n\
                  \x20      cargo xtask lab [up|down|check]\n\
+                 \x20      cargo xtask cluster [up|down|check|build|kubectl ARGS…]\n\
                  \n  test   install what the suite needs and run every test (as root)\
                  \n  bench  ADD/DEL latency and pods/s of each subject, written into BENCHMARKS.md (as root)\
-                 \n  lab    two routed nodes, a router and four pods in namespaces; `down` removes them, `check` = up + down on debug builds (as root)"
+                 \n  lab    two routed nodes, a router and four pods in namespaces; `down` removes them, `check` = up + down on debug builds (as root)\
+                 \n  cluster  Kubernetes 1.20 in namespaces with flock deployed from deploy/; `cargo xtask cluster help` (as root)"
             );
             if command.is_empty() || command == "help" || command == "--help" {
                 Ok(())

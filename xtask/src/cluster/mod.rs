@@ -1,22 +1,399 @@
-//! `cargo xtask cluster [up|down|check|build|kubectl ARGS…]`: a real Kubernetes cluster in
-//! network namespaces, with flock deployed into it from `deploy/`.
+//! `cargo xtask cluster [up|down|check|build|kubectl ARGS…]`: a real Kubernetes cluster on
+//! this machine, in network namespaces, with flock deployed into it from `deploy/`.
+//!
+//! ```text
+//!                          flockcluster-router  AS65000, BIRD
+//!              2001:db8:c0:1::1 /        | 2001:db8:c0:10::1   \ 2001:db8:c0:2::1
+//!   flockcluster-node1              flockcluster-control          flockcluster-node2
+//!   2001:db8:c0:1::2                2001:db8:c0:10::2             2001:db8:c0:2::2
+//!   containerd 1.6, kubelet,        etcd, kube-apiserver,         containerd 1.6, kubelet,
+//!   kube-proxy; flock DaemonSet     controller-manager, scheduler kube-proxy; flock DaemonSet
+//!   (agent + BIRD, AS64701)                                       (agent + BIRD, AS64702)
+//!   pods 2001:db8:c1::/64 10.201.1.0/24                           pods 2001:db8:c2::/64 10.201.2.0/24
+//! ```
+//!
+//! Kubernetes 1.20.2 is built from Debian's source package once ([`kube`]); the services are
+//! IPv6 (`2001:db8:c5::/108`), every node address is IPv6, pods are dual-stack. flock's image
+//! is built from `deploy/Dockerfile` by podman and the manifests of `deploy/` are applied with
+//! only the image reference changed ([`deploy`]). `up` removes a cluster that is up, builds
+//! everything, checks it and prints a report ([`report`]); a failed check fails the command
+//! and leaves the cluster up for inspection. `down` kills every process (recorded under
+//! [`RUN_DIR`], see [`proc`]), removes every namespace, cgroup and file, and the mount points
+//! it had to create. Nothing touches the machine's own network namespace.
 
-use anyhow::{Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
 
 use crate::sys;
 
+mod control;
+mod deploy;
+mod images;
 pub mod kube;
+mod node;
+mod pki;
+mod proc;
+mod report;
+mod site;
+
+/// Where the cluster keeps its configuration, certificates, state, sockets and logs.
+pub const RUN_DIR: &str = "/run/flockcluster";
+/// Every network namespace of the cluster starts with this.
+pub const NS_PREFIX: &str = "flockcluster-";
+/// Debian packages the cluster drives (the build adds its own, see [`kube`]).
+const PACKAGES: &[&str] = &[
+    "iproute2",
+    "iputils-ping",
+    "util-linux",
+    "procps",
+    "curl",
+    "openssl",
+    "bird2",
+    "etcd-server",
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "iptables",
+    "conntrack",
+    "busybox-static",
+    "podman",
+    "mmdebstrap",
+];
+
+const ROUTER: &str = "flockcluster-router";
+const CONTROL: &str = "flockcluster-control";
+const ROUTER_ASN: u32 = 65000;
+/// The router's own addresses (on its loopback).
+const ROUTER_LO6: &str = "2001:db8:c0::1";
+const ROUTER_LO4: &str = "10.200.255.1";
+/// The control plane's address (the apiserver's) and its gateway, the router.
+const CONTROL_ADDR: &str = "2001:db8:c0:10::2";
+const CONTROL_GW: &str = "2001:db8:c0:10::1";
+/// Services: IPv6 only (kube-apiserver 1.20 allows at most 20 host bits).
+const SERVICE_CIDR: &str = "2001:db8:c5::/108";
+/// The first service address: `kubernetes.default`.
+const KUBERNETES_SERVICE_IP: &str = "2001:db8:c5::1";
+/// The anycast addresses the demo DaemonSet's pods share.
+const ANYCAST6: &str = "2001:db8:c3::53";
+const ANYCAST4: &str = "10.203.0.53";
+/// The identity flock's agents use (`deploy/rbac.yaml`).
+const FLOCK_SERVICE_ACCOUNT: &str = "system:serviceaccount:kube-system:flock";
+
+/// One worker node of the cluster.
+pub struct Node {
+    /// The Kubernetes node name.
+    name: &'static str,
+    /// Its ASN and BGP router ID (also on its loopback, its IPv4 identity).
+    asn: u32,
+    router_id: &'static str,
+    /// Its pod CIDRs (its NodeConfig).
+    cidr6: &'static str,
+    cidr4: &'static str,
+    /// Its address (the node IP) and its gateway, the router's end of the link.
+    addr: &'static str,
+    gateway: &'static str,
+    /// The router's end of the link.
+    router_if: &'static str,
+}
+
+const NODES: [Node; 2] = [
+    Node {
+        name: "node1",
+        asn: 64701,
+        router_id: "10.200.255.11",
+        cidr6: "2001:db8:c1::/64",
+        cidr4: "10.201.1.0/24",
+        addr: "2001:db8:c0:1::2",
+        gateway: "2001:db8:c0:1::1",
+        router_if: "to-node1",
+    },
+    Node {
+        name: "node2",
+        asn: 64702,
+        router_id: "10.200.255.12",
+        cidr6: "2001:db8:c2::/64",
+        cidr4: "10.201.2.0/24",
+        addr: "2001:db8:c0:2::2",
+        gateway: "2001:db8:c0:2::1",
+        router_if: "to-node2",
+    },
+];
+
+/// `kubectl` as admin, from the control plane's namespace.
+fn kubectl_command() -> Command {
+    let mut cmd =
+        proc::Place::Net(CONTROL.to_owned()).command(kube::version_dir().join("bin/kubectl"));
+    cmd.arg(format!("--kubeconfig={}", pki::kubeconfig("admin")));
+    cmd
+}
+
+/// Runs `kubectl ARGS…` as admin; fails with its stderr unless it exits 0; returns stdout.
+pub fn kubectl(args: &[&str]) -> Result<String> {
+    sys::output(kubectl_command().args(args))
+}
+
+/// Runs `kubectl ARGS…` as admin with `input` on stdin.
+pub fn kubectl_stdin(args: &[&str], input: &str) -> Result<String> {
+    use std::io::Write as _;
+    let mut cmd = kubectl_command();
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let shown = format!("{cmd:?}");
+    let mut child = cmd.spawn().with_context(|| format!("spawn {shown}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(input.as_bytes())
+            .with_context(|| format!("write to {shown}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .with_context(|| format!("wait for {shown}"))?;
+    if !out.status.success() {
+        bail!(
+            "{shown} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The repository (for `deploy/`).
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+const USAGE: &str = "usage: cargo xtask cluster [up [--bins DIR]|down|check|build|kubectl ARGS…]
+  up       build what is missing, (re)create the cluster, deploy flock and the workloads, check
+           and print everything (a failed check leaves the cluster up for inspection)
+  down     remove every namespace, process, mount and file of the cluster
+  check    up on the debug binaries, then down whatever happened (what `cargo xtask test` runs)
+  build    only build (or find in the cache) Kubernetes
+  kubectl  run kubectl against the cluster as admin
+  --bins DIR  take flock-agent and flock from DIR instead of `cargo build --release`";
 
 /// `cargo xtask cluster …`.
 pub fn cluster(args: &[String]) -> Result<()> {
-    match args.first().map(String::as_str) {
+    let sub = args.first().map(String::as_str);
+    match sub {
+        None | Some("up") => {
+            sys::require_root("cargo xtask cluster up")?;
+            let started = Instant::now();
+            let bins = match args.iter().position(|a| a == "--bins") {
+                Some(i) => PathBuf::from(args.get(i + 1).context("--bins needs a directory")?),
+                None => {
+                    sys::ensure_packages(PACKAGES)?;
+                    crate::bench::build_release(&["flock-agent", "flock-plugin"])?
+                }
+            };
+            let report = up(&bins, started)?;
+            print!("{report}");
+            println!(
+                "cluster up in {:.0} s, all checks passed; `cargo xtask cluster kubectl get pods -A` \
+                 to look around, `cargo xtask cluster down` removes it",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        Some("check") => {
+            sys::require_root("cargo xtask cluster check")?;
+            sys::ensure_packages(PACKAGES)?;
+            sys::cargo(["build", "-p", "flock-agent", "-p", "flock-plugin"])?;
+            ci(&crate::lab::debug_bins())
+        }
+        Some("down") => {
+            sys::require_root("cargo xtask cluster down")?;
+            down()
+        }
         Some("build") => {
             sys::require_root("cargo xtask cluster build")?;
             let build = kube::ensure_built()?;
             println!("Kubernetes {} in {}", kube::VERSION, build.bin.display());
             Ok(())
         }
-        Some(other) => bail!("unknown cluster command {other:?}"),
-        None => bail!("usage: cargo xtask cluster [up|down|check|build|kubectl ARGS…]"),
+        Some("kubectl") => {
+            let status = kubectl_command()
+                .args(&args[1..])
+                .status()
+                .context("run kubectl")?;
+            if !status.success() {
+                std::process::exit(status.code().unwrap_or(1));
+            }
+            Ok(())
+        }
+        Some("help" | "--help" | "-h") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => bail!("unknown cluster command {other:?}\n{USAGE}"),
     }
+}
+
+/// The cluster as a check of `cargo xtask test`: up with the binaries in `bins`, the report
+/// printed, then down whatever happened.
+pub fn ci(bins: &Path) -> Result<()> {
+    let started = Instant::now();
+    let result = up(bins, started);
+    let cleanup = down();
+    let report = result?;
+    print!("{report}");
+    cleanup?;
+    println!(
+        "cluster check passed in {:.0} s (up, checks, down)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Prints a step's name and, when it ends, how long it took.
+fn step<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let started = Instant::now();
+    eprintln!("cluster: {what} …");
+    let out = f().with_context(|| format!("cluster step: {what}"))?;
+    eprintln!(
+        "cluster: {what}: done in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(out)
+}
+
+/// Builds the cluster with flock's binaries from `bins` (after removing any cluster already
+/// up), checks it and returns the printed report. Fails (with the report in the error) when
+/// a check fails; the cluster stays up for inspection until [`down`].
+pub fn up(bins: &Path, started: Instant) -> Result<String> {
+    for bin in ["flock-agent", "flock"] {
+        if !bins.join(bin).exists() {
+            bail!("{} is not built", bins.join(bin).display());
+        }
+    }
+    sys::ensure_packages(PACKAGES)?;
+    let kube = step("Kubernetes binaries", kube::ensure_built)?;
+    step("remove the previous cluster", down)?;
+    std::fs::create_dir_all(RUN_DIR).with_context(|| format!("create {RUN_DIR}"))?;
+    let repo = repo_root();
+    let mut timings = vec![("build and clean up", started.elapsed())];
+    let t = Instant::now();
+    // The images build (podman, on the machine) while the site and control plane come up.
+    let (archives, control) = std::thread::scope(|s| {
+        let images = s.spawn(|| step("images", || images::build_all(bins, &repo)));
+        let control = (|| -> Result<()> {
+            step("site: router, namespaces, links", site::build)?;
+            step("certificates", pki::make_all)?;
+            step("control plane", || control::start(&kube))
+        })();
+        let archives = images
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the image build panicked")));
+        (archives, control)
+    });
+    control?;
+    let archives = archives?;
+    timings.push(("site, control plane, images", t.elapsed()));
+    let t = Instant::now();
+    node::prepare_mount_points()?;
+    std::thread::scope(|s| {
+        let started: Vec<_> = NODES
+            .iter()
+            .map(|n| {
+                let (kube, archives) = (&kube, &archives);
+                s.spawn(move || {
+                    step(
+                        &format!("{}: containerd, kubelet, kube-proxy", n.name),
+                        || node::start(n, kube, archives),
+                    )
+                })
+            })
+            .collect();
+        started
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a node's start panicked")))
+            })
+            .collect::<Result<Vec<()>>>()
+    })?;
+    timings.push(("nodes (both at once)", t.elapsed()));
+    let t = Instant::now();
+    step("flock from deploy/", || deploy::install_flock(&repo))?;
+    timings.push(("flock", t.elapsed()));
+    let t = Instant::now();
+    step("workloads", deploy::start_workloads)?;
+    timings.push(("workloads", t.elapsed()));
+    let t = Instant::now();
+    let report = step("checks", || Ok(report::run()))?;
+    timings.push(("checks", t.elapsed()));
+    let mut text = report.text;
+    report::timings(&mut text, &timings);
+    if report.failures.is_empty() {
+        Ok(text)
+    } else {
+        bail!(
+            "{text}\ncluster checks failed:\n  {}\n(the cluster is left up for inspection: logs under \
+             {RUN_DIR}/logs; `cargo xtask cluster kubectl …`; `cargo xtask cluster down` removes it)",
+            report.failures.join("\n  ")
+        )
+    }
+}
+
+/// Removes the cluster: kills every process, removes the tracked cgroups, the namespaces,
+/// [`RUN_DIR`] and the mount points `up` created on the machine. Does nothing when no cluster
+/// is up.
+pub fn down() -> Result<()> {
+    let namespaces = proc::namespaces();
+    let was_up = Path::new(RUN_DIR).exists() || !namespaces.is_empty();
+    let killed = proc::kill_all()?;
+    for ns in &namespaces {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let deleted = Command::new("ip")
+                .args(["netns", "del", ns])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if deleted || !Path::new("/run/netns").join(ns).exists() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("cannot delete namespace {ns}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    // Nothing of the cluster is mounted in the machine's namespace (the nodes' mounts died
+    // with their mount namespaces); anything left under RUN_DIR is a bug worth failing on.
+    let mounts =
+        sys::output(Command::new("findmnt").args(["-rn", "-o", "TARGET"])).unwrap_or_default();
+    let stray: Vec<&str> = mounts.lines().filter(|m| m.starts_with(RUN_DIR)).collect();
+    if !stray.is_empty() {
+        bail!("mounts under {RUN_DIR} survived their namespaces: {stray:?}");
+    }
+    let kept = node::remove_created_mount_points();
+    if Path::new(RUN_DIR).exists() {
+        std::fs::remove_dir_all(RUN_DIR).with_context(|| format!("remove {RUN_DIR}"))?;
+    }
+    if was_up {
+        eprintln!(
+            "cluster: down: killed {} processes, removed {}{}",
+            killed.len(),
+            if namespaces.is_empty() {
+                "no namespaces".to_owned()
+            } else {
+                namespaces.join(" ")
+            },
+            if kept.is_empty() {
+                String::new()
+            } else {
+                format!(" (kept {} : not empty)", kept.join(" "))
+            }
+        );
+    }
+    Ok(())
 }

@@ -1,0 +1,249 @@
+//! flock installed as a user installs it (`deploy/`, only the image reference changed), one
+//! NodeConfig per node peering with the router, and the demo workloads.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use super::{ANYCAST4, ANYCAST6, NODES, ROUTER_ASN, images, kubectl, kubectl_stdin};
+
+/// The namespace of the demo workloads.
+pub const DEMO_NS: &str = "demo";
+/// The replicas of the `web` Deployment.
+pub const WEB_REPLICAS: usize = 6;
+
+/// `deploy/daemonset.yaml` with every `image:` set to `image`; fails unless it names one.
+pub fn with_image(manifest: &str, image: &str) -> Result<String> {
+    let mut changed = 0;
+    let out: Vec<String> = manifest
+        .lines()
+        .map(|line| {
+            let trimmed = line.trim_start();
+            let rest = trimmed.strip_prefix("- ").unwrap_or(trimmed);
+            match rest.strip_prefix("image:") {
+                Some(_) => {
+                    changed += 1;
+                    let indent = &line[..line.len() - rest.len()];
+                    format!("{indent}image: {image}")
+                }
+                None => line.to_owned(),
+            }
+        })
+        .collect();
+    if changed == 0 {
+        bail!("the DaemonSet manifest names no image");
+    }
+    Ok(out.join("\n") + "\n")
+}
+
+/// The NodeConfig of each node: its pod CIDRs, and the router as its BGP neighbor.
+pub fn nodeconfigs() -> String {
+    NODES
+        .iter()
+        .map(|node| {
+            format!(
+                "apiVersion: flock.fritzlab.net/v1alpha1
+kind: NodeConfig
+metadata:
+  name: {name}
+spec:
+  cidr6: {cidr6}
+  cidr4: {cidr4}
+  defaults: {{ ipv6: true, ipv4: true }}
+  bgp:
+    asn: {asn}
+    routerId: {router_id}
+    neighbors:
+      - {{ address: \"{gateway}\", asn: {ROUTER_ASN} }}
+    timers: {{ hold: 6, keepalive: 2, connectRetry: 1 }}
+",
+                name = node.name,
+                cidr6 = node.cidr6,
+                cidr4 = node.cidr4,
+                asn = node.asn,
+                router_id = node.router_id,
+                gateway = node.gateway,
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// Applies the CRD, the RBAC, the NodeConfigs and the DaemonSet from `repo/deploy`, then
+/// waits until the DaemonSet's pods are ready on every node.
+pub fn install_flock(repo: &Path) -> Result<()> {
+    let deploy = repo.join("deploy");
+    let crd = deploy.join("crds/nodeconfigs.flock.fritzlab.net.yaml");
+    kubectl(&["apply", "-f", &crd.to_string_lossy()])?;
+    kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/nodeconfigs.flock.fritzlab.net",
+        "--timeout=60s",
+    ])
+    .context("wait for the NodeConfig CRD to be served")?;
+    kubectl(&["apply", "-f", &deploy.join("rbac.yaml").to_string_lossy()])?;
+    kubectl_stdin(&["apply", "-f", "-"], &nodeconfigs())?;
+    let ds_path = deploy.join("daemonset.yaml");
+    let ds =
+        std::fs::read_to_string(&ds_path).with_context(|| format!("read {}", ds_path.display()))?;
+    kubectl_stdin(&["apply", "-f", "-"], &with_image(&ds, images::FLOCK)?)?;
+    kubectl(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        "ds/flock",
+        "--timeout=180s",
+    ])
+    .context("wait for the flock DaemonSet's pods to be ready on every node")?;
+    Ok(())
+}
+
+/// The demo workloads: a Deployment (ip-algo `workload`) spread over both nodes, a DaemonSet
+/// whose pods share an anycast address, and a ClusterIP Service in front of the Deployment.
+pub fn workloads() -> String {
+    let container = format!(
+        "      terminationGracePeriodSeconds: 1
+      # No cluster DNS here: the node's resolv.conf.
+      dnsPolicy: Default
+      enableServiceLinks: false
+      automountServiceAccountToken: false
+      containers:
+        - name: net
+          image: {image}
+          imagePullPolicy: Never
+          ports: [{{ containerPort: 80 }}]
+          readinessProbe:
+            httpGet: {{ path: /, port: 80 }}
+            periodSeconds: 2",
+        image = images::NET
+    );
+    format!(
+        "apiVersion: v1
+kind: Namespace
+metadata: {{ name: {DEMO_NS} }}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{ name: web, namespace: {DEMO_NS} }}
+spec:
+  replicas: {WEB_REPLICAS}
+  selector: {{ matchLabels: {{ app: web }} }}
+  template:
+    metadata:
+      labels: {{ app: web }}
+      annotations: {{ flock.fritzlab.net/ip-algo: workload }}
+    spec:
+      topologySpreadConstraints:
+        - maxSkew: 1
+          topologyKey: kubernetes.io/hostname
+          whenUnsatisfiable: DoNotSchedule
+          labelSelector: {{ matchLabels: {{ app: web }} }}
+{container}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {{ name: anycast, namespace: {DEMO_NS} }}
+spec:
+  selector: {{ matchLabels: {{ app: anycast }} }}
+  template:
+    metadata:
+      labels: {{ app: anycast }}
+      annotations: {{ flock.fritzlab.net/anycast: \"{ANYCAST6},{ANYCAST4}\" }}
+    spec:
+{container}
+---
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: {DEMO_NS} }}
+spec:
+  selector: {{ app: web }}
+  ports: [{{ port: 80, targetPort: 80 }}]
+"
+    )
+}
+
+/// Applies [`workloads`] and waits until every pod is ready.
+pub fn start_workloads() -> Result<()> {
+    kubectl_stdin(&["apply", "-f", "-"], &workloads())?;
+    for what in ["deployment/web", "ds/anycast"] {
+        kubectl(&["-n", DEMO_NS, "rollout", "status", what, "--timeout=180s"])
+            .with_context(|| format!("wait for {what}'s pods to be ready"))?;
+    }
+    Ok(())
+}
+
+/// Scales `web` to `replicas` and returns how long until that many pods were ready.
+pub fn scale_web(replicas: usize, limit: Duration) -> Result<Duration> {
+    let started = std::time::Instant::now();
+    kubectl(&[
+        "-n",
+        DEMO_NS,
+        "scale",
+        "deployment/web",
+        &format!("--replicas={replicas}"),
+    ])?;
+    let mut last = String::new();
+    while started.elapsed() < limit {
+        last = kubectl(&[
+            "-n",
+            DEMO_NS,
+            "get",
+            "deployment/web",
+            "-o",
+            "jsonpath={.status.readyReplicas}/{.status.replicas}/{.status.updatedReplicas}",
+        ])
+        .unwrap_or_default();
+        let want = format!("{replicas}/{replicas}/{replicas}");
+        if last.trim() == want {
+            return Ok(started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!(
+        "web did not have {replicas} ready replicas within {limit:?} (ready/replicas/updated: {last})"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_image_changes() {
+        let ds = "spec:\n  containers:\n    - name: a\n      image: ghcr.io/x:1\n    - image: ghcr.io/x:1\n      name: b\n";
+        let out = with_image(ds, "localhost/y:2").unwrap();
+        assert_eq!(
+            out,
+            "spec:\n  containers:\n    - name: a\n      image: localhost/y:2\n    - image: localhost/y:2\n      name: b\n"
+        );
+    }
+
+    #[test]
+    fn every_image_of_the_shipped_daemonset_is_replaced() {
+        let ds = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml"),
+        )
+        .unwrap();
+        let out = with_image(&ds, "localhost/flock:test").unwrap();
+        assert_eq!(
+            out.matches("image: localhost/flock:test").count(),
+            ds.matches("image:").count()
+        );
+        assert!(ds.matches("image:").count() >= 3);
+        let before: Vec<&str> = ds.lines().filter(|l| !l.contains("image:")).collect();
+        let after: Vec<&str> = out.lines().filter(|l| !l.contains("image:")).collect();
+        assert_eq!(before, after);
+    }
+
+    #[test]
+    fn nodeconfigs_peer_with_the_router() {
+        let text = nodeconfigs();
+        for node in &NODES {
+            assert!(text.contains(&format!("name: {}", node.name)));
+            assert!(text.contains(&format!("address: \"{}\", asn: {ROUTER_ASN}", node.gateway)));
+        }
+    }
+}

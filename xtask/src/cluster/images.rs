@@ -1,0 +1,216 @@
+//! The cluster's images, all made on this machine: no registry is reachable.
+//!
+//! - flock's image, as a user builds it: `deploy/Dockerfile` built by podman (`--target
+//!   prebuilt`, the release binaries built on the host as its context) on a Debian base image
+//!   made here with `mmdebstrap` and `podman import` (`--build-arg BASE=`). `--network host`:
+//!   podman creates no bridge and its `RUN apt-get` reaches Debian's archive.
+//! - the sandbox ("pause") image and the workloads' image, busybox-static packed as OCI
+//!   archives in Rust (flock-e2e's image writer).
+//!
+//! Every archive is imported into each node's containerd (`ctr -n k8s.io images import`).
+//! The base root filesystem and podman's storage (with its layer cache) are kept under
+//! `/var/cache/flock`, so a warm run rebuilds only the layer holding the binaries.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+use flock_e2e::{PauseImage, TarBuilder, oci_arch, oci_documents, sha256_digest};
+
+use super::RUN_DIR;
+use super::kube::CACHE_DIR;
+use crate::sys;
+
+/// The sandbox image every node's containerd runs pods in.
+pub const PAUSE: &str = "localhost/flockcluster/pause:1";
+/// The workloads' image: busybox, serving its hostname over HTTP on port 80.
+pub const NET: &str = "localhost/flockcluster/net:1";
+/// flock's image as built here (the only change to `deploy/daemonset.yaml`).
+pub const FLOCK: &str = "localhost/flock:cluster";
+/// The Debian base image made locally (`BASE` of the Dockerfile).
+const BASE: &str = "localhost/debian:bookworm-slim";
+/// Where Debian's busybox-static puts its binary.
+const BUSYBOX: &str = "/bin/busybox";
+
+/// The workloads' entry point: write the pod's name as the index page and serve it.
+const NET_ENTRYPOINT: [&str; 3] = [
+    "/bin/sh",
+    "-c",
+    "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 80 -h /www",
+];
+
+/// `RUN_DIR/images`: the archives of this run.
+fn dir() -> PathBuf {
+    Path::new(RUN_DIR).join("images")
+}
+
+/// podman with its storage under [`CACHE_DIR`] (not the machine's `/var/lib/containers`),
+/// cgroupfs (no systemd here) and no event log.
+fn podman() -> Command {
+    let cache = Path::new(CACHE_DIR).join("podman");
+    let mut cmd = Command::new("podman");
+    cmd.arg("--root")
+        .arg(cache.join("storage"))
+        .arg("--runroot")
+        .arg(cache.join("run"))
+        .arg("--tmpdir")
+        .arg(cache.join("tmp"))
+        .arg("--network-config-dir")
+        .arg(cache.join("networks"))
+        .args([
+            "--cgroup-manager",
+            "cgroupfs",
+            "--events-backend",
+            "none",
+            "--storage-driver",
+            "overlay",
+        ]);
+    cmd
+}
+
+/// Builds every image and returns the archives to import into each node.
+pub fn build_all(bins: &Path, repo: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir()).with_context(|| format!("create {}", dir().display()))?;
+    let pause = PauseImage::build(PAUSE, &dir()).context("build the pause image")?;
+    let net = build_net_image()?;
+    let flock = build_flock_image(bins, repo)?;
+    Ok(vec![pause.archive, net, flock])
+}
+
+fn build_net_image() -> Result<PathBuf> {
+    let busybox = std::fs::read(BUSYBOX)
+        .with_context(|| format!("read {BUSYBOX} (apt-get install busybox-static)"))?;
+    let applets = sys::output(Command::new(BUSYBOX).arg("--list"))?;
+    let mut layer = TarBuilder::new();
+    for d in ["bin", "dev", "etc", "proc", "sys", "www"] {
+        layer.dir(d, 0o755);
+    }
+    layer.dir("tmp", 0o1777);
+    layer.file("bin/busybox", 0o755, &busybox);
+    for applet in applets.lines().map(str::trim) {
+        if !applet.is_empty() && applet != "busybox" {
+            layer.symlink(&format!("bin/{applet}"), "busybox");
+        }
+    }
+    layer.file("etc/passwd", 0o644, b"root:x:0:0:root:/:/bin/sh\n");
+    layer.file("etc/group", 0o644, b"root:x:0:\n");
+    let layer = layer.finish();
+    let layer_digest = sha256_digest(&layer);
+    let docs = oci_documents(
+        NET,
+        oci_arch(),
+        &NET_ENTRYPOINT,
+        &layer_digest,
+        layer.len() as u64,
+    );
+    let blob = |digest: &str| format!("blobs/sha256/{}", &digest["sha256:".len()..]);
+    let mut t = TarBuilder::new();
+    t.file("oci-layout", 0o644, br#"{"imageLayoutVersion":"1.0.0"}"#);
+    t.file("index.json", 0o644, docs.index.as_bytes());
+    t.dir("blobs", 0o755).dir("blobs/sha256", 0o755);
+    t.file(&blob(&layer_digest), 0o644, &layer);
+    t.file(
+        &blob(&sha256_digest(docs.config.as_bytes())),
+        0o644,
+        docs.config.as_bytes(),
+    );
+    t.file(
+        &blob(&sha256_digest(docs.manifest.as_bytes())),
+        0o644,
+        docs.manifest.as_bytes(),
+    );
+    let archive = dir().join("net.oci.tar");
+    std::fs::write(&archive, t.finish()).with_context(|| format!("write {}", archive.display()))?;
+    Ok(archive)
+}
+
+/// The Debian base image: a minbase root filesystem from Debian's archive (cached), imported
+/// into podman under [`BASE`] unless podman has it.
+fn ensure_base_image() -> Result<()> {
+    let exists = podman()
+        .args(["image", "exists", BASE])
+        .status()
+        .is_ok_and(|s| s.success());
+    if exists {
+        return Ok(());
+    }
+    let images = Path::new(CACHE_DIR).join("images");
+    std::fs::create_dir_all(&images).with_context(|| format!("create {}", images.display()))?;
+    let tar = images.join("debian-bookworm-minbase.tar");
+    if !tar.exists() {
+        eprintln!("cluster: mmdebstrap --variant=minbase bookworm (the image's base, once)");
+        let part = images.join("debian-bookworm-minbase.part.tar");
+        sys::output(
+            Command::new("mmdebstrap")
+                .args(["--variant=minbase", "--format=tar", "--quiet", "bookworm"])
+                .arg(&part)
+                .arg("http://deb.debian.org/debian"),
+        )?;
+        std::fs::rename(&part, &tar).with_context(|| format!("rename to {}", tar.display()))?;
+    }
+    sys::output(podman().arg("import").arg(&tar).arg(BASE))?;
+    Ok(())
+}
+
+/// flock's image from `deploy/Dockerfile`, stage `prebuilt`, with the binaries in `bins`.
+fn build_flock_image(bins: &Path, repo: &Path) -> Result<PathBuf> {
+    ensure_base_image()?;
+    let context = dir().join("flock-context");
+    std::fs::create_dir_all(&context).with_context(|| format!("create {}", context.display()))?;
+    for bin in ["flock-agent", "flock"] {
+        std::fs::copy(bins.join(bin), context.join(bin))
+            .with_context(|| format!("copy {} into the image context", bins.join(bin).display()))?;
+    }
+    let log = Path::new(RUN_DIR).join("logs/podman-build.log");
+    let out = podman()
+        .args([
+            "build",
+            "--network",
+            "host",
+            "--pull=never",
+            "--target",
+            "prebuilt",
+        ])
+        .arg("--build-arg")
+        .arg(format!("BASE={BASE}"))
+        .arg("-f")
+        .arg(repo.join("deploy/Dockerfile"))
+        .args(["-t", FLOCK])
+        .arg(&context)
+        .output()
+        .context("spawn podman build")?;
+    let mut text = out.stdout.clone();
+    text.extend_from_slice(&out.stderr);
+    std::fs::write(&log, &text).with_context(|| format!("write {}", log.display()))?;
+    if !out.status.success() {
+        let text = String::from_utf8_lossy(&text);
+        let tail: Vec<&str> = text.lines().rev().take(20).collect();
+        anyhow::bail!(
+            "podman build of deploy/Dockerfile failed ({}); end of {}:\n{}",
+            out.status,
+            log.display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    let archive = dir().join("flock.oci.tar");
+    sys::output(
+        podman()
+            .args(["save", "--format", "oci-archive", "-o"])
+            .arg(&archive)
+            .arg(FLOCK),
+    )?;
+    Ok(archive)
+}
+
+/// Imports an archive into the `k8s.io` namespace of the containerd at `socket`.
+pub fn import(socket: &Path, archive: &Path) -> Result<()> {
+    sys::output(
+        Command::new("ctr")
+            .arg("--address")
+            .arg(socket)
+            .args(["--namespace", "k8s.io", "images", "import"])
+            .args(["--snapshotter", "overlayfs"])
+            .arg(archive),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! The site: the router, the control plane's namespace and the nodes' namespaces, wired by
+//! veth pairs. Every address is IPv6 (documentation prefix `2001:db8:c0::/48`); the router
+//! runs BIRD (AS 65000), peers with each node's BIRD (the flock DaemonSet's sidecar) over
+//! IPv6 carrying both families, and installs what it learns, equal-cost paths merged.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::proc::{self, Place};
+use super::{
+    CONTROL, CONTROL_ADDR, CONTROL_GW, NODES, Node, ROUTER, ROUTER_ASN, ROUTER_LO4, ROUTER_LO6,
+    RUN_DIR,
+};
+use crate::sys;
+
+fn add_ns(ns: &str) -> Result<()> {
+    sys::output(std::process::Command::new("ip").args(["netns", "add", ns]))?;
+    let here = Place::Net(ns.to_owned());
+    // No DAD anywhere: an address is usable at once (and is never left tentative).
+    here.run(&[
+        "sysctl",
+        "-q",
+        "-w",
+        "net.ipv6.conf.all.accept_dad=0",
+        "net.ipv6.conf.default.accept_dad=0",
+        "net.ipv4.ip_forward=1",
+        "net.ipv6.conf.all.forwarding=1",
+    ])?;
+    here.run(&["ip", "link", "set", "lo", "up"])?;
+    Ok(())
+}
+
+/// A veth from the router (`router_if`, `router_addr`/64) to `ns` (`uplink`, `addr`/64).
+fn link_to_router(ns: &str, router_if: &str, router_addr: &str, addr: &str) -> Result<()> {
+    let router = Place::Net(ROUTER.to_owned());
+    let there = Place::Net(ns.to_owned());
+    // Named at creation: a rename would take the link down and drop its IPv6 addresses.
+    router.run(&[
+        "ip", "link", "add", router_if, "type", "veth", "peer", "name", "uplink", "netns", ns,
+    ])?;
+    router.run(&["ip", "link", "set", router_if, "up"])?;
+    router.run(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{router_addr}/64"),
+        "dev",
+        router_if,
+        "nodad",
+    ])?;
+    there.run(&["ip", "link", "set", "uplink", "up"])?;
+    there.run(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{addr}/64"),
+        "dev",
+        "uplink",
+        "nodad",
+    ])?;
+    // Everything beyond the link goes through the router; IPv4 too, over the IPv6 next hop.
+    there.run(&["ip", "-6", "route", "add", "default", "via", router_addr])?;
+    there.run(&[
+        "ip",
+        "-4",
+        "route",
+        "add",
+        "default",
+        "via",
+        "inet6",
+        router_addr,
+    ])?;
+    Ok(())
+}
+
+/// Creates every namespace and link and starts the router's BIRD.
+pub fn build() -> Result<()> {
+    add_ns(ROUTER)?;
+    let router = Place::Net(ROUTER.to_owned());
+    router.run(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{ROUTER_LO6}/128"),
+        "dev",
+        "lo",
+        "nodad",
+    ])?;
+    router.run(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{ROUTER_LO4}/32"),
+        "dev",
+        "lo",
+    ])?;
+    add_ns(CONTROL)?;
+    link_to_router(CONTROL, "to-control", CONTROL_GW, CONTROL_ADDR)?;
+    for node in &NODES {
+        let ns = node.ns();
+        add_ns(&ns)?;
+        link_to_router(&ns, node.router_if, node.gateway, node.addr)?;
+        // The node's IPv4 identity (its BGP router ID) on its loopback: a source address
+        // for what the node itself sends to IPv4 pods (the kubelet's probes).
+        Place::Net(ns.clone()).run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/32", node.router_id),
+            "dev",
+            "lo",
+        ])?;
+    }
+    start_router_bird()
+}
+
+fn router_bird_conf() -> String {
+    let mut conf = format!(
+        "# BIRD 2 on the cluster's router (not a Kubernetes node): it learns each node's pod
+# prefixes and anycast addresses over BGP, installs them (equal-cost paths merged) and passes
+# them on to the other nodes.
+router id {ROUTER_LO4};
+log stderr all;
+
+protocol device {{ }}
+protocol direct {{ ipv6; ipv4; interface \"lo\"; }}
+
+protocol kernel kernel6 {{
+  ipv6 {{ import none; export where source = RTS_BGP; }};
+  merge paths on;
+}}
+
+protocol kernel kernel4 {{
+  ipv4 {{ import none; export where source = RTS_BGP; }};
+  merge paths on;
+}}
+
+template bgp flocknode {{
+  local as {ROUTER_ASN};
+  hold time 6;
+  keepalive time 2;
+  connect retry time 1;
+  connect delay time 1;
+  error wait time 1, 10;
+  ipv6 {{ import all; export all; next hop self; }};
+  ipv4 {{ extended next hop on; import all; export all; next hop self; }};
+}}
+"
+    );
+    for node in &NODES {
+        let _ = writeln!(
+            conf,
+            "\nprotocol bgp {} from flocknode {{\n  neighbor {} as {};\n}}",
+            node.name, node.addr, node.asn
+        );
+    }
+    conf
+}
+
+fn start_router_bird() -> Result<()> {
+    let dir = Path::new(RUN_DIR).join("router");
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let conf = dir.join("bird.conf");
+    std::fs::write(&conf, router_bird_conf())
+        .with_context(|| format!("write {}", conf.display()))?;
+    let router = Place::Net(ROUTER.to_owned());
+    let conf_s = conf.to_string_lossy().into_owned();
+    router
+        .run(&["bird", "-p", "-c", &conf_s])
+        .with_context(|| format!("check {conf_s}"))?;
+    let ctl = router_ctl();
+    proc::spawn(
+        "router-bird",
+        &router,
+        "bird",
+        &["-f", "-c", &conf_s, "-s", &ctl],
+        &[],
+    )?;
+    proc::wait_daemon(
+        "router-bird",
+        "the router's BIRD control socket",
+        Duration::from_secs(10),
+        || Path::new(&ctl).exists(),
+    )?;
+    Ok(())
+}
+
+/// The router's BIRD control socket.
+pub fn router_ctl() -> String {
+    format!("{RUN_DIR}/router/bird.ctl")
+}
+
+/// `birdc show protocols` on the router: (name, state, info) of each BGP session.
+pub fn router_sessions() -> Vec<(String, String, String)> {
+    Place::Net(ROUTER.to_owned())
+        .run(&["birdc", "-s", &router_ctl(), "show", "protocols"])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 6 && f[1] == "BGP")
+                .then(|| (f[0].to_owned(), f[3].to_owned(), f[5..].join(" ")))
+        })
+        .collect()
+}
+
+/// The number of next hops of the router's kernel route to `prefix` (0 without a route).
+pub fn router_paths(prefix: &str) -> usize {
+    let family = if prefix.contains(':') { "-6" } else { "-4" };
+    Place::Net(ROUTER.to_owned())
+        .run(&["ip", family, "route", "show", prefix])
+        .map(|out| {
+            let hops = out.lines().filter(|l| l.contains("nexthop")).count();
+            if hops == 0 && out.contains(" via ") {
+                1
+            } else {
+                hops
+            }
+        })
+        .unwrap_or(0)
+}
+
+impl Node {
+    /// The node's network namespace.
+    pub fn ns(&self) -> String {
+        format!("{}{}", super::NS_PREFIX, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_peers_with_every_node_and_passes_documentation_addresses_only() {
+        let conf = router_bird_conf();
+        for node in &NODES {
+            assert!(conf.contains(&format!("neighbor {} as {}", node.addr, node.asn)));
+        }
+        assert!(!conf.contains("fd00:") && !conf.contains("192.0.2."));
+    }
+}
