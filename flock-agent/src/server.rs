@@ -109,7 +109,7 @@ async fn serve_connection(mut stream: UnixStream, agent: Arc<Agent>) {
 
 async fn read_request(stream: &mut UnixStream) -> Result<rpc::Request, Response> {
     let mut decoder = LineDecoder::new();
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = [0u8; 16 * 1024];
     loop {
         match decoder.next_line() {
             Ok(Some(line)) => {

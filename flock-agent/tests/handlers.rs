@@ -414,7 +414,7 @@ async fn run_steps(steps: Vec<Step>) {
                     .map(|n| std::net::Ipv6Addr::new(0x2001, 0xdb8, 7, 0, 0, 0, 0, n))
                     .find(|a| !held.contains(&IpAddr::V6(*a)))
                     .expect("a free address");
-                let (store, _) = Store::open(dir.path()).unwrap();
+                let (store, _) = Store::open(dir.path(), BOOT).unwrap();
                 let pending = AllocationRecord {
                     format: flock_agent::store::STORE_FORMAT,
                     state: RecordState::Pending,

@@ -94,8 +94,10 @@ impl Agent {
             .await
             .map_err(|e| kernel_error("detach", key, e))?;
         phases.mark("kernel");
+        self.fail_at("del-after-detach");
         self.delete_stored(key).await?;
         phases.mark("store_delete");
+        self.fail_at("del-after-delete");
         {
             let mut state = self.state();
             state.remove(key);

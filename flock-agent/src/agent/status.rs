@@ -67,10 +67,7 @@ impl Agent {
             Some(s) => pools_full(s, self.state().pools()),
             None => Vec::new(),
         };
-        let store = self.store.clone();
-        let probe = tokio::task::spawn_blocking(move || store.probe_writable())
-            .await
-            .expect("store probe task");
+        let probe = self.store.probe_writable();
         let store_problem = match probe {
             Ok(()) => {
                 self.health.set_problem("store", None);

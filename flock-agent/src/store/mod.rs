@@ -1,0 +1,283 @@
+//! The allocation store under `--state-dir`: one small JSON file per attachment.
+//!
+//! Layout: `<state-dir>/store.json` (`{"format":1,"bootId":…}`) and `<state-dir>/allocations/
+//! <containerId>:<ifName>.json`.
+//!
+//! # Why records are written atomically but not fsync'd
+//!
+//! Every record is bound to the boot it was made in: its pod's network namespace, veth and
+//! routes live in the kernel, and a reboot takes them all. After a power cut, start-up
+//! releases every record of the previous boot whatever it says (DESIGN §7). So a record's
+//! durability across a power cut buys nothing; what counts is that a crash of the *agent*
+//! (kill -9, an OOM kill, a panic) never leaves a torn record nor loses a committed one. The
+//! page cache survives the agent, and a rename is atomic: a record written to a temporary
+//! file and renamed over its name ([`durable::replace_file`]) is, after any crash of the
+//! process, either its old content or its new one. That costs a few microseconds; two fsyncs
+//! cost a few hundred.
+//!
+//! What a power cut can do to such files — leave a record empty, truncated, or missing — is
+//! therefore harmless, and start-up tells the two cases apart by the boot ID `store.json`
+//! holds (written with fsync, once per start): an unreadable record of a previous boot is
+//! dropped with a warning naming it; one of the current boot (which no power cut can
+//! explain) stops the agent with an error naming the file — the store never silently starts
+//! empty.
+
+use std::fs;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use flock_cni_proto::durable;
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+mod read;
+#[cfg(test)]
+mod tests;
+
+/// The on-disk format this agent writes and reads.
+pub const STORE_FORMAT: u32 = 1;
+
+/// Where an allocation is in its life cycle (DESIGN §7).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordState {
+    /// Addresses chosen, the kernel may be half-programmed: undone at start-up.
+    Pending,
+    /// The kernel is programmed and the result was (or will be) returned.
+    Committed,
+}
+
+/// The pod an allocation belongs to.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct PodRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID, when the runtime passed one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+}
+
+/// One attachment's allocation: everything needed to rebuild its CNI result, check or tear
+/// down its kernel state, and release its addresses.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationRecord {
+    /// The record format (`STORE_FORMAT`).
+    pub format: u32,
+    /// Pending or committed.
+    pub state: RecordState,
+    /// The CNI network name (GC is scoped to it).
+    pub network: String,
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub if_name: String,
+    /// `CNI_NETNS` at ADD.
+    pub netns: String,
+    /// The kernel boot ID at ADD: a different one at start-up means the netns is gone.
+    pub boot_id: String,
+    /// The pod, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+    /// The pod's IPv6 address (a /128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Addr>,
+    /// The pod's IPv4 address (a /32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<Ipv4Addr>,
+    /// Extra fixed addresses (`addresses` annotation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<IpAddr>,
+    /// Anycast addresses (`anycast` annotation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub anycast: Vec<IpAddr>,
+    /// MTU of the veth pair.
+    pub mtu: u32,
+    /// The host-side veth.
+    pub host_if: String,
+    /// Host veth MAC, once known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host_mac: String,
+    /// Pod interface MAC, once known.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_mac: String,
+}
+
+impl AllocationRecord {
+    /// The attachment key: `(containerId, ifName)`.
+    pub fn key(&self) -> AttachmentKey {
+        AttachmentKey {
+            container_id: self.container_id.clone(),
+            if_name: self.if_name.clone(),
+        }
+    }
+
+    /// Every address this record holds in the pools (pod addresses and fixed ones; anycast
+    /// addresses are shared and not pooled).
+    pub fn pooled_addresses(&self) -> Vec<IpAddr> {
+        let mut v: Vec<IpAddr> = Vec::new();
+        v.extend(self.ipv6.map(IpAddr::V6));
+        v.extend(self.ipv4.map(IpAddr::V4));
+        v.extend(self.addresses.iter().copied());
+        v
+    }
+}
+
+/// Identifies one attachment (CNI's container ID and interface name).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AttachmentKey {
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub if_name: String,
+}
+
+impl AttachmentKey {
+    /// The record's file: `<containerId>:<ifName>.json`. Neither part can hold a `:` (the
+    /// shim's and the agent's validation refuse it), so no two keys share a file.
+    pub(crate) fn file_name(&self) -> String {
+        format!("{}:{}.json", self.container_id, self.if_name)
+    }
+
+    /// The file name of earlier agents (`<containerId>.<ifName>.json`), ambiguous (`a.b` +
+    /// `c` and `a` + `b.c`): still read, and renamed when the agent opens the store.
+    pub(crate) fn legacy_file_name(&self) -> String {
+        format!("{}.{}.json", self.container_id, self.if_name)
+    }
+}
+
+/// The durable store.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StoreMeta {
+    format: u32,
+    /// The boot in which the agent last opened the store (absent in stores of earlier
+    /// agents, which fsync'd every record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    boot_id: Option<String>,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in `state_dir` in the boot `boot_id` and reads
+    /// every record.
+    ///
+    /// Leftover temp files of interrupted writes are removed. A record that cannot be read
+    /// or parsed is dropped with a warning when the store was last opened in another boot (a
+    /// power cut), and is an error naming the file otherwise.
+    pub fn open(state_dir: &Path, boot_id: &str) -> Result<(Store, Vec<AllocationRecord>)> {
+        let dir = state_dir.join("allocations");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|source| Error::Store {
+                op: "create directory",
+                path: dir.clone(),
+                source,
+            })?;
+        let previous_boot = read::check_meta(state_dir)?.and_then(|m| m.boot_id);
+        let torn = match previous_boot {
+            Some(b) if b != boot_id => read::Torn::DropWithWarning,
+            _ => read::Torn::Stop,
+        };
+        let records = read::read_records(&dir, read::Access::Owner(torn))?;
+        // Durably, once per start: what tells the next start whether a torn record can
+        // come from a power cut.
+        let bytes = serde_json::to_vec(&StoreMeta {
+            format: STORE_FORMAT,
+            boot_id: Some(boot_id.to_owned()),
+        })
+        .expect("serialize store meta");
+        write_durably(state_dir, "store.json", &bytes, 0o600)?;
+        Ok((Store { dir }, records))
+    }
+
+    /// Reads every record without changing anything: safe beside a running agent (its
+    /// in-flight temporary files are skipped, not removed). A state directory without a
+    /// store holds no record.
+    pub fn read(state_dir: &Path) -> Result<Vec<AllocationRecord>> {
+        let dir = state_dir.join("allocations");
+        if read::check_meta(state_dir)?.is_none() && !dir.exists() {
+            return Ok(Vec::new());
+        }
+        read::read_records(&dir, read::Access::ReadOnly)
+    }
+
+    /// Writes (creates or replaces) a record atomically (see the module documentation for
+    /// why without fsync).
+    pub fn put(&self, record: &AllocationRecord) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(record).expect("serialize allocation record");
+        durable::replace_file(&self.dir, &record.key().file_name(), &bytes, 0o600)
+            .map(drop)
+            .map_err(store_error)
+    }
+
+    /// Deletes a record; a missing record is not an error. (A deletion a power cut undoes
+    /// brings back a record of the previous boot, which start-up releases.)
+    pub fn delete(&self, key: &AttachmentKey) -> Result<()> {
+        let path = self.dir.join(key.file_name());
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(Error::Store {
+                op: "delete",
+                path,
+                source,
+            }),
+        }
+    }
+
+    /// Whether a record could be written now: creates and removes an empty file in the
+    /// records' directory (no fsync: this asks the filesystem, it stores nothing). Cheap
+    /// enough for every STATUS. The name is not a record's (no `.json`), so a crash between
+    /// the two steps leaves a file the loader skips.
+    pub fn probe_writable(&self) -> Result<()> {
+        static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self.dir.join(format!(".probe-{n}"));
+        fs::write(&path, b"").map_err(|source| Error::Store {
+            op: "write a probe file in",
+            path: path.clone(),
+            source,
+        })?;
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(Error::Store {
+                op: "remove the probe file",
+                path,
+                source,
+            }),
+        }
+    }
+
+    /// The directory holding the records.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Writes `bytes` to `dir/name` so that after a crash the file holds either its old content
+/// or the new one, never a mix (`flock_cni_proto::durable`, shared with the shim's DEL queue).
+pub fn write_durably(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<()> {
+    durable::write_file(dir, name, bytes, mode)
+        .map(drop)
+        .map_err(store_error)
+}
+
+pub(crate) fn store_error(e: durable::DurableError) -> Error {
+    Error::Store {
+        op: e.op,
+        path: e.path,
+        source: e.source,
+    }
+}

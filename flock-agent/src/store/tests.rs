@@ -1,0 +1,161 @@
+//! The store's unit tests.
+
+use super::*;
+
+const BOOT: &str = "boot-1";
+
+fn record(cid: &str) -> AllocationRecord {
+    AllocationRecord {
+        format: STORE_FORMAT,
+        state: RecordState::Pending,
+        network: "flock".into(),
+        container_id: cid.into(),
+        if_name: "eth0".into(),
+        netns: "/run/netns/x".into(),
+        boot_id: "b".into(),
+        pod: Some(PodRef {
+            namespace: "default".into(),
+            name: "web-0".into(),
+            uid: String::new(),
+        }),
+        ipv6: Some("2001:db8:1::5".parse().unwrap()),
+        ipv4: Some("10.1.0.5".parse().unwrap()),
+        addresses: vec![],
+        anycast: vec![],
+        mtu: 1500,
+        host_if: "flock01234567".into(),
+        host_mac: String::new(),
+        pod_mac: String::new(),
+    }
+}
+
+#[test]
+fn put_read_delete_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, records) = Store::open(dir.path(), BOOT).unwrap();
+    assert!(records.is_empty());
+    let mut a = record("aaa");
+    store.put(&a).unwrap();
+    a.state = RecordState::Committed;
+    store.put(&a).unwrap();
+    store.put(&record("bbb")).unwrap();
+    let (store, records) = Store::open(dir.path(), BOOT).unwrap();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0], a);
+    store.delete(&a.key()).unwrap();
+    store.delete(&a.key()).unwrap();
+    let (_, records) = Store::open(dir.path(), BOOT).unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].container_id, "bbb");
+}
+
+#[test]
+fn torn_temp_file_is_ignored_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    store.put(&record("aaa")).unwrap();
+    let tmp = store.dir().join(".tmp-aaa.eth0.json");
+    fs::write(&tmp, b"{\"format\":1,\"sta").unwrap();
+    let (_, records) = Store::open(dir.path(), BOOT).unwrap();
+    assert_eq!(records.len(), 1);
+    assert!(!tmp.exists());
+}
+
+#[test]
+fn corrupt_record_stops_with_the_file_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let bad = store.dir().join("ccc.eth0.json");
+    fs::write(&bad, b"{not json").unwrap();
+    let err = Store::open(dir.path(), BOOT).unwrap_err().to_string();
+    assert!(err.contains("ccc.eth0.json"), "{err}");
+}
+
+#[test]
+fn unknown_store_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("store.json"), b"{\"format\":7}").unwrap();
+    let err = Store::open(dir.path(), BOOT).unwrap_err().to_string();
+    assert!(err.contains("store format 7"), "{err}");
+}
+
+#[test]
+fn keys_that_join_alike_get_files_of_their_own() {
+    // `a.b` + `c` and `a` + `b.c` shared the file `a.b.c.json` before.
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let mut one = record("a.b");
+    one.if_name = "c".into();
+    let mut two = record("a");
+    two.if_name = "b.c".into();
+    store.put(&one).unwrap();
+    store.put(&two).unwrap();
+    let (store, records) = Store::open(dir.path(), BOOT).unwrap();
+    assert_eq!(records, vec![two.clone(), one.clone()]);
+    store.delete(&one.key()).unwrap();
+    assert_eq!(Store::read(dir.path()).unwrap(), vec![two]);
+}
+
+#[test]
+fn reading_beside_a_running_agent_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    store.put(&record("aaa")).unwrap();
+    // A write the running agent has in progress.
+    let in_flight = store.dir().join(".tmp-bbb:eth0.json");
+    fs::write(&in_flight, b"{\"format\":1").unwrap();
+    let records = Store::read(dir.path()).unwrap();
+    assert_eq!(records.len(), 1);
+    assert!(
+        in_flight.exists(),
+        "a read-only listing removed an in-flight file"
+    );
+    assert!(
+        Store::read(&dir.path().join("nothing-here"))
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn records_of_earlier_agents_are_read_and_renamed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let r = record("aaa");
+    let legacy = store.dir().join("aaa.eth0.json");
+    fs::write(&legacy, serde_json::to_vec(&r).unwrap()).unwrap();
+    assert_eq!(Store::read(dir.path()).unwrap(), vec![r.clone()]);
+    assert!(legacy.exists(), "read-only");
+    let (store, records) = Store::open(dir.path(), BOOT).unwrap();
+    assert_eq!(records, vec![r]);
+    assert!(!legacy.exists());
+    assert!(store.dir().join("aaa:eth0.json").exists());
+}
+
+#[test]
+fn a_torn_record_of_a_previous_boot_is_dropped_one_of_this_boot_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), "boot-1").unwrap();
+    store.put(&record("aaa")).unwrap();
+    // What a power cut can leave of records written without fsync: a truncated one, an
+    // empty one.
+    let torn = store.dir().join("bbb:eth0.json");
+    fs::write(&torn, b"{\"format\":1,\"sta").unwrap();
+    let empty = store.dir().join("ccc:eth0.json");
+    fs::write(&empty, b"").unwrap();
+    // In the boot the store was opened in, no power cut explains them: stop, naming one.
+    let err = Store::open(dir.path(), "boot-1").unwrap_err().to_string();
+    assert!(err.contains(":eth0.json"), "{err}");
+    assert!(
+        torn.exists() && empty.exists(),
+        "nothing is lost on an error"
+    );
+    // After a reboot they are records of a previous boot: dropped, the rest read.
+    let (_, records) = Store::open(dir.path(), "boot-2").unwrap();
+    assert_eq!(records, vec![record("aaa")]);
+    assert!(!torn.exists() && !empty.exists());
+    // A store of an earlier agent (no boot in store.json, every record fsync'd): stop.
+    fs::write(dir.path().join("store.json"), b"{\"format\":1}").unwrap();
+    fs::write(&torn, b"{").unwrap();
+    assert!(Store::open(dir.path(), "boot-3").is_err());
+}
