@@ -108,6 +108,9 @@ fn test(filters: &[String]) -> Result<()> {
         // The lab end to end on the debug binaries just built (replaces a lab that is up).
         lab::ci(&lab::debug_bins())?;
         sys::cargo(["test", "--doc", "--workspace", "--all-features"])?;
+        // Last, the real Kubernetes cluster on the same debug binaries: up, checks, down (the
+        // first run on a machine builds Kubernetes into /var/cache/flock, about 10 minutes).
+        cluster::check()?;
     }
     Ok(())
 }

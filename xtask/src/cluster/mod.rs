@@ -203,12 +203,7 @@ pub fn cluster(args: &[String]) -> Result<()> {
             );
             Ok(())
         }
-        Some("check") => {
-            sys::require_root("cargo xtask cluster check")?;
-            sys::ensure_packages(PACKAGES)?;
-            sys::cargo(["build", "-p", "flock-agent", "-p", "flock-plugin"])?;
-            ci(&crate::lab::debug_bins())
-        }
+        Some("check") => check(),
         Some("down") => {
             sys::require_root("cargo xtask cluster down")?;
             down()
@@ -237,8 +232,17 @@ pub fn cluster(args: &[String]) -> Result<()> {
     }
 }
 
-/// The cluster as a check of `cargo xtask test`: up with the binaries in `bins`, the report
-/// printed, then down whatever happened.
+/// `cargo xtask cluster check`, also the last step of `cargo xtask test`: the debug binaries,
+/// up, checks, down.
+pub fn check() -> Result<()> {
+    sys::require_root("cargo xtask cluster check")?;
+    sys::ensure_packages(PACKAGES)?;
+    sys::cargo(["build", "-p", "flock-agent", "-p", "flock-plugin"])?;
+    ci(&crate::lab::debug_bins())
+}
+
+/// The cluster as a check: up with the binaries in `bins`, the report printed, then down
+/// whatever happened.
 pub fn ci(bins: &Path) -> Result<()> {
     let started = Instant::now();
     let result = up(bins, started);
