@@ -179,9 +179,6 @@ async fn floor_cycles(specs: Vec<PodSpec>) -> Result<Floor> {
     let node = NodeNs::current();
     let mut floor = Floor::default();
     for spec in &specs {
-        // A sequential ADD leaves the kernel a few idle milliseconds (the next exec) to finish
-        // the last pod's deferred work; back to back, each setup would pay for it.
-        tokio::time::sleep(Duration::from_millis(3)).await;
         let t = Instant::now();
         setup(&node, spec)
             .await
@@ -275,10 +272,18 @@ pub fn render(b: &Breakdown, floor: &Floor) -> String {
     out
 }
 
-/// ADD p50 against 1.5 × (kernel floor p50 + VERSION exec p50), in ms: (measured, bound).
-pub fn add_goal(add_seq: &[Duration], floor: &Floor) -> (f64, f64) {
-    let bound =
-        1.5 * (percentile_ms(&floor.setup, 50.0) + percentile_ms(&floor.version_exec, 50.0));
+/// ADD p50 against 1.5 × (kernel floor + VERSION exec p50), in ms: (measured, bound).
+///
+/// The kernel floor is the smaller of two p50s of the same `flock_netns::setup`: alone
+/// (`floor.setup`) and inside the agent (its `kernel` phase). On a shared VM either can come
+/// out higher — idle vCPUs wake slowly, a busy machine steals time — and the smaller one
+/// makes the goal the stricter.
+pub fn add_goal(add_seq: &[Duration], floor: &Floor, breakdown: Option<&Breakdown>) -> (f64, f64) {
+    let alone = percentile_ms(&floor.setup, 50.0);
+    let in_agent = breakdown
+        .and_then(|b| b.get("ADD", "kernel"))
+        .map_or(f64::INFINITY, |s| percentile_ms(s, 50.0));
+    let bound = 1.5 * (alone.min(in_agent) + percentile_ms(&floor.version_exec, 50.0));
     (percentile_ms(add_seq, 50.0), bound)
 }
 
