@@ -1,0 +1,1 @@
+//! Kubernetes NetworkPolicy semantics for flock (work in progress). Pure: no I/O.
