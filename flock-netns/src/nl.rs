@@ -6,7 +6,7 @@ use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{
-    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage, CacheInfo,
 };
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::route::{
@@ -191,6 +191,38 @@ pub(crate) async fn addr_replace_scoped(
         msg.header.flags |= AddressHeaderFlags::Nodad;
         msg.attributes
             .push(AddressAttribute::Flags(AddressFlags::Nodad));
+    }
+    req.execute()
+        .await
+        .map_err(|source| Error::address("add", net, ifname, ns, source))
+}
+
+/// Adds (or replaces) an anycast address on a pod's interface so that the pod accepts
+/// traffic to it but never picks it as the source of its own: an IPv6 one without DAD and
+/// deprecated (preferred lifetime 0, valid forever), an IPv4 one with host scope (never
+/// chosen for a destination beyond the host).
+pub(crate) async fn addr_replace_anycast(
+    h: &Handle,
+    ns: &str,
+    index: u32,
+    ifname: &str,
+    net: IpNet,
+) -> Result<()> {
+    let mut req = h
+        .address()
+        .add(index, net.addr(), net.prefix_len())
+        .replace();
+    let msg = req.message_mut();
+    if net.addr().is_ipv4() {
+        msg.header.scope = netlink_packet_route::address::AddressScope::Host;
+    } else {
+        msg.header.flags |= AddressHeaderFlags::Nodad;
+        msg.attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        let mut lifetimes = CacheInfo::default();
+        lifetimes.ifa_preferred = 0;
+        lifetimes.ifa_valid = u32::MAX;
+        msg.attributes.push(AddressAttribute::CacheInfo(lifetimes));
     }
     req.execute()
         .await

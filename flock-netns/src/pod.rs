@@ -178,7 +178,7 @@ pub struct SetupTiming {
     pub veth: std::time::Duration,
     /// The host side: sysctls, link up, `fe80::1`, host routes.
     pub host: std::time::Duration,
-    /// The pod side: link up, addresses, routes, anycast addresses on `lo`.
+    /// The pod side: link up, addresses, routes, anycast addresses.
     pub pod: std::time::Duration,
     /// The anycast next-hop sets in the node's namespace.
     pub anycast: std::time::Duration,
@@ -253,7 +253,9 @@ pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
     };
     let pod_side = async {
         let started = std::time::Instant::now();
-        // up, addresses without DAD, routes, anycast on lo
+        // up, addresses without DAD, routes, then the anycast addresses after the pod's own
+        // (on the pod's interface, not `lo`: the runtime's `loopback` plugin, which may run
+        // at the same time, refuses a `lo` that holds anything but loopback addresses)
         if !peer.up || peer.mtu != spec.mtu {
             nl::link_up(p, &podname, &peer, Some(spec.mtu)).await?;
         }
@@ -263,20 +265,9 @@ pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
         for r in spec.pod_routes() {
             nl::route_replace(p, &podname, &r, peer.index).await?;
         }
-        if !spec.anycast.is_empty() {
-            let lo =
-                nl::link_by_name(p, &podname, "lo")
-                    .await?
-                    .ok_or_else(|| Error::LinkNotFound {
-                        ifname: "lo".to_owned(),
-                        ns: podname.clone(),
-                    })?;
-            if !lo.up {
-                nl::link_up(p, &podname, &lo, None).await?;
-            }
-            for a in &spec.anycast {
-                nl::addr_replace(p, &podname, lo.index, "lo", IpNet::from(*a)).await?;
-            }
+        for a in &spec.anycast {
+            nl::addr_replace_anycast(p, &podname, peer.index, &spec.if_name, IpNet::from(*a))
+                .await?;
         }
         Ok::<_, Error>(started.elapsed())
     };
@@ -476,20 +467,37 @@ pub async fn detach(node: &NodeNs, spec: &PodSpec) -> Result<(), TeardownError> 
     if !spec.anycast.is_empty() && spec.netns.exists() {
         let podname = ns_name(&spec.netns);
         match NlConn::open(&NsTarget::Path(spec.netns.clone())).await {
-            Ok(pod) => match nl::link_by_name(&pod.handle, &podname, "lo").await {
-                Ok(Some(lo)) => {
-                    for a in &spec.anycast {
-                        let net = IpNet::from(*a);
-                        if let Err(e) =
-                            nl::addr_del(&pod.handle, &podname, lo.index, "lo", net).await
-                        {
-                            errors.push(e);
+            // On the pod's interface (and on `lo`, where agents before 0.2 put them).
+            Ok(pod) => {
+                for ifname in [spec.if_name.as_str(), "lo"] {
+                    match nl::link_by_name(&pod.handle, &podname, ifname).await {
+                        Ok(Some(link)) => {
+                            let have =
+                                match nl::addrs(&pod.handle, &podname, link.index, ifname).await {
+                                    Ok(have) => have,
+                                    Err(e) => {
+                                        errors.push(e);
+                                        continue;
+                                    }
+                                };
+                            for a in &spec.anycast {
+                                let net = IpNet::from(*a);
+                                if !have.iter().any(|h| h.net == net) {
+                                    continue;
+                                }
+                                if let Err(e) =
+                                    nl::addr_del(&pod.handle, &podname, link.index, ifname, net)
+                                        .await
+                                {
+                                    errors.push(e);
+                                }
+                            }
                         }
+                        Ok(None) => {}
+                        Err(e) => errors.push(e),
                     }
                 }
-                Ok(None) => {}
-                Err(e) => errors.push(e),
-            },
+            }
             // the namespace vanished in between: nothing left to clean
             Err(e) if matches!(e.errno(), Some(nl::ENOENT)) => {}
             Err(e) => errors.push(e),
@@ -750,7 +758,15 @@ pub async fn check(node: &NodeNs, spec: &PodSpec) -> Result<Vec<Mismatch>> {
         return Ok(out);
     };
     link_state(&mut out, Side::Pod, &peer, spec.mtu);
-    let have = nl::addrs(p, &podname, peer.index, &spec.if_name).await?;
+    let mut have = nl::addrs(p, &podname, peer.index, &spec.if_name).await?;
+    // Anycast addresses are checked on their own below.
+    let anycast: Vec<IpNet> = spec.anycast.iter().map(|a| IpNet::from(*a)).collect();
+    let anycast_here: Vec<IpNet> = have
+        .iter()
+        .map(|a| a.net)
+        .filter(|n| anycast.contains(n))
+        .collect();
+    have.retain(|a| !anycast.contains(&a.net));
     addr_diff(
         &mut out,
         Side::Pod,
@@ -771,24 +787,25 @@ pub async fn check(node: &NodeNs, spec: &PodSpec) -> Result<Vec<Mismatch>> {
             });
         }
     }
-    if !spec.anycast.is_empty() {
-        match nl::link_by_name(p, &podname, "lo").await? {
-            None => out.push(Mismatch::LinkMissing {
-                side: Side::Pod,
-                ifname: "lo".to_owned(),
-            }),
-            Some(lo) => {
-                let have = nl::addrs(p, &podname, lo.index, "lo").await?;
-                for a in &spec.anycast {
-                    let net = IpNet::from(*a);
-                    if !have.iter().any(|x| x.net == net) {
-                        out.push(Mismatch::AddressMissing {
-                            side: Side::Pod,
-                            ifname: "lo".to_owned(),
-                            addr: net,
-                        });
-                    }
-                }
+    // Anycast addresses belong on the pod's interface; one on `lo` (where agents before 0.2
+    // put them) still counts, so a pod set up by an older agent passes CHECK.
+    let missing: Vec<IpNet> = anycast
+        .iter()
+        .copied()
+        .filter(|n| !anycast_here.contains(n))
+        .collect();
+    if !missing.is_empty() {
+        let on_lo = match nl::link_by_name(p, &podname, "lo").await? {
+            Some(lo) => nl::addrs(p, &podname, lo.index, "lo").await?,
+            None => Vec::new(),
+        };
+        for net in missing {
+            if !on_lo.iter().any(|x| x.net == net) {
+                out.push(Mismatch::AddressMissing {
+                    side: Side::Pod,
+                    ifname: spec.if_name.clone(),
+                    addr: net,
+                });
             }
         }
     }
