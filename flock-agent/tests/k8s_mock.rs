@@ -214,7 +214,7 @@ async fn status_patch_is_a_merge_patch_of_counts_sessions_and_conditions() {
         .expect("valid model")
         .neighbors()
         .iter()
-        .map(|n| (n.address().to_string(), n.name().to_owned()))
+        .map(|n| (n.peer(), n.name().to_owned()))
         .collect();
     let mut protocols = BTreeMap::new();
     protocols.insert("device1".to_owned(), "up".to_owned());

@@ -61,10 +61,10 @@ pub enum Error {
         reason: &'static str,
     },
     /// Two neighbors have the same address.
-    #[error("bgp.neighbors: {address} is listed twice; each neighbor address may appear once")]
+    #[error("bgp.neighbors: {peer} is listed twice; each neighbor address may appear once")]
     DuplicateNeighbor {
-        /// The repeated address.
-        address: IpAddr,
+        /// The repeated neighbor (`2001:db8::fe`, `fe80::2%eth0`, `eth0`).
+        peer: String,
     },
     /// Two neighbors end up with the same BIRD protocol name.
     #[error(
@@ -87,67 +87,67 @@ pub enum Error {
         reason: &'static str,
     },
     /// A neighbor password cannot be written into the configuration.
-    #[error("bgp.neighbors[{index}].password for {address} {reason}")]
+    #[error("bgp.neighbors[{index}].password for {peer} {reason}")]
     Password {
         /// Position of the neighbor in the input list.
         index: usize,
         /// The neighbor it belongs to (the password itself is never printed).
-        address: IpAddr,
+        peer: String,
         /// What is wrong with it.
         reason: &'static str,
     },
     /// BGP timers BIRD would refuse.
-    #[error("bgp.neighbors[{index}].timers for {address}: {reason}")]
+    #[error("bgp.neighbors[{index}].timers for {peer}: {reason}")]
     Timers {
         /// Position of the neighbor in the input list.
         index: usize,
         /// The neighbor they belong to.
-        address: IpAddr,
+        peer: String,
         /// What is wrong with them.
         reason: String,
     },
     /// A multihop value of 0, or over 255 hops.
-    #[error("bgp.neighbors[{index}].multihop {value} for {address} is not a hop count (1 to 255)")]
+    #[error("bgp.neighbors[{index}].multihop {value} for {peer} is not a hop count (1 to 255)")]
     Multihop {
         /// Position of the neighbor in the input list.
         index: usize,
         /// The neighbor it belongs to.
-        address: IpAddr,
+        peer: String,
         /// The value as given.
         value: u8,
     },
     /// BIRD requires a source address for a multihop session with BFD.
     #[error(
-        "bgp.neighbors[{index}] {address}: multihop with BFD needs sourceAddress (BIRD requires a fixed local address)"
+        "bgp.neighbors[{index}] {peer}: multihop with BFD needs sourceAddress (BIRD requires a fixed local address)"
     )]
     MultihopBfdNeedsSource {
         /// Position of the neighbor in the input list.
         index: usize,
         /// The neighbor.
-        address: IpAddr,
+        peer: String,
     },
     /// The source address is not of the neighbor's family.
     #[error(
-        "bgp.neighbors[{index}].sourceAddress {source_address} is not of the same family as the neighbor {address}"
+        "bgp.neighbors[{index}].sourceAddress {source_address} is not of the same family as the neighbor {peer}"
     )]
     SourceFamily {
         /// Position of the neighbor in the input list.
         index: usize,
         /// The neighbor.
-        address: IpAddr,
+        peer: String,
         /// The source address as given.
         source_address: IpAddr,
     },
     /// A neighbor would carry no address family: an IPv4 session carries only
     /// IPv4, and this node announces and learns no IPv4.
     #[error(
-        "bgp.neighbors[{index}] {address} is an IPv4 neighbor but the node has no IPv4 prefixes; IPv6 routes need an IPv6 neighbor"
+        "bgp.neighbors[{index}] {peer} is an IPv4 neighbor but the node has no IPv4 prefixes; IPv6 routes need an IPv6 neighbor"
     )]
     NeighborNoFamily {
         /// Position of the neighbor in the input list.
         index: usize,
         /// The neighbor.
-        address: IpAddr,
+        peer: String,
     },
     /// A node CIDR with host bits set.
     #[error("node CIDR {value} has host bits set; did you mean {truncated}?")]
@@ -183,9 +183,56 @@ pub enum Error {
         /// The offending line (the whole output when the table is missing).
         line: String,
     },
-    /// The graceful-restart time is 0.
-    #[error("bgp.gracefulRestart time 0 is not allowed; use at least 1 second or turn it off")]
-    GracefulRestartTime,
+    /// A graceful-restart setting BGP cannot carry.
+    #[error("{field}: {reason}")]
+    GracefulRestart {
+        /// Which field (`bgp.gracefulRestart`, `bgp.neighbors[0].gracefulRestart`).
+        field: String,
+        /// What is wrong, with the value.
+        reason: String,
+    },
+    /// An interface name BIRD or Linux would refuse.
+    #[error("bgp.neighbors[{index}].interface {value:?} is not an interface name: {reason}")]
+    NeighborInterface {
+        /// Position of the neighbor in the input list.
+        index: usize,
+        /// The value as given.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// An interface was given with an address that is not link-local.
+    #[error(
+        "bgp.neighbors[{index}].interface {interface:?} is for link-local peering, but address {address} is not link-local (fe80::/10); leave interface out or give the peer's link-local address"
+    )]
+    InterfaceNeedsLinkLocal {
+        /// Position of the neighbor in the input list.
+        index: usize,
+        /// The address.
+        address: IpAddr,
+        /// The interface.
+        interface: String,
+    },
+    /// Multihop makes no sense for a session over one link.
+    #[error(
+        "bgp.neighbors[{index}] {peer}: multihop cannot be combined with interface (a link-local session is one hop)"
+    )]
+    InterfaceMultihop {
+        /// Position of the neighbor in the input list.
+        index: usize,
+        /// The neighbor.
+        peer: String,
+    },
+    /// BFD timing BIRD would refuse.
+    #[error("bgp.neighbors[{index}].bfd for {peer}: {reason}")]
+    Bfd {
+        /// Position of the neighbor in the input list.
+        index: usize,
+        /// The neighbor.
+        peer: String,
+        /// What is wrong, with the value.
+        reason: String,
+    },
 }
 
 /// `Result` with this crate's [`Error`].

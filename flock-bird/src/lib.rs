@@ -42,7 +42,10 @@ mod render;
 
 pub use birdc::{ProtocolRow, parse_show_protocols};
 pub use error::{Error, Result};
-pub use model::{BirdModel, Community, Families, Neighbor, NeighborSpec, Timers, ValidModel};
+pub use model::{
+    BfdTiming, BirdModel, Community, Families, GracefulRestart, Neighbor, NeighborSpec, Timers,
+    ValidModel,
+};
 pub use render::render;
 
 #[cfg(test)]

@@ -38,6 +38,10 @@ pub struct BirdModel {
     pub communities: Vec<Community>,
     /// Accept a default route (`::/0`, `0.0.0.0/0`) from neighbors.
     pub import_default: bool,
+    /// Graceful shutdown (RFC 8326): every announced route carries the
+    /// well-known community `GRACEFUL_SHUTDOWN` (65535:0), so that routers
+    /// move traffic to other paths before the node withdraws (a drain).
+    pub graceful_shutdown: bool,
 }
 
 /// One BGP neighbor, as given.
@@ -46,14 +50,26 @@ pub struct NeighborSpec {
     /// BIRD protocol name; derived from the address when `None`
     /// (`peer6_2001_db8__fe`, `peer4_192_168_0_1`).
     pub name: Option<String>,
-    /// The neighbor's address in text form; empty means missing.
+    /// The neighbor's address in text form. Empty with an [`interface`](Self::interface):
+    /// any link-local peer on that interface may connect (BIRD's dynamic
+    /// `neighbor range fe80::/10`); empty without one is an error.
     pub address: String,
+    /// The interface of a link-local (unnumbered) session: with a link-local
+    /// `address` BIRD connects to that address on this interface; with none it
+    /// waits for a peer to connect from any link-local address on it.
+    pub interface: Option<String>,
     /// The neighbor's AS number; equal to the node's for iBGP.
     pub asn: u64,
     /// TCP MD5 password.
     pub password: Option<String>,
     /// Run BFD with this neighbor.
     pub bfd: bool,
+    /// BFD timing of the session; BIRD's defaults (or those of `protocol
+    /// bfd`) when `None`. Only meaningful with [`bfd`](Self::bfd).
+    pub bfd_timing: Option<BfdTiming>,
+    /// Graceful restart of this session; the model's
+    /// [`graceful_restart`](BirdModel::graceful_restart) when `None`.
+    pub graceful_restart: Option<GracefulRestart>,
     /// `multihop N` for a neighbor that is not on a shared link; `None`
     /// keeps BIRD's default (direct for eBGP, multihop for iBGP).
     pub multihop: Option<u8>,
@@ -61,6 +77,35 @@ pub struct NeighborSpec {
     pub source_address: Option<IpAddr>,
     /// BGP timers; BIRD's defaults when `None`.
     pub timers: Option<Timers>,
+}
+
+/// BFD timing of one session: packets every `interval_ms` both ways, the
+/// session declared down after `multiplier` missed ones (100 ms x 3 = 300 ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BfdTiming {
+    /// Desired transmit and required receive interval, in milliseconds (1 to 60000).
+    pub interval_ms: u32,
+    /// Detection multiplier (1 to 255).
+    pub multiplier: u8,
+}
+
+/// Graceful restart (RFC 4724) of one session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GracefulRestart {
+    /// Not offered: BIRD stays `graceful restart aware` (it keeps a
+    /// restarting peer's routes) but a peer drops ours as soon as the
+    /// session goes down.
+    Off,
+    /// Offered: a peer keeps our routes for `restart_time` seconds when
+    /// the session drops without a notification (BIRD restarting).
+    On {
+        /// Restart time in seconds (1 to 4095, the capability's 12 bits).
+        restart_time: u16,
+        /// Long-lived graceful restart (RFC 9494): after the restart time the
+        /// peer keeps our routes as stale (least preferred) this many seconds
+        /// more (1 to 16777215).
+        long_lived_stale_time: Option<u32>,
+    },
 }
 
 /// BGP timers of one session, in seconds.
@@ -169,10 +214,14 @@ pub struct Families {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Neighbor {
     pub(crate) name: String,
-    pub(crate) address: IpAddr,
+    /// `None`: a dynamic link-local neighbor on `interface`.
+    pub(crate) address: Option<IpAddr>,
+    pub(crate) interface: Option<String>,
     pub(crate) asn: u32,
     pub(crate) password: Option<String>,
     pub(crate) bfd: bool,
+    pub(crate) bfd_timing: Option<BfdTiming>,
+    pub(crate) graceful_restart: GracefulRestart,
     pub(crate) multihop: Option<u8>,
     pub(crate) source_address: Option<IpAddr>,
     pub(crate) timers: Option<Timers>,
@@ -184,9 +233,29 @@ impl Neighbor {
     pub fn name(&self) -> &str {
         &self.name
     }
-    /// The neighbor's address.
-    pub fn address(&self) -> IpAddr {
+    /// The neighbor's address; `None` for a dynamic link-local neighbor
+    /// (any peer on [`interface`](Self::interface)).
+    pub fn address(&self) -> Option<IpAddr> {
         self.address
+    }
+    /// The interface of a link-local session.
+    pub fn interface(&self) -> Option<&str> {
+        self.interface.as_deref()
+    }
+    /// How the neighbor is written in messages and status: `2001:db8::fe`,
+    /// `fe80::2%eth0`, or `eth0` for any link-local peer on `eth0`.
+    pub fn peer(&self) -> String {
+        peer_label(self.address, self.interface.as_deref())
+    }
+    /// The graceful restart this session offers.
+    pub fn graceful_restart(&self) -> GracefulRestart {
+        self.graceful_restart
+    }
+    /// Whether BIRD spawns this session per connecting peer (dynamic BGP):
+    /// `birdc show protocols` then lists it as `NAME` (the listener) and
+    /// `NAME_1`, `NAME_2`, … (one per peer).
+    pub fn is_dynamic(&self) -> bool {
+        self.address.is_none()
     }
     /// The neighbor's AS number.
     pub fn asn(&self) -> u32 {
@@ -210,6 +279,7 @@ pub struct ValidModel {
     pub(crate) host_routes: Vec<IpNet>,
     pub(crate) communities: Vec<Community>,
     pub(crate) import_default: bool,
+    pub(crate) graceful_shutdown: bool,
 }
 
 impl ValidModel {
@@ -257,9 +327,19 @@ impl BirdModel {
             return Err(Error::RouterIdZero);
         }
         let asn = check_asn("bgp.asn", self.asn)?;
-        if self.graceful_restart == Some(0) {
-            return Err(Error::GracefulRestartTime);
+        if let Some(time) = self.graceful_restart {
+            check_restart_time(time).map_err(|reason| Error::GracefulRestart {
+                field: "bgp.gracefulRestart".to_owned(),
+                reason,
+            })?;
         }
+        let default_gr = match self.graceful_restart {
+            Some(restart_time) => GracefulRestart::On {
+                restart_time,
+                long_lived_stale_time: None,
+            },
+            None => GracefulRestart::Off,
+        };
 
         let mut cidrs = BTreeSet::new();
         for &cidr in &self.cidrs {
@@ -304,13 +384,20 @@ impl BirdModel {
 
         let mut neighbors = Vec::with_capacity(self.neighbors.len());
         for (index, spec) in self.neighbors.iter().enumerate() {
-            neighbors.push(check_neighbor(index, spec, families)?);
+            neighbors.push(check_neighbor(index, spec, families, default_gr)?);
         }
-        neighbors.sort_by_key(|n| n.address);
+        neighbors.sort_by(|a, b| (a.address, &a.interface).cmp(&(b.address, &b.interface)));
         for pair in neighbors.windows(2) {
-            if pair[0].address == pair[1].address {
+            let same_address = pair[0].address.is_some() && pair[0].address == pair[1].address;
+            // A link-local address is unique only on its link; a dynamic
+            // neighbor may be given once per interface.
+            let same_link = pair[0].interface == pair[1].interface;
+            let ll = pair[0].address.is_none_or(is_link_local);
+            if (same_address && (!ll || same_link))
+                || (pair[0].address.is_none() && pair[1].address.is_none() && same_link)
+            {
                 return Err(Error::DuplicateNeighbor {
-                    address: pair[0].address,
+                    peer: pair[0].peer(),
                 });
             }
         }
@@ -334,6 +421,7 @@ impl BirdModel {
             host_routes: host_routes.into_iter().collect(),
             communities: communities.into_iter().collect(),
             import_default: self.import_default,
+            graceful_shutdown: self.graceful_shutdown,
         })
     }
 }
@@ -380,27 +468,82 @@ fn unusable(addr: IpAddr) -> Option<&'static str> {
     }
 }
 
-fn check_neighbor(index: usize, spec: &NeighborSpec, families: Families) -> Result<Neighbor> {
+fn is_link_local(address: IpAddr) -> bool {
+    matches!(address, IpAddr::V6(a) if a.is_unicast_link_local())
+}
+
+fn peer_label(address: Option<IpAddr>, interface: Option<&str>) -> String {
+    match (address, interface) {
+        (Some(a), Some(i)) if is_link_local(a) => format!("{a}%{i}"),
+        (Some(a), _) => a.to_string(),
+        (None, Some(i)) => i.to_owned(),
+        (None, None) => String::new(),
+    }
+}
+
+fn check_neighbor(
+    index: usize,
+    spec: &NeighborSpec,
+    families: Families,
+    default_gr: GracefulRestart,
+) -> Result<Neighbor> {
+    let interface = match &spec.interface {
+        Some(ifname) => {
+            check_interface(ifname).map_err(|reason| Error::NeighborInterface {
+                index,
+                value: ifname.clone(),
+                reason,
+            })?;
+            Some(ifname.clone())
+        }
+        None => None,
+    };
     let text = spec.address.trim();
-    if text.is_empty() {
-        return Err(Error::NeighborAddressMissing { index });
-    }
-    let address: IpAddr = text
-        .parse()
-        .map_err(|source| Error::NeighborAddressSyntax {
-            index,
-            value: spec.address.clone(),
-            source,
-        })?;
-    if let Some(reason) = unusable(address) {
-        return Err(Error::NeighborAddressUnusable {
-            index,
-            address,
-            reason,
-        });
-    }
-    if address.is_ipv4() && !families.ipv4 {
-        return Err(Error::NeighborNoFamily { index, address });
+    let address = if text.is_empty() {
+        if interface.is_none() {
+            return Err(Error::NeighborAddressMissing { index });
+        }
+        None
+    } else {
+        let address: IpAddr = text
+            .parse()
+            .map_err(|source| Error::NeighborAddressSyntax {
+                index,
+                value: spec.address.clone(),
+                source,
+            })?;
+        match (is_link_local(address), &interface) {
+            (true, None) => {
+                return Err(Error::NeighborAddressUnusable {
+                    index,
+                    address,
+                    reason: "link-local address without an interface; set interface too",
+                });
+            }
+            (false, Some(ifname)) => {
+                return Err(Error::InterfaceNeedsLinkLocal {
+                    index,
+                    address,
+                    interface: ifname.clone(),
+                });
+            }
+            (true, Some(_)) => {}
+            (false, None) => {
+                if let Some(reason) = unusable(address) {
+                    return Err(Error::NeighborAddressUnusable {
+                        index,
+                        address,
+                        reason,
+                    });
+                }
+            }
+        }
+        Some(address)
+    };
+    let peer = peer_label(address, interface.as_deref());
+    let ipv4_session = address.is_some_and(|a| a.is_ipv4());
+    if ipv4_session && !families.ipv4 {
+        return Err(Error::NeighborNoFamily { index, peer });
     }
     let asn = check_asn(&format!("bgp.neighbors[{index}].asn"), spec.asn)?;
     let name = match &spec.name {
@@ -412,53 +555,129 @@ fn check_neighbor(index: usize, spec: &NeighborSpec, families: Families) -> Resu
             })?;
             name.clone()
         }
-        None => derived_name(address),
+        None => derived_name(address, interface.as_deref()),
     };
     if let Some(password) = &spec.password {
         check_password(password).map_err(|reason| Error::Password {
             index,
-            address,
+            peer: peer.clone(),
             reason,
         })?;
     }
     if let Some(hops) = spec.multihop {
+        if interface.is_some() {
+            return Err(Error::InterfaceMultihop { index, peer });
+        }
         if hops == 0 {
             return Err(Error::Multihop {
                 index,
-                address,
+                peer,
                 value: hops,
             });
         }
         if spec.bfd && spec.source_address.is_none() {
-            return Err(Error::MultihopBfdNeedsSource { index, address });
+            return Err(Error::MultihopBfdNeedsSource { index, peer });
         }
     }
     if let Some(source_address) = spec.source_address
-        && source_address.is_ipv4() != address.is_ipv4()
+        && source_address.is_ipv4() != ipv4_session
     {
         return Err(Error::SourceFamily {
             index,
-            address,
+            peer,
             source_address,
         });
     }
     if let Some(t) = spec.timers {
         check_timers(t).map_err(|reason| Error::Timers {
             index,
-            address,
+            peer: peer.clone(),
             reason,
         })?;
+    }
+    if let Some(b) = spec.bfd_timing {
+        let reason = if !(1..=60_000).contains(&b.interval_ms) {
+            Some(format!(
+                "interval {} ms is out of range (1 to 60000 ms)",
+                b.interval_ms
+            ))
+        } else if b.multiplier == 0 {
+            Some("multiplier 0 is out of range (1 to 255)".to_owned())
+        } else if !spec.bfd {
+            Some("BFD timing is set but BFD is off".to_owned())
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(Error::Bfd {
+                index,
+                peer,
+                reason,
+            });
+        }
+    }
+    let graceful_restart = spec.graceful_restart.unwrap_or(default_gr);
+    if let GracefulRestart::On {
+        restart_time,
+        long_lived_stale_time,
+    } = graceful_restart
+    {
+        let field = format!("bgp.neighbors[{index}].gracefulRestart");
+        check_restart_time(restart_time).map_err(|reason| Error::GracefulRestart {
+            field: field.clone(),
+            reason,
+        })?;
+        if let Some(stale) = long_lived_stale_time
+            && !(1..=0xff_ffff).contains(&stale)
+        {
+            return Err(Error::GracefulRestart {
+                field,
+                reason: format!(
+                    "long-lived stale time {stale} is out of range (1 to 16777215 seconds)"
+                ),
+            });
+        }
     }
     Ok(Neighbor {
         name,
         address,
+        interface,
         asn,
         password: spec.password.clone(),
         bfd: spec.bfd,
+        bfd_timing: spec.bfd_timing,
+        graceful_restart,
         multihop: spec.multihop,
         source_address: spec.source_address,
         timers: spec.timers,
     })
+}
+
+fn check_restart_time(time: u16) -> Result<(), String> {
+    if (1..=4095).contains(&time) {
+        Ok(())
+    } else {
+        Err(format!(
+            "restart time {time} is out of range (1 to 4095 seconds); turn graceful restart off instead of 0"
+        ))
+    }
+}
+
+/// A Linux interface name BIRD can be given in quotes.
+fn check_interface(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("it is empty");
+    }
+    if name.len() > 15 {
+        return Err("it is longer than 15 bytes, the Linux limit");
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+    {
+        return Err("it has a character other than a letter, a digit, '-', '_', '.' or '@'");
+    }
+    Ok(())
 }
 
 fn check_name(name: &str) -> Result<(), &'static str> {
@@ -482,20 +701,26 @@ fn check_name(name: &str) -> Result<(), &'static str> {
 
 /// `peer6_2001_db8__fe`: the address in its canonical text form with
 /// separators turned into `_`. Canonical text is unique per address and the
-/// family tag keeps IPv4 and IPv6 names apart.
-fn derived_name(address: IpAddr) -> String {
-    let tag = if address.is_ipv6() {
-        "peer6_"
+/// family tag keeps IPv4 and IPv6 names apart. A link-local session adds its
+/// interface (`peer6_fe80__2_eth0`); a dynamic one is named after the
+/// interface alone (`peer6_eth0`).
+fn derived_name(address: Option<IpAddr>, interface: Option<&str>) -> String {
+    let tag = if address.is_some_and(|a| a.is_ipv4()) {
+        "peer4"
     } else {
-        "peer4_"
+        "peer6"
     };
     let mut name = String::from(tag);
-    name.extend(
-        address
-            .to_string()
-            .chars()
-            .map(|c| if c == ':' || c == '.' { '_' } else { c }),
-    );
+    for part in [address.map(|a| a.to_string()), interface.map(str::to_owned)]
+        .into_iter()
+        .flatten()
+    {
+        name.push('_');
+        name.extend(
+            part.chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }),
+        );
+    }
     name
 }
 

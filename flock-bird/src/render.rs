@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use ipnet::IpNet;
 
-use crate::model::{Community, Neighbor, ValidModel};
+use crate::model::{Community, GracefulRestart, Neighbor, ValidModel};
 
 /// The two address families, in the order they are rendered.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -145,11 +145,31 @@ fn render_family(out: &mut String, model: &ValidModel, family: Family) {
 
     let _ = write!(
         out,
+        "\n# Exactly what we announce: the node CIDRs, the addresses outside them and\n\
+         # the anycast addresses; never a pod's host route that a CIDR covers.\n\
+         define FLOCK_EXPORT{v} = ["
+    );
+    let mut first = true;
+    for net in cidrs.clone().chain(hosts.clone()) {
+        out.push_str(if first { "\n  " } else { ",\n  " });
+        first = false;
+        let _ = write!(out, "{net}");
+    }
+    out.push_str(if first { "];\n" } else { "\n];\n" });
+    let _ = write!(
+        out,
         "\n# What we announce: only flock's own routes (protocol flock_routes{v}),\n\
          # never a route learned from another peer.\n\
          filter flock_export{v} {{\n\
-         \x20 if proto != \"flock_routes{v}\" then reject;\n"
+         \x20 if proto != \"flock_routes{v}\" then reject;\n\
+         \x20 if ! (net ~ FLOCK_EXPORT{v}) then reject;\n"
     );
+    if model.graceful_shutdown {
+        out.push_str(
+            "  # Draining (graceful shutdown, RFC 8326): peers prefer other paths.\n\
+             \x20 bgp_community.add((65535, 0));\n",
+        );
+    }
     for community in &model.communities {
         match community {
             Community::Standard(a, b) => {
@@ -189,7 +209,11 @@ fn render_family(out: &mut String, model: &ValidModel, family: Family) {
          \x20 persist;\n",
         ch = family.channel(),
     );
-    if model.graceful_restart.is_some() {
+    if model
+        .neighbors
+        .iter()
+        .any(|n| matches!(n.graceful_restart, GracefulRestart::On { .. }))
+    {
         out.push_str("  graceful restart on;\n");
     }
     out.push_str("}\n");
@@ -199,9 +223,9 @@ fn render_neighbor(out: &mut String, model: &ValidModel, n: &Neighbor, families:
     let _ = write!(
         out,
         "\nprotocol bgp {name} {{\n\
-         \x20 description \"flock neighbor {addr} AS{asn}\";\n",
+         \x20 description \"flock neighbor {peer} AS{asn}\";\n",
         name = n.name,
-        addr = n.address,
+        peer = n.peer(),
         asn = n.asn,
     );
     match n.source_address {
@@ -212,15 +236,39 @@ fn render_neighbor(out: &mut String, model: &ValidModel, n: &Neighbor, families:
             let _ = writeln!(out, "  local as {};", model.asn);
         }
     }
-    let _ = writeln!(out, "  neighbor {} as {};", n.address, n.asn);
+    if let Some(ifname) = &n.interface {
+        let _ = writeln!(out, "  interface \"{ifname}\";");
+    }
+    match n.address {
+        Some(address) => {
+            let _ = writeln!(out, "  neighbor {address} as {};", n.asn);
+        }
+        None => {
+            // Dynamic BGP: one session per link-local peer that connects.
+            let _ = write!(
+                out,
+                "  neighbor range fe80::/10 as {};\n  dynamic name \"{}_\";\n",
+                n.asn, n.name
+            );
+        }
+    }
     if let Some(hops) = n.multihop {
         let _ = writeln!(out, "  multihop {hops};");
     }
     if let Some(password) = &n.password {
         let _ = writeln!(out, "  password \"{password}\";");
     }
-    if n.bfd {
-        out.push_str("  bfd on;\n");
+    match (n.bfd, n.bfd_timing) {
+        (true, Some(t)) => {
+            let _ = writeln!(
+                out,
+                "  bfd {{ min rx interval {i} ms; min tx interval {i} ms; multiplier {m}; }};",
+                i = t.interval_ms,
+                m = t.multiplier
+            );
+        }
+        (true, None) => out.push_str("  bfd on;\n"),
+        (false, _) => {}
     }
     if let Some(t) = n.timers {
         let _ = write!(
@@ -229,24 +277,34 @@ fn render_neighbor(out: &mut String, model: &ValidModel, n: &Neighbor, families:
             t.hold, t.keepalive, t.connect_retry, t.connect_delay
         );
     }
-    match model.graceful_restart {
-        Some(time) => {
+    match n.graceful_restart {
+        GracefulRestart::On {
+            restart_time,
+            long_lived_stale_time,
+        } => {
             let _ = write!(
                 out,
-                "  graceful restart on;\n  graceful restart time {time};\n"
+                "  graceful restart on;\n  graceful restart time {restart_time};\n"
             );
+            if let Some(stale) = long_lived_stale_time {
+                let _ = write!(
+                    out,
+                    "  long lived graceful restart on;\n  long lived stale time {stale};\n"
+                );
+            }
         }
-        None => out.push_str("  graceful restart aware;\n"),
+        GracefulRestart::Off => out.push_str("  graceful restart aware;\n"),
     }
     for &family in families {
         // An IPv4 session carries only IPv4; an IPv6 session carries both,
         // IPv4 with IPv6 next hops (RFC 8950).
-        if family == Family::V6 && n.address.is_ipv4() {
+        let ipv4_session = n.address.is_some_and(|a| a.is_ipv4());
+        if family == Family::V6 && ipv4_session {
             continue;
         }
         let v = family.suffix();
         let _ = writeln!(out, "  {} {{", family.channel());
-        if family == Family::V4 && n.address.is_ipv6() {
+        if family == Family::V4 && !ipv4_session {
             out.push_str("    extended next hop on;\n");
         }
         let _ = write!(

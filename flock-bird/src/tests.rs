@@ -5,7 +5,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use proptest::prelude::*;
 
-use crate::{BirdModel, Community, Error, NeighborSpec, Timers, render};
+use crate::{
+    BfdTiming, BirdModel, Community, Error, GracefulRestart, NeighborSpec, Timers, render,
+};
 
 fn neighbor(address: &str, asn: u64) -> NeighborSpec {
     NeighborSpec {
@@ -99,7 +101,7 @@ fn duplicate_neighbors_are_refused() {
     assert_eq!(
         e,
         Error::DuplicateNeighbor {
-            address: "2001:db8::fe".parse().unwrap()
+            peer: "2001:db8::fe".into()
         }
     );
     assert!(msg.contains("2001:db8::fe is listed twice"), "{msg}");
@@ -255,6 +257,192 @@ fn import_default_is_opt_in() {
     assert!(render(&m.validate().unwrap()).contains("if net.len = 0 then accept;"));
 }
 
+#[test]
+fn link_local_neighbors_need_an_interface_and_an_interface_needs_link_local() {
+    let mut m = base();
+    m.neighbors[0].address = "fe80::1".into();
+    let (e, msg) = err(&m);
+    assert!(matches!(e, Error::NeighborAddressUnusable { .. }), "{e:?}");
+    assert!(msg.contains("set interface too"), "{msg}");
+
+    m.neighbors[0].interface = Some("eth0".into());
+    let v = m.validate().unwrap();
+    assert_eq!(v.neighbors()[0].name(), "peer6_fe80__1_eth0");
+    assert_eq!(v.neighbors()[0].peer(), "fe80::1%eth0");
+
+    let mut m = base();
+    m.neighbors[0].interface = Some("eth0".into());
+    assert_eq!(
+        err(&m).1,
+        "bgp.neighbors[0].interface \"eth0\" is for link-local peering, but address 2001:db8::fe is not link-local (fe80::/10); leave interface out or give the peer's link-local address"
+    );
+
+    // Without an address: any link-local peer on the interface (dynamic BGP).
+    let mut m = base();
+    m.neighbors[0].address = String::new();
+    m.neighbors[0].interface = Some("uplink-1".into());
+    let v = m.validate().unwrap();
+    let n = &v.neighbors()[0];
+    assert!(n.is_dynamic() && n.address().is_none());
+    assert_eq!(
+        (n.name(), n.peer().as_str()),
+        ("peer6_uplink_1", "uplink-1")
+    );
+    let conf = render(&v);
+    assert!(conf.contains("  interface \"uplink-1\";\n  neighbor range fe80::/10 as 65000;\n  dynamic name \"peer6_uplink_1_\";\n"), "{conf}");
+    // Twice on one interface is refused; the same link-local address on two
+    // interfaces is two neighbors.
+    m.neighbors.push(m.neighbors[0].clone());
+    assert!(matches!(err(&m).0, Error::DuplicateNeighbor { .. }));
+    let mut m = base();
+    for ifname in ["eth0", "eth1"] {
+        m.neighbors.push(NeighborSpec {
+            interface: Some(ifname.into()),
+            ..neighbor("fe80::1", 65000)
+        });
+    }
+    assert_eq!(m.validate().unwrap().neighbors().len(), 3);
+
+    for bad in ["", "eth0\"", "a very long interface", "eth 0"] {
+        let mut m = base();
+        m.neighbors[0].address = String::new();
+        m.neighbors[0].interface = Some(bad.into());
+        assert!(
+            matches!(err(&m).0, Error::NeighborInterface { .. }),
+            "{bad:?}"
+        );
+    }
+    let mut m = base();
+    m.neighbors[0].address = "fe80::1".into();
+    m.neighbors[0].interface = Some("eth0".into());
+    m.neighbors[0].multihop = Some(2);
+    assert!(matches!(err(&m).0, Error::InterfaceMultihop { .. }));
+}
+
+#[test]
+fn graceful_restart_is_per_neighbor_with_the_model_default() {
+    let mut m = base();
+    m.graceful_restart = Some(120);
+    m.neighbors.push(NeighborSpec {
+        graceful_restart: Some(GracefulRestart::On {
+            restart_time: 30,
+            long_lived_stale_time: Some(3600),
+        }),
+        ..neighbor("2001:db8::fd", 65000)
+    });
+    m.neighbors.push(NeighborSpec {
+        graceful_restart: Some(GracefulRestart::Off),
+        ..neighbor("2001:db8::fc", 65000)
+    });
+    let v = m.validate().unwrap();
+    let gr: Vec<_> = v.neighbors().iter().map(|n| n.graceful_restart()).collect();
+    assert_eq!(
+        gr,
+        [
+            GracefulRestart::Off,
+            GracefulRestart::On {
+                restart_time: 30,
+                long_lived_stale_time: Some(3600)
+            },
+            GracefulRestart::On {
+                restart_time: 120,
+                long_lived_stale_time: None
+            },
+        ]
+    );
+    let conf = render(&v);
+    assert!(conf.contains("long lived stale time 3600;"));
+    assert!(conf.contains("graceful restart aware;"));
+
+    for (time, stale, needle) in [
+        (0, None, "restart time 0 is out of range"),
+        (4096, None, "restart time 4096 is out of range"),
+        (30, Some(0), "long-lived stale time 0 is out of range"),
+        (
+            30,
+            Some(1 << 24),
+            "long-lived stale time 16777216 is out of range",
+        ),
+    ] {
+        let mut m = base();
+        m.neighbors[0].graceful_restart = Some(GracefulRestart::On {
+            restart_time: time,
+            long_lived_stale_time: stale,
+        });
+        let (e, msg) = err(&m);
+        assert!(matches!(e, Error::GracefulRestart { .. }), "{msg}");
+        assert!(
+            msg.starts_with("bgp.neighbors[0].gracefulRestart: "),
+            "{msg}"
+        );
+        assert!(msg.contains(needle), "{msg}");
+    }
+    let mut m = base();
+    m.graceful_restart = Some(0);
+    assert!(err(&m).1.starts_with("bgp.gracefulRestart: restart time 0"));
+    // Without any neighbor offering it, the kernel protocols do not wait for a recovery.
+    let conf = render(&base().validate().unwrap());
+    assert!(!conf.contains("  graceful restart on;"), "{conf}");
+}
+
+#[test]
+fn bfd_timing_is_checked_and_rendered() {
+    let mut m = base();
+    m.neighbors[0].bfd = true;
+    m.neighbors[0].bfd_timing = Some(BfdTiming {
+        interval_ms: 100,
+        multiplier: 3,
+    });
+    let conf = render(&m.validate().unwrap());
+    assert!(conf.contains("protocol bfd flock_bfd {"));
+    assert!(
+        conf.contains("  bfd { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; };\n")
+    );
+    for (interval_ms, multiplier, needle) in [
+        (0, 3, "interval 0 ms is out of range"),
+        (60_001, 3, "interval 60001 ms is out of range"),
+        (100, 0, "multiplier 0 is out of range"),
+    ] {
+        m.neighbors[0].bfd_timing = Some(BfdTiming {
+            interval_ms,
+            multiplier,
+        });
+        let msg = err(&m).1;
+        assert!(
+            msg.starts_with("bgp.neighbors[0].bfd for 2001:db8::fe: "),
+            "{msg}"
+        );
+        assert!(msg.contains(needle), "{msg}");
+    }
+    m.neighbors[0].bfd = false;
+    m.neighbors[0].bfd_timing = Some(BfdTiming {
+        interval_ms: 100,
+        multiplier: 3,
+    });
+    assert!(err(&m).1.contains("BFD timing is set but BFD is off"));
+}
+
+#[test]
+fn the_export_filter_names_exactly_what_is_announced_and_draining_marks_it() {
+    let mut m = base();
+    let inside: IpAddr = "2001:db8:0:1::5".parse().unwrap();
+    let outside: IpAddr = "2001:db8:ff::5".parse().unwrap();
+    m.addresses = vec![inside, outside];
+    let conf = render(&m.validate().unwrap());
+    let set = conf
+        .split("define FLOCK_EXPORT6 = [")
+        .nth(1)
+        .and_then(|s| s.split("];").next())
+        .unwrap();
+    // The node CIDR exactly (no `+`: nothing longer inside it), the outside address;
+    // never the pod's /128 inside the CIDR.
+    assert_eq!(set, "\n  2001:db8:0:1::/64,\n  2001:db8:ff::5/128\n");
+    assert!(conf.contains("  if ! (net ~ FLOCK_EXPORT6) then reject;\n"));
+    assert!(!conf.contains("65535, 0"));
+    m.graceful_shutdown = true;
+    assert!(render(&m.validate().unwrap()).contains("  bgp_community.add((65535, 0));\n"));
+}
+
 /// A list and a permutation of it.
 fn permuted<T: Clone + std::fmt::Debug>(
     list: impl Strategy<Value = Vec<T>>,
@@ -364,6 +552,12 @@ fn neighbors() -> impl Strategy<Value = Vec<NeighborSpec>> {
                         IpAddr::V4(_) => "10.0.0.1".parse().unwrap(),
                     }),
                     timers: bfd.then_some(Timers::FAST),
+                    bfd_timing: bfd.then_some(BfdTiming {
+                        interval_ms: 100,
+                        multiplier: 3,
+                    }),
+                    graceful_restart: (asn % 3 == 0).then_some(GracefulRestart::Off),
+                    interface: None,
                     name: None,
                 })
                 .collect()
@@ -401,6 +595,7 @@ proptest! {
                 anycast: y.clone(),
                 communities: m.clone(),
                 import_default,
+                graceful_shutdown: import_default,
             }
         };
         let original = model(&cidrs.0, &addresses.0, &anycast.0, &communities.0, &neighbors.0);

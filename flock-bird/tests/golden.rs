@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use flock_bird::{BirdModel, Community, NeighborSpec, Timers, render};
+use flock_bird::{BfdTiming, BirdModel, Community, GracefulRestart, NeighborSpec, Timers, render};
 
 fn neighbor(address: &str, asn: u64) -> NeighborSpec {
     NeighborSpec {
@@ -179,6 +179,115 @@ fn node_that_announces_nothing() {
             router_id: "10.0.0.6".into(),
             asn: 64512,
             neighbors: vec![neighbor("2001:db8:ff::fe", 65000)],
+            ..Default::default()
+        },
+    );
+}
+
+/// Graceful restart per neighbor: the node default (on, 120 s), one neighbor
+/// with a shorter restart time and long-lived graceful restart, one with it off.
+#[test]
+fn graceful_restart_per_neighbor_and_long_lived() {
+    golden(
+        "graceful_restart_per_neighbor_and_long_lived",
+        BirdModel {
+            router_id: "10.0.0.7".into(),
+            asn: 64512,
+            neighbors: vec![
+                neighbor("2001:db8:ff::fe", 65000),
+                NeighborSpec {
+                    graceful_restart: Some(GracefulRestart::On {
+                        restart_time: 30,
+                        long_lived_stale_time: Some(3600),
+                    }),
+                    ..neighbor("2001:db8:ff::fd", 65000)
+                },
+                NeighborSpec {
+                    graceful_restart: Some(GracefulRestart::Off),
+                    ..neighbor("2001:db8:ff::fc", 65000)
+                },
+            ],
+            graceful_restart: Some(120),
+            cidrs: vec!["2001:db8:0:7::/64".parse().unwrap()],
+            ..Default::default()
+        },
+    );
+}
+
+/// BFD at 100 ms x 3 on one neighbor, BIRD's default timing on another.
+#[test]
+fn bfd_timing() {
+    golden(
+        "bfd_timing",
+        BirdModel {
+            router_id: "10.0.0.8".into(),
+            asn: 64512,
+            neighbors: vec![
+                NeighborSpec {
+                    bfd: true,
+                    bfd_timing: Some(BfdTiming {
+                        interval_ms: 100,
+                        multiplier: 3,
+                    }),
+                    ..neighbor("2001:db8:ff::fe", 65000)
+                },
+                NeighborSpec {
+                    bfd: true,
+                    ..neighbor("2001:db8:ff::fd", 65000)
+                },
+            ],
+            graceful_restart: Some(120),
+            cidrs: vec!["2001:db8:0:8::/64".parse().unwrap()],
+            ..Default::default()
+        },
+    );
+}
+
+/// Link-local (unnumbered) peering, carrying both families: one peer at a
+/// known link-local address on eth0, any link-local peer on eth1 (dynamic).
+#[test]
+fn link_local_neighbors() {
+    golden(
+        "link_local_neighbors",
+        BirdModel {
+            router_id: "10.0.0.9".into(),
+            asn: 64512,
+            neighbors: vec![
+                NeighborSpec {
+                    interface: Some("eth0".into()),
+                    password: Some("s3cret".into()),
+                    ..neighbor("fe80::1", 65000)
+                },
+                NeighborSpec {
+                    interface: Some("eth1".into()),
+                    bfd: true,
+                    ..neighbor("", 65000)
+                },
+            ],
+            graceful_restart: Some(120),
+            cidrs: vec![
+                "2001:db8:0:9::/64".parse().unwrap(),
+                "10.244.9.0/24".parse().unwrap(),
+            ],
+            ..Default::default()
+        },
+    );
+}
+
+/// A node being drained: every route carries GRACEFUL_SHUTDOWN (65535:0).
+#[test]
+fn graceful_shutdown() {
+    golden(
+        "graceful_shutdown",
+        BirdModel {
+            router_id: "10.0.0.10".into(),
+            asn: 64512,
+            neighbors: vec![neighbor("2001:db8:ff::fe", 65000)],
+            graceful_restart: Some(120),
+            graceful_shutdown: true,
+            communities: vec![Community::Standard(64512, 100)],
+            cidrs: vec!["2001:db8:0:10::/64".parse().unwrap()],
+            anycast: vec!["2001:db8:face::53".parse().unwrap()],
             ..Default::default()
         },
     );

@@ -129,7 +129,7 @@ pub fn build_status(
             valid
                 .neighbors()
                 .iter()
-                .map(|n| (n.name().to_owned(), n.address().to_string()))
+                .map(|n| (n.name().to_owned(), n.peer()))
                 .collect()
         })
         .unwrap_or_default();
