@@ -550,7 +550,7 @@ fn rule_allows(
 }
 
 /// Sorted, overlapping or adjacent ranges joined.
-fn merge(mut ranges: Vec<(u16, u16)>) -> Vec<(u16, u16)> {
+pub(crate) fn merge(mut ranges: Vec<(u16, u16)>) -> Vec<(u16, u16)> {
     ranges.sort();
     let mut out: Vec<(u16, u16)> = Vec::new();
     for (lo, hi) in ranges {

@@ -1,0 +1,534 @@
+//! The model against the API: for random namespaces, pods, policies and packets, the verdict
+//! of the built ruleset (evaluated rule for rule as the rendered table is) equals a reference
+//! evaluator written straight from the Kubernetes NetworkPolicy documentation over the input
+//! types — it shares no code with the crate beyond the input structs.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use flock_policy::{
+    Hop, LabelSelector, NamedPort, Namespace, Operator, Packet, Peer, Pod, Policy, PolicyTypes,
+    Port, PortSpec, Protocol, Requirement, Rule, Transport, Verdict, build,
+};
+use ipnet::IpNet;
+use proptest::prelude::*;
+use proptest::sample::select;
+
+const NAMESPACES: [&str; 4] = ["a", "b", "c", "unlisted"];
+const UPLINK: &str = "eth0";
+
+// ---------- the reference: the API's words, over the input types ----------
+
+fn ns_labels(namespaces: &[Namespace], ns: &str) -> BTreeMap<String, String> {
+    // "kubernetes.io/metadata.name" is set on every namespace by the API server
+    let mut labels = namespaces
+        .iter()
+        .find(|n| n.name == ns)
+        .map(|n| n.labels.clone())
+        .unwrap_or_default();
+    labels
+        .entry("kubernetes.io/metadata.name".into())
+        .or_insert_with(|| ns.to_owned());
+    labels
+}
+
+/// "A label selector ... The requirements are ANDed. An empty label selector matches all."
+fn selects(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    for (k, v) in &sel.match_labels {
+        if labels.get(k) != Some(v) {
+            return false;
+        }
+    }
+    for r in &sel.match_expressions {
+        let ok = match r.operator {
+            Operator::In => labels.get(&r.key).is_some_and(|v| r.values.contains(v)),
+            Operator::NotIn => labels.get(&r.key).is_none_or(|v| !r.values.contains(v)),
+            Operator::Exists => labels.contains_key(&r.key),
+            Operator::DoesNotExist => !labels.contains_key(&r.key),
+        };
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+/// "If no policyTypes are specified on a NetworkPolicy then by default Ingress will always
+/// be set and Egress will be set if the NetworkPolicy has any egress rules."
+fn applies(p: &Policy, egress: bool) -> bool {
+    match p.policy_types {
+        Some(t) if t.ingress || t.egress => {
+            if egress {
+                t.egress
+            } else {
+                t.ingress
+            }
+        }
+        _ => !egress || !p.egress.is_empty(),
+    }
+}
+
+fn in_block(addr: IpAddr, cidr: &str, except: &[String]) -> bool {
+    let net: IpNet = cidr.parse::<IpNet>().unwrap().trunc();
+    net.contains(&addr)
+        && !except
+            .iter()
+            .any(|e| e.parse::<IpNet>().unwrap().trunc().contains(&addr))
+}
+
+/// The peer list admits `addr` (a pod is known by its addresses; an address several pods
+/// carry stands for each of them).
+fn peers_admit(peers: &[Peer], addr: IpAddr, policy: &Policy, cluster: &Cluster) -> bool {
+    if peers.is_empty() {
+        return true; // "If this field is empty or missing, this rule matches all sources"
+    }
+    peers.iter().any(|peer| match peer {
+        Peer::IpBlock { cidr, except } => in_block(addr, cidr, except),
+        Peer::Pods {
+            namespace_selector,
+            pod_selector,
+        } => cluster
+            .pods
+            .iter()
+            .filter(|q| q.addresses.contains(&addr))
+            .any(|q| {
+                let ns_ok = match namespace_selector {
+                    // "selects particular Pods in the same namespace as the NetworkPolicy"
+                    None => q.namespace == policy.namespace,
+                    Some(s) => selects(s, &ns_labels(&cluster.namespaces, &q.namespace)),
+                };
+                ns_ok && pod_selector.as_ref().is_none_or(|s| selects(s, &q.labels))
+            }),
+    })
+}
+
+/// The port list admits the transport; named ports are looked up on `destinations`.
+fn ports_admit(ports: &[PortSpec], t: Transport, destinations: &[&Pod]) -> bool {
+    if ports.is_empty() {
+        return true; // "If this field is empty or missing, this rule matches all ports"
+    }
+    let (proto, dport) = match t {
+        Transport::Tcp(p) => (Protocol::Tcp, p),
+        Transport::Udp(p) => (Protocol::Udp, p),
+        Transport::Sctp(p) => (Protocol::Sctp, p),
+        _ => return false,
+    };
+    ports.iter().any(|spec| {
+        spec.protocol == proto
+            && match &spec.port {
+                None => true,
+                Some(Port::Number(p)) => match spec.end_port {
+                    None => dport == *p,
+                    Some(e) => *p <= dport && dport <= e,
+                },
+                Some(Port::Name(n)) => destinations.iter().any(|d| {
+                    d.ports
+                        .iter()
+                        .any(|c| &c.name == n && c.protocol == proto && c.port == dport)
+                }),
+            }
+    })
+}
+
+struct Cluster {
+    namespaces: Vec<Namespace>,
+    pods: Vec<Pod>,
+    policies: Vec<Policy>,
+}
+
+impl Cluster {
+    fn local(&self, hop: &Hop) -> Option<&Pod> {
+        match hop {
+            Hop::Link(l) => self.pods.iter().find(|p| p.host_if.as_deref() == Some(l)),
+            Hop::Node => None,
+        }
+    }
+
+    /// Whether the pod's side allows the packet in one direction (`None`: not isolated).
+    fn side(&self, pod: &Pod, egress: bool, pkt: &Packet) -> bool {
+        let selecting: Vec<&Policy> = self
+            .policies
+            .iter()
+            .filter(|p| p.namespace == pod.namespace && selects(&p.pod_selector, &pod.labels))
+            .filter(|p| applies(p, egress))
+            .collect();
+        if selecting.is_empty() {
+            return true;
+        }
+        selecting.iter().any(|p| {
+            let rules = if egress { &p.egress } else { &p.ingress };
+            rules.iter().any(|r| {
+                if egress {
+                    let dst_pods: Vec<&Pod> = self
+                        .pods
+                        .iter()
+                        .filter(|q| q.addresses.contains(&pkt.dst))
+                        .collect();
+                    peers_admit(&r.peers, pkt.dst, p, self)
+                        && ports_admit(&r.ports, pkt.transport, &dst_pods)
+                } else {
+                    peers_admit(&r.peers, pkt.src, p, self)
+                        && ports_admit(&r.ports, pkt.transport, &[pod])
+                }
+            })
+        })
+    }
+
+    fn reference(&self, pkt: &Packet) -> bool {
+        if pkt.from == Hop::Node || pkt.to == Hop::Node {
+            return true; // a pod and its own node
+        }
+        match pkt.transport {
+            Transport::Icmpv6 { kind, .. } if [2, 133, 134, 135, 136].contains(&kind) => {
+                return true;
+            }
+            Transport::Icmp { kind: 3, code: 4 } => return true,
+            _ => {}
+        }
+        self.local(&pkt.from)
+            .is_none_or(|s| self.side(s, true, pkt))
+            && self.local(&pkt.to).is_none_or(|r| self.side(r, false, pkt))
+    }
+}
+
+// ---------- generators ----------
+
+fn labels(
+    keys: &'static [(&'static str, &'static [&'static str])],
+) -> impl Strategy<Value = BTreeMap<String, String>> {
+    proptest::collection::vec((0..keys.len(), 0..2usize), 0..=keys.len()).prop_map(move |v| {
+        v.into_iter()
+            .map(|(k, i)| {
+                let (key, values) = keys[k];
+                (key.to_owned(), values[i % values.len()].to_owned())
+            })
+            .collect()
+    })
+}
+
+const POD_LABELS: &[(&str, &[&str])] = &[("app", &["web", "db"]), ("role", &["client", "server"])];
+const NS_LABELS: &[(&str, &[&str])] = &[("team", &["x", "y"]), ("env", &["prod", "dev"])];
+const ALL_KEYS: [&str; 5] = ["app", "role", "team", "env", "kubernetes.io/metadata.name"];
+const ALL_VALUES: [&str; 7] = ["web", "db", "client", "x", "prod", "a", "b"];
+
+fn selector() -> impl Strategy<Value = LabelSelector> {
+    let requirement = (
+        select(&ALL_KEYS[..]),
+        0..4u8,
+        proptest::collection::vec(select(&ALL_VALUES[..]), 1..3),
+    )
+        .prop_map(|(key, op, values)| {
+            let operator = [
+                Operator::In,
+                Operator::NotIn,
+                Operator::Exists,
+                Operator::DoesNotExist,
+            ][usize::from(op)];
+            Requirement {
+                key: key.to_owned(),
+                operator,
+                values: match operator {
+                    Operator::In | Operator::NotIn => {
+                        values.into_iter().map(str::to_owned).collect()
+                    }
+                    _ => Vec::new(),
+                },
+            }
+        });
+    prop_oneof![
+        2 => Just(LabelSelector::all()),
+        3 => (labels(POD_LABELS), proptest::collection::vec(requirement.clone(), 0..2))
+            .prop_map(|(match_labels, match_expressions)| LabelSelector { match_labels, match_expressions }),
+        1 => (labels(NS_LABELS), proptest::collection::vec(requirement, 0..2))
+            .prop_map(|(match_labels, match_expressions)| LabelSelector { match_labels, match_expressions }),
+    ]
+}
+
+const BLOCKS: [(&str, &[&str]); 6] = [
+    ("2001:db8::/120", &["2001:db8::/126"]),
+    ("10.0.0.0/28", &["10.0.0.4/30"]),
+    ("0.0.0.0/0", &[]),
+    ("::/0", &["2001:db8::8/125"]),
+    ("10.0.0.9/29", &[]), // host bits set: the network is meant
+    ("2001:db8::100/120", &[]),
+];
+
+fn peer() -> impl Strategy<Value = Peer> {
+    prop_oneof![
+        (proptest::option::of(selector()), selector()).prop_map(|(n, p)| Peer::Pods {
+            namespace_selector: n,
+            pod_selector: Some(p),
+        }),
+        selector().prop_map(Peer::namespaces),
+        (0..BLOCKS.len()).prop_map(|i| Peer::ip_block(BLOCKS[i].0, BLOCKS[i].1)),
+    ]
+}
+
+const PROTOCOLS: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+const PORTS: [u16; 7] = [9, 53, 80, 81, 82, 8080, 1000];
+const NAMES: [&str; 3] = ["http", "dns", "x"];
+
+fn port_spec() -> impl Strategy<Value = PortSpec> {
+    (
+        select(&PROTOCOLS[..]),
+        0..4u8,
+        select(&PORTS[..]),
+        select(&NAMES[..]),
+        prop_oneof![0..3u16, 0..2000u16],
+    )
+        .prop_map(|(protocol, kind, n, name, span)| match kind {
+            0 => PortSpec {
+                protocol,
+                port: None,
+                end_port: None,
+            },
+            1 => PortSpec::number(protocol, n),
+            2 => PortSpec::range(protocol, n, n.saturating_add(span)),
+            _ => PortSpec::name(protocol, name),
+        })
+}
+
+fn rule() -> impl Strategy<Value = Rule> {
+    (
+        proptest::collection::vec(peer(), 0..3),
+        proptest::collection::vec(port_spec(), 0..3),
+    )
+        .prop_map(|(peers, ports)| Rule { peers, ports })
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    (
+        0..3usize,
+        prop_oneof![Just(LabelSelector::all()), selector()],
+        proptest::option::of((any::<bool>(), any::<bool>())),
+        proptest::collection::vec(rule(), 0..3),
+        proptest::collection::vec(rule(), 0..3),
+    )
+        .prop_map(|(ns, pod_selector, types, ingress, egress)| Policy {
+            namespace: NAMESPACES[ns].into(),
+            name: "p".into(),
+            pod_selector,
+            policy_types: types.map(|(ingress, egress)| PolicyTypes { ingress, egress }),
+            ingress,
+            egress,
+        })
+}
+
+/// A named container port: (name, protocol, number).
+fn named_port() -> impl Strategy<Value = NamedPort> {
+    (
+        select(&NAMES[..]),
+        select(&PROTOCOLS[..]),
+        select(&PORTS[..]),
+    )
+        .prop_map(|(name, protocol, port)| NamedPort {
+            name: name.into(),
+            protocol,
+            port,
+        })
+}
+
+fn pods() -> impl Strategy<Value = Vec<Pod>> {
+    proptest::collection::vec(
+        (
+            prop_oneof![3 => 0..3usize, 1 => Just(3usize)],
+            labels(POD_LABELS),
+            proptest::bool::weighted(0.7), // local?
+            0..3u8,                        // families: 0 both, 1 v6, 2 v4
+            any::<bool>(),                 // carries the shared anycast address
+            proptest::collection::vec(named_port(), 0..3),
+        ),
+        1..7,
+    )
+    .prop_map(|v| {
+        v.into_iter()
+            .enumerate()
+            .map(|(i, (ns, labels, local, fam, anycast, mut ports))| {
+                // a pod's port names are unique per protocol
+                ports.sort_by(|a, b| (&a.name, a.protocol).cmp(&(&b.name, b.protocol)));
+                ports.dedup_by(|a, b| a.name == b.name && a.protocol == b.protocol);
+                let mut addresses: Vec<IpAddr> = Vec::new();
+                // addresses inside and outside the ipBlocks above
+                let host = if i % 2 == 0 { i + 1 } else { 0x100 + i };
+                if fam != 2 {
+                    addresses.push(format!("2001:db8::{host:x}").parse().unwrap());
+                }
+                if fam != 1 {
+                    addresses.push(format!("10.0.0.{}", 1 + 3 * i).parse().unwrap());
+                }
+                if anycast {
+                    addresses.push("2001:db8::aa".parse().unwrap());
+                }
+                Pod {
+                    namespace: NAMESPACES[ns].into(),
+                    name: format!("pod{i}"),
+                    labels,
+                    addresses,
+                    host_if: local.then(|| format!("flock{i:08x}")),
+                    ports,
+                }
+            })
+            .collect()
+    })
+}
+
+fn namespaces() -> impl Strategy<Value = Vec<Namespace>> {
+    (labels(NS_LABELS), labels(NS_LABELS), labels(NS_LABELS)).prop_map(|(a, b, c)| {
+        [("a", a), ("b", b), ("c", c)]
+            .into_iter()
+            .map(|(name, labels)| Namespace {
+                name: name.into(),
+                labels,
+            })
+            .collect()
+    })
+}
+
+/// Where a packet comes from or goes to: a pod (by index), the node, or an outside address.
+#[derive(Debug, Clone)]
+enum End {
+    Pod(usize),
+    Node,
+    Outside(IpAddr),
+}
+
+fn end() -> impl Strategy<Value = End> {
+    prop_oneof![
+        6 => (0..7usize).prop_map(End::Pod),
+        1 => Just(End::Node),
+        2 => select(vec!["2001:db8::3", "2001:db8::9", "2001:db8::ff0", "2001:db8:1::1", "10.0.0.5", "192.168.7.7", "10.0.0.14"])
+            .prop_map(|a| End::Outside(a.parse().unwrap())),
+    ]
+}
+
+fn transport() -> impl Strategy<Value = (u8, u16, u8)> {
+    (
+        0..7u8,
+        select(&PORTS[..]),
+        select(vec![0u8, 2, 4, 128, 133, 135, 136]),
+    )
+}
+
+/// A packet to be: ends, IPv6?, (transport kind, port, ICMP type), address indexes.
+type PacketSeed = (End, End, bool, (u8, u16, u8), usize, usize);
+
+fn packets() -> impl Strategy<Value = Vec<PacketSeed>> {
+    proptest::collection::vec(
+        (
+            end(),
+            end(),
+            any::<bool>(),
+            transport(),
+            0..4usize,
+            0..4usize,
+        ),
+        24,
+    )
+}
+
+/// A concrete packet, or `None` when an end has no address of the chosen family.
+fn packet(
+    cluster: &Cluster,
+    (from, to, v6, (t, port, icmp), si, di): &PacketSeed,
+) -> Option<Packet> {
+    let node_addr: IpAddr = if *v6 {
+        "2001:db8:ffff::1".parse().unwrap()
+    } else {
+        "10.255.0.1".parse().unwrap()
+    };
+    let pick = |e: &End, i: usize| -> Option<(IpAddr, Hop)> {
+        let want_v6 = *v6;
+        match e {
+            End::Node => Some((node_addr, Hop::Node)),
+            End::Outside(a) => (a.is_ipv6() == want_v6).then(|| (*a, Hop::Link(UPLINK.into()))),
+            End::Pod(p) => {
+                let pod = &cluster.pods[*p % cluster.pods.len()];
+                let addrs: Vec<IpAddr> = pod
+                    .addresses
+                    .iter()
+                    .copied()
+                    .filter(|a| a.is_ipv6() == want_v6)
+                    .collect();
+                let a = *addrs.get(i % addrs.len().max(1))?;
+                let hop = match &pod.host_if {
+                    Some(h) => Hop::Link(h.clone()),
+                    None => Hop::Link(UPLINK.into()),
+                };
+                Some((a, hop))
+            }
+        }
+    };
+    let (src, from) = pick(from, *si)?;
+    let (dst, to) = pick(to, *di)?;
+    let transport = match t {
+        0 | 1 => Transport::Tcp(*port),
+        2 => Transport::Udp(*port),
+        3 => Transport::Sctp(*port),
+        4 if *v6 => Transport::Icmpv6 {
+            kind: *icmp,
+            code: 0,
+        },
+        4 => Transport::Icmp {
+            kind: icmp % 9,
+            code: 4,
+        },
+        5 if *v6 => Transport::Icmpv6 { kind: 128, code: 0 },
+        5 => Transport::Icmp { kind: 8, code: 0 },
+        _ => Transport::Other(47),
+    };
+    Some(Packet {
+        src,
+        dst,
+        transport,
+        from,
+        to,
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    #[test]
+    fn ruleset_verdict_equals_the_api_semantics(
+        namespaces in namespaces(),
+        pods in pods(),
+        policies in proptest::collection::vec(policy(), 0..5),
+        packets in packets(),
+    ) {
+        let ruleset = build(&policies, &namespaces, &pods).unwrap();
+        let cluster = Cluster { namespaces, pods, policies };
+        for p in &packets {
+            let Some(pkt) = packet(&cluster, p) else { continue };
+            let want = cluster.reference(&pkt);
+            let got = ruleset.verdict(&pkt);
+            prop_assert_eq!(
+                got == Verdict::Accept,
+                want,
+                "packet {:?}\nverdict {:?}\nruleset:\n{}",
+                pkt,
+                got,
+                ruleset.render()
+            );
+        }
+    }
+
+    #[test]
+    fn rendering_ignores_input_order(
+        namespaces in namespaces(),
+        pods in pods(),
+        policies in proptest::collection::vec(policy(), 0..4),
+    ) {
+        let one = build(&policies, &namespaces, &pods).unwrap().render();
+        let (mut policies, mut namespaces, mut pods) = (policies, namespaces, pods);
+        policies.reverse();
+        namespaces.reverse();
+        pods.reverse();
+        for p in &mut policies {
+            for r in p.ingress.iter_mut().chain(p.egress.iter_mut()) {
+                r.peers.reverse();
+                r.ports.reverse();
+            }
+        }
+        prop_assert_eq!(one, build(&policies, &namespaces, &pods).unwrap().render());
+    }
+}
