@@ -1,0 +1,269 @@
+//! Kernel tests: rendered rulesets applied with real `nft -f` in a stand-in node namespace
+//! whose pods are built by `flock-netns` exactly as the agent builds them, checked with real
+//! traffic over both families. Every `nft` runs inside a namespace this test made.
+#![cfg(feature = "root-tests")]
+
+use std::fs::File;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::Duration;
+
+use flock_netns::{NodeNs, PodSpec, host_ifname, setup};
+use flock_policy::{
+    LabelSelector, NamedPort, Namespace, Peer, Pod, Policy, PolicyTypes, PortSpec, Protocol,
+    REMOVE_SCRIPT, Rule, build,
+};
+use flock_testkit::Netns;
+use nix::sched::CloneFlags;
+
+/// Runs `f` on a thread inside `ns`: sockets it creates live in that namespace.
+fn in_ns<T: Send>(ns: &Netns, f: impl FnOnce() -> T + Send) -> T {
+    let file = File::open(ns.path()).expect("open netns");
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("namespace thread")
+    })
+}
+
+fn connects(from: &Netns, to: IpAddr, port: u16) -> bool {
+    in_ns(from, || {
+        TcpStream::connect_timeout(&SocketAddr::new(to, port), Duration::from_millis(700)).is_ok()
+    })
+}
+
+/// Sends one datagram from `from` to `to:port` and reports whether `receiver` got it.
+fn udp_passes(from: &Netns, receiver: &UdpSocket, to: IpAddr, port: u16) -> bool {
+    in_ns(from, || {
+        let bind = if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
+        let s = UdpSocket::bind(bind).expect("bind udp");
+        s.send_to(b"q", SocketAddr::new(to, port))
+            .expect("send udp");
+    });
+    let mut buf = [0u8; 8];
+    receiver.recv_from(&mut buf).is_ok()
+}
+
+fn apply(node: &Netns, script: &str) {
+    let path = std::env::temp_dir().join(format!("{}.nft", node.name()));
+    std::fs::write(&path, script).expect("write script");
+    let out = node.exec(["nft", "-f", path.to_str().expect("utf-8 path")]);
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "nft -f failed: {}\n{script}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+struct TestPod {
+    ns: Netns,
+    v6: IpAddr,
+    v4: IpAddr,
+    pod: Pod,
+}
+
+async fn make_pod(node: &NodeNs, id: &str, last: u8, labels: &[(&str, &str)]) -> TestPod {
+    let ns = Netns::new("pod");
+    let v6: IpAddr = format!("2001:db8:1::{last:x}").parse().unwrap();
+    let v4: IpAddr = format!("10.244.1.{last}").parse().unwrap();
+    let host_if = host_ifname(id, "eth0", 0);
+    setup(
+        node,
+        &PodSpec {
+            container_id: id.to_owned(),
+            host_if: host_if.clone(),
+            netns: ns.path(),
+            if_name: "eth0".to_owned(),
+            mtu: 1500,
+            addresses: vec![
+                format!("{v6}/128").parse().unwrap(),
+                format!("{v4}/32").parse().unwrap(),
+            ],
+            anycast: vec![],
+        },
+    )
+    .await
+    .expect("setup pod");
+    TestPod {
+        ns,
+        v6,
+        v4,
+        pod: Pod {
+            namespace: "shop".into(),
+            name: id.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+            addresses: vec![v6, v4],
+            host_if: Some(host_if),
+            ports: vec![],
+        },
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_flows_pass_and_denied_ones_do_not_over_both_families() {
+    let node_ns = Netns::new("node");
+    let node = NodeNs::at(node_ns.path());
+    // the node's own addresses (a real node has them on its uplink; `lo` serves here)
+    for addr in [NODE_V6, NODE_V4] {
+        node_ns.ok(["ip", "addr", "add", addr, "dev", "lo"]);
+    }
+    let a = make_pod(&node, "pol-a", 10, &[("role", "client")]).await;
+    let mut b = make_pod(&node, "pol-b", 11, &[("app", "server")]).await;
+    b.pod.ports.push(NamedPort {
+        name: "http".into(),
+        protocol: Protocol::Tcp,
+        port: 8080,
+    });
+    let c = make_pod(&node, "pol-c", 12, &[("role", "other")]).await;
+
+    // listeners: b on 8080 (allowed by name) and 9090 (not allowed); a on UDP and TCP 53
+    let _b8080 = in_ns(&b.ns, || TcpListener::bind("[::]:8080").unwrap());
+    let _b9090 = in_ns(&b.ns, || TcpListener::bind("[::]:9090").unwrap());
+    let _a53 = in_ns(&a.ns, || TcpListener::bind("[::]:53").unwrap());
+    let a_udp = in_ns(&a.ns, || UdpSocket::bind("[::]:53").unwrap());
+    a_udp
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+
+    // before any policy, everything flows
+    assert!(connects(&c.ns, b.v6, 9090) && connects(&c.ns, b.v4, 9090));
+
+    let namespaces = [Namespace {
+        name: "shop".into(),
+        ..Default::default()
+    }];
+    let server = Policy {
+        namespace: "shop".into(),
+        name: "server".into(),
+        pod_selector: LabelSelector::labels([("app", "server")]),
+        // egress with no rules: b may start nothing; replies still pass
+        policy_types: Some(PolicyTypes {
+            ingress: true,
+            egress: true,
+        }),
+        ingress: vec![Rule {
+            peers: vec![Peer::pods(LabelSelector::labels([("role", "client")]))],
+            ports: vec![PortSpec::name(Protocol::Tcp, "http")],
+        }],
+        egress: vec![],
+    };
+    let other = Policy {
+        namespace: "shop".into(),
+        name: "other-only-dns".into(),
+        pod_selector: LabelSelector::labels([("role", "other")]),
+        policy_types: Some(PolicyTypes {
+            ingress: false,
+            egress: true,
+        }),
+        ingress: vec![],
+        egress: vec![Rule {
+            peers: vec![Peer::pods(LabelSelector::labels([("role", "client")]))],
+            ports: vec![PortSpec::number(Protocol::Udp, 53)],
+        }],
+    };
+    let policies = [server, other];
+    let pods = [a.pod.clone(), b.pod.clone(), c.pod.clone()];
+    let ruleset = build(&policies, &namespaces, &pods).unwrap();
+    let script = ruleset.render();
+    apply(&node_ns, &script);
+    // applying the same script again is a no-op replacement
+    apply(&node_ns, &script);
+
+    for (fam, av, bv) in [("IPv6", a.v6, b.v6), ("IPv4", a.v4, b.v4)] {
+        assert!(
+            connects(&a.ns, bv, 8080),
+            "{fam}: client → server:http (named port) passes, and its replies despite b's deny-all egress"
+        );
+        assert!(
+            !connects(&a.ns, bv, 9090),
+            "{fam}: client → server:9090 is not in the rule"
+        );
+        assert!(
+            !a.ns.pings(&bv.to_string()),
+            "{fam}: a TCP-only rule opens no ICMP"
+        );
+        assert!(
+            !connects(&c.ns, bv, 8080),
+            "{fam}: other → server:http is not a client"
+        );
+        assert!(
+            !b.ns.pings(&av.to_string()),
+            "{fam}: server starts nothing (egress deny-all)"
+        );
+        assert!(
+            node_ns.pings(&bv.to_string()),
+            "{fam}: the node reaches an isolated pod"
+        );
+        assert!(
+            b.ns.pings(node_addr(bv)),
+            "{fam}: an egress-isolated pod reaches its node"
+        );
+        assert!(
+            udp_passes(&c.ns, &a_udp, av, 53),
+            "{fam}: other → client UDP 53 passes"
+        );
+        assert!(
+            !connects(&c.ns, av, 53),
+            "{fam}: other → client TCP 53: a UDP rule opens no TCP"
+        );
+        assert!(
+            !c.ns.pings(&av.to_string()),
+            "{fam}: other's egress has no ICMP"
+        );
+        assert!(
+            a.ns.pings(&c.v6.to_string()) && a.ns.pings(&c.v4.to_string()),
+            "{fam}: a → c passes and c's echo replies pass its egress (conntrack)"
+        );
+    }
+
+    // a leaves the selector: only set elements change, applied as one small transaction
+    let mut a_moved = a.pod.clone();
+    a_moved.labels.insert("role".into(), "former".into());
+    let moved = build(
+        &policies,
+        &namespaces,
+        &[a_moved, b.pod.clone(), c.pod.clone()],
+    )
+    .unwrap();
+    let update = moved.update_from(&ruleset).expect("only elements changed");
+    assert!(
+        update.starts_with("delete element inet flock_policy pods"),
+        "{update}"
+    );
+    apply(&node_ns, &update);
+    assert!(
+        !connects(&a.ns, b.v6, 8080) && !connects(&a.ns, b.v4, 8080),
+        "a is no client any more"
+    );
+
+    // removing the last policy leaves no rule behind
+    let empty = build(&[], &namespaces, &pods).unwrap();
+    assert_eq!(empty.render(), REMOVE_SCRIPT);
+    apply(&node_ns, &empty.render());
+    let listing = node_ns.ok(["nft", "list", "ruleset"]);
+    assert!(!listing.contains("flock_policy"), "{listing}");
+    // and removing it twice is fine
+    apply(&node_ns, REMOVE_SCRIPT);
+    for bv in [b.v6, b.v4] {
+        assert!(connects(&c.ns, bv, 9090), "everything flows again");
+    }
+    assert!(b.ns.pings(&a.v6.to_string()) && b.ns.pings(&a.v4.to_string()));
+}
+
+const NODE_V6: &str = "2001:db8:ff::1/128";
+const NODE_V4: &str = "10.255.0.1/32";
+
+/// The node's own address of `of`'s family.
+fn node_addr(of: IpAddr) -> &'static str {
+    if of.is_ipv6() {
+        "2001:db8:ff::1"
+    } else {
+        "10.255.0.1"
+    }
+}
