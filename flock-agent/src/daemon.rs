@@ -115,6 +115,7 @@ pub async fn run_standalone(options: RunOptions) -> Result<()> {
         }
         settings.node = node.clone();
     }
+    read_password_files(&mut settings)?;
     info!(node = %settings.node, file = %path.display(), "standalone mode");
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
@@ -126,6 +127,41 @@ pub async fn run_standalone(options: RunOptions) -> Result<()> {
     })
     .await?;
     serve(agent, report, options, metrics, health).await
+}
+
+/// Standalone mode: each `passwordFile` read into the BGP model (a trailing newline dropped).
+/// A file that cannot be read, or a password BIRD could not take, stops the start with an
+/// error naming the neighbor and the file, never the password.
+fn read_password_files(settings: &mut crate::nodeconfig::NodeSettings) -> Result<()> {
+    if let Some((index, reference)) = settings.password_secrets.first() {
+        return Err(Error::InvalidNodeConfig {
+            field: format!("spec.bgp.neighbors[{index}].passwordSecretRef"),
+            value: reference.to_string(),
+            reason: "Secrets are read in Kubernetes mode only; use passwordFile in standalone mode"
+                .into(),
+        });
+    }
+    let files = settings.password_files.clone();
+    let Some(model) = settings.bgp.as_mut() else {
+        return Ok(());
+    };
+    for (index, path) in files {
+        let field = format!("spec.bgp.neighbors[{index}].passwordFile");
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::InvalidNodeConfig {
+            field: field.clone(),
+            value: path.display().to_string(),
+            reason: format!("cannot read the password file: {e}"),
+        })?;
+        if let Some(n) = model.neighbors.get_mut(index) {
+            n.password = Some(text.trim_end_matches(['\n', '\r']).to_owned());
+        }
+    }
+    model.validate().map_err(|e| Error::InvalidNodeConfig {
+        field: "spec.bgp".into(),
+        value: String::new(),
+        reason: e.to_string(),
+    })?;
+    Ok(())
 }
 
 /// The common part of both modes, once the agent has started.

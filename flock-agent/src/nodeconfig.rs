@@ -6,13 +6,18 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
+
+mod bgp;
+
+use bgp::bird_model;
+pub use bgp::{DEFAULT_BFD_INTERVAL_MS, DEFAULT_BFD_MULTIPLIER, DEFAULT_RESTART_TIME};
 
 /// The annotation on a NodeConfig (or a pod) that names the ip-algo spec.
 pub const IP_ALGO_ANNOTATION: &str = "flock.fritzlab.net/ip-algo";
@@ -80,27 +85,107 @@ pub struct BgpSpec {
     /// Session timers; BIRD's defaults when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timers: Option<BgpTimers>,
+    /// Graceful shutdown (RFC 8326) before a drain: every announced route carries the
+    /// GRACEFUL_SHUTDOWN community (65535:0) so that routers move traffic away before the
+    /// node's pods go.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub graceful_shutdown: bool,
 }
 
 /// One BGP neighbor (`spec.bgp.neighbors[]`).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct NeighborSpec {
-    /// The neighbor's address (IPv6 or IPv4).
-    #[schemars(pattern(r"^[0-9a-fA-F:.]+$"))]
+    /// The neighbor's address (IPv6 or IPv4). A link-local address (`fe80::…`) needs
+    /// `interface`; with `interface` and no address, any link-local peer on that interface may
+    /// connect (unnumbered peering, the router connects to the node).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(pattern(r"^[0-9a-fA-F:.]*$"))]
     pub address: String,
+    /// The interface of an IPv6 link-local (unnumbered) session, e.g. `eth0`. The session
+    /// carries IPv6 and IPv4 (extended next hop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 15), pattern(r"^[A-Za-z0-9_.@-]+$"))]
+    pub interface: Option<String>,
     /// The neighbor's ASN (1–4294967295).
     #[schemars(range(min = 1, max = 4294967295u32))]
     pub asn: u32,
-    /// TCP MD5 password.
+    /// Refused: a password is never written in clear into a NodeConfig. Use
+    /// `passwordSecretRef` (or `passwordFile` in standalone mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
-    /// Run BFD with the neighbor.
+    /// The TCP MD5 password, read from a Secret (Kubernetes mode). The agent's RBAC must allow
+    /// `get` on that one Secret (see deploy/rbac.yaml).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<SecretKeyRef>,
+    /// The TCP MD5 password, read from this file (standalone mode; a trailing newline is
+    /// dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<String>,
+    /// Run BFD with the neighbor (100 ms x 3 unless `bfdIntervalMs` / `bfdMultiplier` say
+    /// otherwise). The router must run BFD too.
     #[serde(default)]
     pub bfd: bool,
+    /// BFD transmit and receive interval in milliseconds (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 60000))]
+    pub bfd_interval_ms: Option<u32>,
+    /// BFD detection multiplier: missed packets before the session is down (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 255))]
+    pub bfd_multiplier: Option<u8>,
+    /// Graceful restart of the session: on by default with a restart time of 120 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graceful_restart: Option<GracefulRestartSpec>,
     /// eBGP multihop TTL; direct when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 255))]
     pub multihop: Option<u8>,
+}
+
+/// A key of a Secret (`passwordSecretRef`).
+#[derive(
+    Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The Secret's namespace.
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: String,
+    /// The key in the Secret's `data`.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+impl std::fmt::Display for SecretKeyRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Secret {}/{} key {}",
+            self.namespace, self.name, self.key
+        )
+    }
+}
+
+/// Graceful restart of one session (`spec.bgp.neighbors[].gracefulRestart`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GracefulRestartSpec {
+    /// Offer graceful restart (default true): the router keeps this node's routes while BIRD
+    /// restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// How long the router keeps the routes, in seconds (default 120).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4095))]
+    pub restart_time: Option<u16>,
+    /// Long-lived graceful restart: after the restart time the router keeps the routes as
+    /// least preferred this many seconds more. Off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16777215))]
+    pub long_lived_stale_time: Option<u32>,
 }
 
 /// BGP session timers in seconds (`spec.bgp.timers`).
@@ -134,10 +219,14 @@ pub struct NodeConfigStatus {
 /// The state of one BGP session (`status.bgp[]`).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct NeighborStatus {
-    /// The neighbor's address.
+    /// The neighbor: its address, `fe80::1%eth0`, or `eth0` for any link-local peer on it.
     pub neighbor: String,
     /// BIRD's state of the session (`Established`, `Active`, …).
     pub state: String,
+    /// Why a session is not Established: the rest of BIRD's Info column (`Socket: Connection
+    /// refused`, `Received: Bad peer AS`), or the agent's reason (the password Secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info: Option<String>,
 }
 
 /// A validated NodeConfig: what the agent serves.
@@ -157,7 +246,13 @@ pub struct NodeSettings {
     pub ip_algo: Option<flock_embed::IpAlgo>,
     /// BGP, validated by `flock-bird` (router ID, ASN, neighbors, communities, the node
     /// CIDRs); the agent adds the pods' individually announced addresses when rendering.
+    /// Passwords from files are already in it (standalone); those from Secrets are filled in
+    /// by the Kubernetes watcher from [`password_secrets`](Self::password_secrets).
     pub bgp: Option<flock_bird::BirdModel>,
+    /// The neighbors (index in `bgp.neighbors`) whose password is in a Secret.
+    pub password_secrets: Vec<(usize, SecretKeyRef)>,
+    /// The neighbors (index in `bgp.neighbors`) whose password is in a file (standalone).
+    pub password_files: Vec<(usize, std::path::PathBuf)>,
 }
 
 impl NodeConfig {
@@ -216,6 +311,16 @@ impl NodeConfig {
             .as_ref()
             .map(|b| bird_model(b, cidr6, cidr4))
             .transpose()?;
+        let mut password_secrets = Vec::new();
+        let mut password_files = Vec::new();
+        for (i, n) in spec.bgp.iter().flat_map(|b| b.neighbors.iter()).enumerate() {
+            if let Some(r) = &n.password_secret_ref {
+                password_secrets.push((i, r.clone()));
+            }
+            if let Some(f) = &n.password_file {
+                password_files.push((i, std::path::PathBuf::from(f)));
+            }
+        }
         let ip_algo = self
             .metadata
             .annotations
@@ -249,67 +354,10 @@ impl NodeConfig {
             default_ipv4,
             ip_algo,
             bgp,
+            password_secrets,
+            password_files,
         })
     }
-}
-
-/// The node's BGP setup as a `flock-bird` model, validated now so a bad NodeConfig is
-/// reported when it arrives, not at the first pod.
-fn bird_model(
-    bgp: &BgpSpec,
-    cidr6: Option<Ipv6Net>,
-    cidr4: Option<Ipv4Net>,
-) -> Result<flock_bird::BirdModel> {
-    let timers = bgp.timers.as_ref().map(|t| flock_bird::Timers {
-        hold: t.hold,
-        keepalive: t.keepalive,
-        connect_retry: t.connect_retry,
-        connect_delay: t.connect_retry,
-    });
-    let communities = bgp
-        .communities
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            c.parse::<flock_bird::Community>().map_err(|e| {
-                let reason = match &e {
-                    flock_bird::Error::CommunitySyntax { reason, .. } => (*reason).to_owned(),
-                    other => other.to_string(),
-                };
-                invalid(&format!("spec.bgp.communities[{i}]"), c, &reason)
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut cidrs: Vec<IpNet> = Vec::new();
-    cidrs.extend(cidr6.map(IpNet::V6));
-    cidrs.extend(cidr4.map(IpNet::V4));
-    let model = flock_bird::BirdModel {
-        router_id: bgp.router_id.clone(),
-        asn: u64::from(bgp.asn),
-        neighbors: bgp
-            .neighbors
-            .iter()
-            .map(|n| flock_bird::NeighborSpec {
-                address: n.address.clone(),
-                asn: u64::from(n.asn),
-                password: n.password.clone(),
-                bfd: n.bfd,
-                multihop: n.multihop,
-                timers,
-                ..flock_bird::NeighborSpec::default()
-            })
-            .collect(),
-        graceful_restart: Some(120),
-        cidrs,
-        communities,
-        ..flock_bird::BirdModel::default()
-    };
-    model.validate().map_err(|e| Error::InvalidNodeConfig {
-        field: "spec.bgp".into(),
-        value: String::new(),
-        reason: e.to_string(),
-    })?;
-    Ok(model)
 }
 
 fn invalid(field: &str, value: &str, reason: &str) -> Error {

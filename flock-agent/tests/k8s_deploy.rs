@@ -12,7 +12,7 @@ use flock_cni_proto::defaults::{DEFAULT_AGENT_SOCKET, DEFAULT_DEL_QUEUE_DIR, DEF
 use flock_cni_proto::{CniVersion, Conflist, FlockNetConf, NetConf};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::Deserialize;
 
 fn repo() -> PathBuf {
@@ -299,7 +299,13 @@ fn rbac_grants_exactly_what_the_agent_uses() {
         .collect();
     assert_eq!(
         kinds,
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding"
+        ]
     );
     let sa: ServiceAccount = typed(&docs[0]);
     let role: ClusterRole = typed(&docs[1]);
@@ -341,6 +347,37 @@ fn rbac_grants_exactly_what_the_agent_uses() {
     assert_eq!(subjects[0].namespace, sa.metadata.namespace);
     let ds: DaemonSet = typed(&documents("deploy/daemonset.yaml")[0]);
     assert_eq!(ds.metadata.namespace, sa.metadata.namespace);
+
+    // BGP passwords: `get` on one named Secret, in its namespace, nothing else.
+    let secrets: Role = typed(&docs[3]);
+    let secrets_binding: RoleBinding = typed(&docs[4]);
+    let rules = secrets.rules.unwrap_or_default();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].api_groups.as_deref(), Some(&[String::new()][..]));
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["secrets".to_owned()][..])
+    );
+    assert_eq!(rules[0].verbs, ["get"]);
+    assert_eq!(
+        rules[0].resource_names.as_deref(),
+        Some(&["flock-bgp-passwords".to_owned()][..]),
+        "the agent may read only the named password Secret"
+    );
+    assert_eq!(secrets.metadata.namespace.as_deref(), Some("kube-system"));
+    assert_eq!(
+        secrets_binding.metadata.namespace,
+        secrets.metadata.namespace
+    );
+    assert_eq!(secrets_binding.role_ref.kind, "Role");
+    assert_eq!(
+        Some(secrets_binding.role_ref.name.as_str()),
+        secrets.metadata.name.as_deref()
+    );
+    let subjects = secrets_binding.subjects.unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(Some(&subjects[0].name), sa.metadata.name.as_ref());
+    assert_eq!(subjects[0].namespace, sa.metadata.namespace);
 }
 
 fn plan(root: &Path, mtu: u32) -> InstallPlan {

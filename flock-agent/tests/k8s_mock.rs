@@ -219,10 +219,11 @@ async fn status_patch_is_a_merge_patch_of_counts_sessions_and_conditions() {
     let mut protocols = BTreeMap::new();
     protocols.insert("device1".to_owned(), "up".to_owned());
     for (address, name) in &names {
+        // BIRD's Info column: the state, then why a session is down.
         let state = if address.contains(':') {
             "Established"
         } else {
-            "Active"
+            "Active Socket: Connection refused"
         };
         protocols.insert(name.clone(), state.to_owned());
     }
@@ -384,4 +385,134 @@ fn two_replicas_of_one_deployment_share_their_workload_prefix() {
     // Another Deployment in the namespace shares the ns bits only.
     assert_eq!(prefix(a, 80), prefix(c, 80), "{a} and {c}");
     assert_ne!(prefix(a, 104), prefix(c, 104), "{a} and {c}");
+}
+
+/// A NodeConfig whose first neighbor takes its password from a Secret.
+fn node_config_with_secret() -> NodeConfig {
+    serde_yaml::from_str(
+        "apiVersion: flock.fritzlab.net/v1alpha1
+kind: NodeConfig
+metadata:
+  name: node-a
+spec:
+  cidr6: 2001:db8:0:1::/64
+  bgp:
+    asn: 64512
+    routerId: 10.0.0.1
+    neighbors:
+      - address: \"2001:db8::fe\"
+        asn: 65000
+        passwordSecretRef: { name: flock-bgp-passwords, namespace: kube-system, key: tor-a }
+      - { address: \"2001:db8::fd\", asn: 65000 }
+",
+    )
+    .expect("fixture")
+}
+
+/// Answers the one GET of the named Secret, asserting it is exactly that request.
+async fn serve_secret(api: &mut ApiHandle, status: u16, body: Value) {
+    let (req, reply) = next_request(api).await;
+    assert_eq!(req.method(), http::Method::GET);
+    assert_eq!(
+        req.uri().path(),
+        "/api/v1/namespaces/kube-system/secrets/flock-bgp-passwords",
+        "the agent reads the one Secret it is told, never lists Secrets"
+    );
+    reply.send_response(
+        http::Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap(),
+    );
+}
+
+#[tokio::test]
+async fn a_password_secret_is_read_by_name_into_the_bird_model() {
+    use flock_agent::k8s::secrets::{SecretReader, fill_passwords};
+    let (client, mut api) = mock_client();
+    let reader = SecretReader::new(client);
+    let mut settings = node_config_with_secret().settings().expect("valid");
+    let fill = tokio::spawn(async move {
+        let problems = fill_passwords(&mut settings, &reader).await;
+        (settings, problems)
+    });
+    // `s3cret\n` in base64: the trailing newline of `kubectl create secret --from-file` goes.
+    serve_secret(
+        &mut api,
+        200,
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": "flock-bgp-passwords", "namespace": "kube-system" },
+            "data": { "tor-a": "czNjcmV0Cg==", "tor-b": "b3RoZXI=" }
+        }),
+    )
+    .await;
+    let (settings, problems) = fill.await.unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    let model = settings.bgp.expect("bgp");
+    assert_eq!(model.neighbors[0].password.as_deref(), Some("s3cret"));
+    assert_eq!(model.neighbors[1].password, None);
+    let conf = flock_bird::render(&model.validate().unwrap());
+    assert!(conf.contains("  password \"s3cret\";\n"), "{conf}");
+}
+
+#[tokio::test]
+async fn a_password_secret_that_cannot_be_read_leaves_the_neighbor_out_and_says_why() {
+    use flock_agent::k8s::secrets::{SecretReader, fill_passwords};
+    for (status, body, why) in [
+        (
+            403,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+                   "reason": "Forbidden",
+                   "message": "secrets \"flock-bgp-passwords\" is forbidden: User \"system:serviceaccount:kube-system:flock\" cannot get resource \"secrets\""}),
+            "the agent may not read it (RBAC",
+        ),
+        (
+            404,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
+                   "reason": "NotFound", "message": "secrets \"flock-bgp-passwords\" not found"}),
+            "no such Secret",
+        ),
+        (
+            200,
+            json!({"apiVersion": "v1", "kind": "Secret",
+                   "metadata": { "name": "flock-bgp-passwords", "namespace": "kube-system" },
+                   "data": { "tor-b": "b3RoZXI=" }}),
+            "the Secret has no such key",
+        ),
+        (
+            200,
+            json!({"apiVersion": "v1", "kind": "Secret",
+                   "metadata": { "name": "flock-bgp-passwords", "namespace": "kube-system" },
+                   "data": { "tor-a": "YSJi" }}),
+            "cannot be written into the BIRD configuration",
+        ),
+    ] {
+        let (client, mut api) = mock_client();
+        let reader = SecretReader::new(client);
+        let mut settings = node_config_with_secret().settings().expect("valid");
+        let fill = tokio::spawn(async move {
+            let problems = fill_passwords(&mut settings, &reader).await;
+            (settings, problems)
+        });
+        serve_secret(&mut api, status, body).await;
+        let (settings, problems) = fill.await.unwrap();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("spec.bgp.neighbors[0].passwordSecretRef: "),
+            "{}",
+            problems[0]
+        );
+        assert!(problems[0].contains(why), "{status}: {}", problems[0]);
+        assert!(
+            !problems[0].contains("a\"b"),
+            "the value leaked: {}",
+            problems[0]
+        );
+        // The neighbor is not configured without its password; the other one is.
+        let model = settings.bgp.expect("bgp");
+        let addresses: Vec<&str> = model.neighbors.iter().map(|n| n.address.as_str()).collect();
+        assert_eq!(addresses, ["2001:db8::fd"]);
+    }
 }

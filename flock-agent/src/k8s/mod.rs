@@ -5,6 +5,7 @@
 pub mod leaks;
 pub mod nodeconfig;
 pub mod pods;
+pub mod secrets;
 pub mod status;
 
 use std::path::PathBuf;

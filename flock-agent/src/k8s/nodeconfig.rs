@@ -11,7 +11,12 @@ use kube::{Api, Client};
 use tracing::{info, warn};
 
 use crate::agent::Agent;
+use crate::k8s::secrets::{SecretReader, fill_passwords};
 use crate::nodeconfig::NodeConfig;
+
+/// How often the NodeConfig is applied again without an event, so that a rotated password
+/// Secret reaches BIRD (the agent reads the named Secret, it does not watch Secrets).
+pub const SECRET_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The server-side field selector of the NodeConfig of `node`.
 pub fn name_field_selector(node: &str) -> String {
@@ -24,6 +29,8 @@ pub struct NodeConfigFollower {
     node: String,
     agent: Arc<Agent>,
     seen_in_listing: bool,
+    secrets: Option<SecretReader>,
+    last: Option<NodeConfig>,
 }
 
 impl NodeConfigFollower {
@@ -33,6 +40,21 @@ impl NodeConfigFollower {
             node: node.to_owned(),
             agent,
             seen_in_listing: false,
+            secrets: None,
+            last: None,
+        }
+    }
+
+    /// Reads the passwords named by `passwordSecretRef` with `reader`.
+    pub fn with_secrets(mut self, reader: SecretReader) -> NodeConfigFollower {
+        self.secrets = Some(reader);
+        self
+    }
+
+    /// Applies the last NodeConfig seen again (a rotated password Secret).
+    pub async fn reapply(&mut self) {
+        if let Some(nc) = self.last.clone() {
+            self.applied(&nc).await;
         }
     }
 
@@ -43,14 +65,21 @@ impl NodeConfigFollower {
             watcher::Event::InitApply(nc) => {
                 self.seen_in_listing = true;
                 self.applied(&nc).await;
+                self.last = Some(nc);
             }
-            watcher::Event::Apply(nc) => self.applied(&nc).await,
+            watcher::Event::Apply(nc) => {
+                self.applied(&nc).await;
+                self.last = Some(nc);
+            }
             watcher::Event::InitDone => {
                 if !self.seen_in_listing {
                     self.deleted("no NodeConfig exists for this node").await;
                 }
             }
-            watcher::Event::Delete(_) => self.deleted("the NodeConfig was deleted").await,
+            watcher::Event::Delete(_) => {
+                self.last = None;
+                self.deleted("the NodeConfig was deleted").await;
+            }
         }
     }
 
@@ -61,16 +90,28 @@ impl NodeConfigFollower {
             return;
         }
         match nc.settings() {
-            Ok(settings) => {
+            Ok(mut settings) => {
+                let problems = match &self.secrets {
+                    Some(reader) => fill_passwords(&mut settings, reader).await,
+                    None => Vec::new(),
+                };
+                let problem = (!problems.is_empty()).then(|| problems.join("; "));
+                if problem.is_some() && self.agent.health().problem("nodeconfig") != problem {
+                    warn!(node = %self.node, problem = ?problem, "BGP password unavailable");
+                }
                 if self.agent.settings().as_deref() == Some(&settings) {
                     // A status write, a resync, or a return to the settings in force after an
-                    // invalid edit: nothing to apply, but no problem either.
-                    self.agent.health().set_problem("nodeconfig", None);
+                    // invalid edit: nothing to apply, but no problem either (other than a
+                    // password that still cannot be read).
+                    self.agent.health().set_problem("nodeconfig", problem);
                     return;
                 }
                 info!(node = %self.node, cidr6 = ?settings.cidr6, cidr4 = ?settings.cidr4,
                     bgp = settings.bgp.is_some(), "NodeConfig applied");
                 self.agent.set_settings(Some(settings)).await;
+                if problem.is_some() {
+                    self.agent.health().set_problem("nodeconfig", problem);
+                }
             }
             Err(e) => {
                 let kept = if self.agent.settings().is_some() {
@@ -97,15 +138,22 @@ impl NodeConfigFollower {
 /// Watches the NodeConfig of `node` until the agent stops; errors are logged and retried with
 /// kube's default backoff.
 pub async fn follow_node_config(client: Client, node: String, agent: Arc<Agent>) {
-    let api: Api<NodeConfig> = Api::all(client);
+    let api: Api<NodeConfig> = Api::all(client.clone());
     let config = watcher::Config::default().fields(&name_field_selector(&node));
-    let mut follower = NodeConfigFollower::new(&node, agent);
+    let mut follower =
+        NodeConfigFollower::new(&node, agent).with_secrets(SecretReader::new(client.clone()));
     let stream = watcher(api, config).default_backoff();
     let mut stream = std::pin::pin!(stream);
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(event) => follower.apply(event).await,
-            Err(e) => warn!(%node, error = %e, "NodeConfig watch failed; retrying"),
+    let mut refresh = tokio::time::interval(SECRET_REFRESH);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            event = stream.next() => match event {
+                Some(Ok(event)) => follower.apply(event).await,
+                Some(Err(e)) => warn!(%node, error = %e, "NodeConfig watch failed; retrying"),
+                None => return,
+            },
+            _ = refresh.tick() => follower.reapply().await,
         }
     }
 }

@@ -24,16 +24,37 @@ use crate::{Error, Result};
 pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Protocol name → state, from `birdc show protocols` (parsed by `flock-bird`): a BGP
-/// session's state (`Established`, `Active`, `Idle`, …) when BIRD shows one, the State column
-/// (`up`, `down`, `start`) otherwise ([`flock_bird::ProtocolRow::summary_state`]).
+/// session's state (`Established`, `Active`, `Idle`, …) followed by the rest of BIRD's Info
+/// column, which says why a session is down (`Active Socket: Connection refused`), when BIRD
+/// shows one; the State column (`up`, `down`, `start`) otherwise
+/// ([`flock_bird::ProtocolRow::summary_state`]).
+///
+/// A dynamic link-local neighbor (`interface` without `address`) is listed by BIRD as its
+/// listener `NAME` (`Passive`) and one `NAME_1`, `NAME_2`, … per connected peer: the
+/// neighbor's state is that of its first spawned session, if any.
 pub fn protocol_states(text: &str) -> Result<BTreeMap<String, String>, flock_bird::Error> {
-    Ok(flock_bird::parse_show_protocols(text)?
-        .into_iter()
-        .map(|row| {
-            let state = row.summary_state().to_owned();
-            (row.name, state)
-        })
-        .collect())
+    let rows = flock_bird::parse_show_protocols(text)?;
+    let mut states: BTreeMap<String, String> = BTreeMap::new();
+    for row in &rows {
+        let state = match row.bgp_state() {
+            Some(_) => row.info.clone(),
+            None => row.summary_state().to_owned(),
+        };
+        states.insert(row.name.clone(), state);
+    }
+    for row in rows.iter().rev() {
+        if let Some((listener, n)) = row.name.rsplit_once('_')
+            && !n.is_empty()
+            && n.bytes().all(|b| b.is_ascii_digit())
+            && states
+                .get(listener)
+                .is_some_and(|s| s.starts_with("Passive"))
+            && row.is_bgp()
+        {
+            states.insert(listener.to_owned(), row.info.clone());
+        }
+    }
+    Ok(states)
 }
 
 /// Runs `birdc -s SOCK show protocols`.
@@ -102,6 +123,18 @@ impl StatusInputs {
     }
 }
 
+/// `1 of 2 BGP sessions established; 2001:db8::fd Active (Socket: Connection refused)`.
+fn established_message(up: usize, bgp: &[NeighborStatus]) -> String {
+    let mut message = format!("{up} of {} BGP sessions established", bgp.len());
+    for n in bgp.iter().filter(|n| n.state != "Established") {
+        message.push_str(&format!("; {} {}", n.neighbor, n.state));
+        if let Some(info) = &n.info {
+            message.push_str(&format!(" ({info})"));
+        }
+    }
+    message
+}
+
 /// Computes the status. `previous` carries each condition's `lastTransitionTime` over while
 /// its status does not change; `now` stamps the conditions that do.
 pub fn build_status(
@@ -135,12 +168,23 @@ pub fn build_status(
         .unwrap_or_default();
     let bgp: Vec<NeighborStatus> = neighbors
         .iter()
-        .map(|(name, address)| NeighborStatus {
-            neighbor: address.clone(),
-            state: match &inputs.protocols {
-                Some(Ok(p)) => p.get(name).cloned().unwrap_or_else(|| "Unknown".into()),
+        .map(|(name, address)| {
+            let full = match &inputs.protocols {
+                Some(Ok(p)) => p.get(name).cloned().unwrap_or_else(|| {
+                    "NotConfigured not in BIRD's configuration (see the NodeConfigValid condition)"
+                        .into()
+                }),
                 _ => "Unknown".into(),
-            },
+            };
+            let (state, info) = match full.split_once(' ') {
+                Some((state, info)) => (state.to_owned(), Some(info.trim().to_owned())),
+                None => (full, None),
+            };
+            NeighborStatus {
+                neighbor: address.clone(),
+                state,
+                info: info.filter(|i| !i.is_empty()),
+            }
         })
         .collect();
 
@@ -184,7 +228,7 @@ pub fn build_status(
             } else {
                 "NotAllEstablished"
             },
-            &format!("{up} of {} BGP sessions established", bgp.len()),
+            &established_message(up, &bgp),
         ));
     }
     let blocking: Vec<String> = ["store", "kernel"]
@@ -347,6 +391,9 @@ kernel6    Kernel     master6    up     03:10:39.588
 n_2001_db8__fe BGP        ---        up     03:10:40.101  Established   
 n_10_0_0_9 BGP        ---        start  03:10:39.588  Active        Socket: Connection refused
 n_10_0_0_8 BGP        ---        start  2026-11-21    Idle          
+peer6_eth1 BGP        ---        start  03:10:39.588  Passive       
+peer6_eth1_1 BGP        ---        up     03:10:40.201  Established   
+peer6_eth2 BGP        ---        start  03:10:39.588  Passive       
 ";
 
     #[test]
@@ -355,9 +402,13 @@ n_10_0_0_8 BGP        ---        start  2026-11-21    Idle
         assert_eq!(p["device1"], "up");
         assert_eq!(p["kernel6"], "up");
         assert_eq!(p["n_2001_db8__fe"], "Established");
-        assert_eq!(p["n_10_0_0_9"], "Active");
+        // The reason follows the state: the status shows it.
+        assert_eq!(p["n_10_0_0_9"], "Active Socket: Connection refused");
         assert_eq!(p["n_10_0_0_8"], "Idle");
-        assert_eq!(p.len(), 5);
+        // A dynamic link-local neighbor takes the state of its spawned session.
+        assert_eq!(p["peer6_eth1"], "Established");
+        assert_eq!(p["peer6_eth2"], "Passive");
+        assert_eq!(p.len(), 8);
         assert!(protocol_states("Unable to connect to server control socket").is_err());
     }
 

@@ -1,0 +1,125 @@
+//! BGP passwords from Secrets (`spec.bgp.neighbors[].passwordSecretRef`): the agent GETs
+//! exactly the Secret each reference names, never lists or watches Secrets, so its RBAC can
+//! be one Role per Secret namespace with `resourceNames` (deploy/rbac.yaml). A password that
+//! cannot be read leaves its neighbor out of BIRD's configuration (a session without the
+//! password it asks for is never attempted) and the reason goes to the NodeConfig status.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client};
+
+use crate::nodeconfig::{NodeSettings, SecretKeyRef};
+
+/// Reads one key of one Secret.
+#[derive(Clone)]
+pub struct SecretReader {
+    client: Client,
+}
+
+impl SecretReader {
+    /// A reader using `client` (the agent's service account).
+    pub fn new(client: Client) -> SecretReader {
+        SecretReader { client }
+    }
+
+    /// The value of `reference.key`, as UTF-8 with a trailing newline dropped; the error says
+    /// which Secret and why (not found, forbidden by RBAC, no such key), never the value.
+    pub async fn read(&self, reference: &SecretKeyRef) -> Result<String, String> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &reference.namespace);
+        let secret = api.get(&reference.name).await.map_err(|e| match &e {
+            kube::Error::Api(status) if status.code == 403 => format!(
+                "{reference}: the agent may not read it (RBAC: grant `get` on this Secret by \
+                 resourceNames in a Role of namespace {}): {}",
+                reference.namespace, status.message
+            ),
+            kube::Error::Api(status) if status.code == 404 => {
+                format!("{reference}: no such Secret")
+            }
+            other => format!("{reference}: {other}"),
+        })?;
+        let value = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&reference.key))
+            .map(|v| v.0.clone())
+            .or_else(|| {
+                secret
+                    .string_data
+                    .as_ref()
+                    .and_then(|d| d.get(&reference.key))
+                    .map(|v| v.clone().into_bytes())
+            })
+            .ok_or_else(|| format!("{reference}: the Secret has no such key"))?;
+        let text = String::from_utf8(value)
+            .map_err(|_| format!("{reference}: the value is not UTF-8 text"))?;
+        Ok(text.trim_end_matches(['\n', '\r']).to_owned())
+    }
+}
+
+/// Fills in every password `settings` takes from a Secret. Each one that cannot be read (or
+/// that BIRD could not take) removes its neighbor from `settings.bgp` and adds a line to the
+/// returned problems, which name the neighbor's field and the Secret.
+pub async fn fill_passwords(settings: &mut NodeSettings, reader: &SecretReader) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut unusable = Vec::new();
+    let refs = settings.password_secrets.clone();
+    let files = settings.password_files.clone();
+    let Some(model) = settings.bgp.as_mut() else {
+        return problems;
+    };
+    // A Secret mounted into the agent's pod as a file works too.
+    for (index, path) in files {
+        match tokio::fs::read_to_string(&path).await {
+            Ok(text) => {
+                if let Some(n) = model.neighbors.get_mut(index) {
+                    n.password = Some(text.trim_end_matches(['\n', '\r']).to_owned());
+                }
+            }
+            Err(e) => {
+                problems.push(format!(
+                    "spec.bgp.neighbors[{index}].passwordFile {}: {e}; the neighbor is left out of BIRD until it can be read",
+                    path.display()
+                ));
+                unusable.push(index);
+            }
+        }
+    }
+    for (index, reference) in refs {
+        let field = format!("spec.bgp.neighbors[{index}].passwordSecretRef");
+        match reader.read(&reference).await {
+            Ok(password) => {
+                if let Some(n) = model.neighbors.get_mut(index) {
+                    n.password = Some(password);
+                }
+            }
+            Err(why) => {
+                problems.push(format!(
+                    "{field}: {why}; the neighbor is left out of BIRD until it can be read"
+                ));
+                unusable.push(index);
+            }
+        }
+    }
+    // A value BIRD cannot take (a quote, a newline, too long) is reported the same way.
+    if let Err(e) = model.validate() {
+        let message = e.to_string();
+        if let Some(index) = message
+            .strip_prefix("bgp.neighbors[")
+            .and_then(|rest| rest.split(']').next())
+            .and_then(|i| i.parse::<usize>().ok())
+            .filter(|_| message.contains(".password"))
+        {
+            problems.push(format!(
+                "spec.bgp.neighbors[{index}].passwordSecretRef: {message}; the neighbor is left out of BIRD"
+            ));
+            unusable.push(index);
+        }
+    }
+    unusable.sort_unstable();
+    unusable.dedup();
+    for index in unusable.into_iter().rev() {
+        if index < model.neighbors.len() {
+            model.neighbors.remove(index);
+        }
+    }
+    problems
+}
