@@ -335,11 +335,7 @@ pub fn build(
         .iter()
         .map(crate::Policy::checked)
         .collect::<Result<Vec<_>>>()?;
-    let ns_labels: BTreeMap<&str, Labels> = namespaces
-        .iter()
-        .map(|n| (n.name.as_str(), n.effective_labels()))
-        .collect();
-    let cluster = Cluster { ns_labels, pods };
+    let cluster = Cluster::new(namespaces, pods);
 
     let mut keyed: [BTreeMap<String, BTreeSet<KeyedAllow>>; 2] = Default::default();
     for (host_if, pod) in &local {
@@ -563,27 +559,47 @@ pub(crate) fn merge(mut ranges: Vec<(u16, u16)>) -> Vec<(u16, u16)> {
 }
 
 struct Cluster<'a> {
+    /// Every namespace's effective labels: the listed ones and those only pods name.
     ns_labels: BTreeMap<&'a str, Labels>,
+    /// Pods by namespace.
+    by_ns: BTreeMap<&'a str, Vec<&'a Pod>>,
     pods: &'a [Pod],
 }
 
-impl Cluster<'_> {
-    fn namespace_labels(&self, ns: &str) -> Labels {
-        self.ns_labels.get(ns).cloned().unwrap_or_else(|| {
-            Namespace {
-                name: ns.to_owned(),
-                labels: Labels::new(),
-            }
-            .effective_labels()
-        })
+impl<'a> Cluster<'a> {
+    fn new(namespaces: &'a [Namespace], pods: &'a [Pod]) -> Cluster<'a> {
+        let mut ns_labels: BTreeMap<&str, Labels> = namespaces
+            .iter()
+            .map(|n| (n.name.as_str(), n.effective_labels()))
+            .collect();
+        let mut by_ns: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
+        for pod in pods {
+            by_ns.entry(&pod.namespace).or_default().push(pod);
+            ns_labels.entry(&pod.namespace).or_insert_with(|| {
+                Namespace {
+                    name: pod.namespace.clone(),
+                    labels: Labels::new(),
+                }
+                .effective_labels()
+            });
+        }
+        Cluster {
+            ns_labels,
+            by_ns,
+            pods,
+        }
     }
 
-    fn in_scope(&self, key: &PodsKey, pod: &Pod) -> bool {
-        let ns_ok = match &key.namespaces {
-            NsScope::Named(n) => *n == pod.namespace,
-            NsScope::Selector(s) => s.matches(&self.namespace_labels(&pod.namespace)),
-        };
-        ns_ok && key.pods.as_ref().is_none_or(|s| s.matches(&pod.labels))
+    /// The pods a `Pods` peer stands for.
+    fn members<'s>(&'s self, key: &'s PodsKey) -> impl Iterator<Item = &'a Pod> + 's {
+        self.by_ns
+            .iter()
+            .filter(move |(ns, _)| match &key.namespaces {
+                NsScope::Named(n) => n == *ns,
+                NsScope::Selector(s) => self.ns_labels.get(*ns).is_some_and(|l| s.matches(l)),
+            })
+            .flat_map(|(_, pods)| pods.iter().copied())
+            .filter(move |p| key.pods.as_ref().is_none_or(|s| s.matches(&p.labels)))
     }
 
     fn set(&self, key: &SetKey) -> AddrSet {
@@ -600,9 +616,7 @@ impl Cluster<'_> {
                     k.pods.clone().unwrap_or_default()
                 ),
                 elements: Elements::Addrs(
-                    self.pods
-                        .iter()
-                        .filter(|p| self.in_scope(k, p))
+                    self.members(k)
                         .flat_map(|p| p.addresses.iter().filter(of_family(*f)).copied())
                         .collect(),
                 ),
