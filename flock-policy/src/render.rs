@@ -1,5 +1,6 @@
 //! The [`Ruleset`] as an nftables script: one table, replaced in one transaction.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
@@ -66,7 +67,9 @@ impl Ruleset {
             for (host_if, allows) in self.chains(direction) {
                 let _ = writeln!(out, "\tchain {prefix}{host_if} {{");
                 for allow in allows {
-                    let m = matches(allow, direction);
+                    let Some(m) = matches(allow, direction, &self.sets) else {
+                        continue;
+                    };
                     if m.is_empty() {
                         let _ = writeln!(out, "\t\t{verdict}");
                     } else {
@@ -124,7 +127,7 @@ impl Ruleset {
         Some(deletes + &adds)
     }
 
-    fn chains(&self, direction: Direction) -> &std::collections::BTreeMap<String, Vec<Allow>> {
+    fn chains(&self, direction: Direction) -> &BTreeMap<String, Vec<Allow>> {
         match direction {
             Direction::Ingress => &self.ingress,
             Direction::Egress => &self.egress,
@@ -197,25 +200,39 @@ fn range(r: &AddrRange) -> String {
     }
 }
 
-/// The match part of an allow rule (empty: everything).
-fn matches(allow: &Allow, direction: Direction) -> String {
+/// The match part of an allow rule (empty: everything), `None` for a rule that can match
+/// nothing (its family differs from a set's). A set is matched by its own family; one the
+/// model lacks is still named, so nft refuses the script rather than allowing more.
+fn matches(
+    allow: &Allow,
+    direction: Direction,
+    sets: &BTreeMap<String, AddrSet>,
+) -> Option<String> {
     let mut parts = Vec::new();
     let dir = match direction {
         Direction::Ingress => "saddr",
         Direction::Egress => "daddr",
     };
-    if let Some(f) = allow.family {
-        let (ip, _, nfproto) = nft_family(f);
-        match &allow.peer {
-            Some(set) => parts.push(format!("{ip} {dir} @{set}")),
-            None if !matches!(allow.ports, Ports::Named { .. }) => {
-                parts.push(format!("meta nfproto {nfproto}"));
-            }
-            None => {}
-        }
-        if let Ports::Named { protocol, set } = &allow.ports {
-            parts.push(format!("{ip} daddr . {} dport @{set}", protocol.as_str()));
-        }
+    let family_of = |set: &str| {
+        let f = sets
+            .get(set)
+            .map(|s| s.family)
+            .or(allow.family)
+            .unwrap_or(Family::V6);
+        (allow.family.is_none_or(|a| a == f)).then_some(f)
+    };
+    if let Some(set) = &allow.peer {
+        let (ip, _, _) = nft_family(family_of(set)?);
+        parts.push(format!("{ip} {dir} @{set}"));
+    }
+    if let Ports::Named { protocol, set } = &allow.ports {
+        let (ip, _, _) = nft_family(family_of(set)?);
+        parts.push(format!("{ip} daddr . {} dport @{set}", protocol.as_str()));
+    }
+    if let Some(f) = allow.family
+        && parts.is_empty()
+    {
+        parts.push(format!("meta nfproto {}", nft_family(f).2));
     }
     if let Ports::Listed { protocol, ranges } = &allow.ports {
         let p = protocol.as_str();
@@ -239,5 +256,5 @@ fn matches(allow: &Allow, direction: Direction) -> String {
             }
         }
     }
-    parts.join(" ")
+    Some(parts.join(" "))
 }

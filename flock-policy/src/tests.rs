@@ -344,3 +344,45 @@ fn node_traffic_and_ndp_always_pass() {
         Verdict::Accept
     );
 }
+
+#[test]
+fn hand_built_rulesets_render_what_verdict_evaluates() {
+    use std::collections::{BTreeMap, BTreeSet};
+    let set = AddrSet {
+        family: Family::V4,
+        about: "x".into(),
+        elements: Elements::Addrs(BTreeSet::from(["10.0.0.1".parse().unwrap()])),
+    };
+    let allow = |family, peer: &str| Allow {
+        family,
+        peer: Some(peer.into()),
+        ports: Ports::Any,
+    };
+    let r = Ruleset {
+        sets: BTreeMap::from([("s_v4".to_owned(), set)]),
+        ingress: BTreeMap::from([(
+            "flock0000000a".to_owned(),
+            vec![
+                // no family: the set's own
+                allow(None, "s_v4"),
+                // a family the set does not have: matches nothing, so no rule
+                allow(Some(Family::V6), "s_v4"),
+                // a set the model lacks is still named: nft refuses rather than allowing more
+                allow(None, "missing"),
+            ],
+        )]),
+        egress: BTreeMap::new(),
+    };
+    let script = r.render();
+    let chain: Vec<&str> = script
+        .lines()
+        .skip_while(|l| !l.contains("chain ingress_flock0000000a"))
+        .skip(1)
+        .take(3)
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        chain,
+        ["ip saddr @s_v4 accept", "ip6 saddr @missing accept", "drop"]
+    );
+}
