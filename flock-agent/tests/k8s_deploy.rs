@@ -69,6 +69,26 @@ fn crd_schema_validates_what_it_can() {
         assert_eq!(asn["maximum"].as_f64(), Some(4294967295.0));
     }
     assert_eq!(bgp["routerId"]["format"], "ipv4");
+    // The new neighbor options are range-checked by the API server already.
+    let neighbor = &bgp["neighbors"]["items"]["properties"];
+    let gr = &neighbor["gracefulRestart"]["properties"];
+    assert_eq!(gr["restartTime"]["maximum"].as_f64(), Some(4095.0));
+    assert_eq!(
+        gr["longLivedStaleTime"]["maximum"].as_f64(),
+        Some(16777215.0)
+    );
+    assert_eq!(neighbor["bfdIntervalMs"]["maximum"].as_f64(), Some(60000.0));
+    assert_eq!(neighbor["bfdMultiplier"]["minimum"].as_f64(), Some(1.0));
+    assert_eq!(neighbor["interface"]["maxLength"].as_u64(), Some(15));
+    let secret_ref = &neighbor["passwordSecretRef"];
+    let mut required: Vec<&str> = secret_ref["required"]
+        .as_sequence()
+        .expect("required keys")
+        .iter()
+        .filter_map(|k| k.as_str())
+        .collect();
+    required.sort_unstable();
+    assert_eq!(required, ["key", "name", "namespace"]);
     let columns: Vec<String> = version["additionalPrinterColumns"]
         .as_sequence()
         .expect("printer columns")

@@ -2,16 +2,20 @@
 //!
 //! ```text
 //!                       flocklab-router (AS65000, BIRD)
-//!                  2001:db8:f1:1::1 /      \ 2001:db8:f1:2::1
+//!                  2001:db8:f1:1::1 /      \ fe80::1 (link-local only)
 //!                                  /        \
-//!   flocklab-node1 (AS64601)  2001:db8:f1:1::2   2001:db8:f1:2::2  flocklab-node2 (AS64602)
+//!   flocklab-node1 (AS64601)  2001:db8:f1:1::2   fe80::2          flocklab-node2 (AS64602)
 //!   flock-agent + BIRD                                         flock-agent + BIRD
 //!   pods 2001:db8:a1::/64 10.101.1.0/24                  pods 2001:db8:a2::/64 10.101.2.0/24
 //!     flocklab-web-1  (ip-algo workload)                   flocklab-web-2 (ip-algo workload)
 //!     flocklab-dns-1  (anycast 2001:db8:53::53, 10.53.0.53) flocklab-dns-2 (same anycast)
 //! ```
 //!
-//! Every session is IPv6 and carries both families (IPv4 with extended next hop). Each node
+//! Every session is IPv6 and carries both families (IPv4 with extended next hop). node2's is
+//! unnumbered: its link has link-local addresses only (`fe80::1` at the router, `fe80::2` at
+//! the node), its NodeConfig names the router as `fe80::1` on `uplink`, and its IPv4 routes
+//! cross the session with a link-local IPv6 next hop. node1's session has a TCP MD5 password,
+//! which its agent reads from a file (`passwordFile`). Each node
 //! runs the standalone agent on its own NodeConfig file, and BIRD on the configuration the
 //! agent renders; the pods are created by exec'ing the real shim in the node namespace exactly
 //! as a runtime does (testkit's libcni-like runtime: conflist, `CNI_*`, pod annotations as the
@@ -63,6 +67,12 @@ struct Node {
     node_addr: &'static str,
     /// The router's end of the link.
     router_if: &'static str,
+    /// The session's TCP MD5 password: the router's configuration has it, the node reads it
+    /// from a file its NodeConfig names (`passwordFile`, standalone mode).
+    password: Option<&'static str>,
+    /// The link has link-local addresses only (`router_addr`, `node_addr` are `fe80::`):
+    /// the session is unnumbered.
+    unnumbered: bool,
 }
 
 const NODES: [Node; 2] = [
@@ -75,6 +85,8 @@ const NODES: [Node; 2] = [
         router_addr: "2001:db8:f1:1::1",
         node_addr: "2001:db8:f1:1::2",
         router_if: "to-node1",
+        password: Some("flocklab-md5"),
+        unnumbered: false,
     },
     Node {
         name: "node2",
@@ -82,9 +94,11 @@ const NODES: [Node; 2] = [
         router_id: "100.64.255.12",
         cidr6: "2001:db8:a2::/64",
         cidr4: "10.101.2.0/24",
-        router_addr: "2001:db8:f1:2::1",
-        node_addr: "2001:db8:f1:2::2",
+        router_addr: "fe80::1",
+        node_addr: "fe80::2",
         router_if: "to-node2",
+        password: None,
+        unnumbered: true,
     },
 ];
 
@@ -323,6 +337,14 @@ fn build_network() -> Result<()> {
                 &ns,
             ],
         )?;
+        if node.unnumbered {
+            // Only the link-local addresses the two BIRDs are told about.
+            in_ns(
+                ROUTER,
+                &["ip", "link", "set", node.router_if, "addrgenmode", "none"],
+            )?;
+            in_ns(&ns, &["ip", "link", "set", "uplink", "addrgenmode", "none"])?;
+        }
         let router_addr = format!("{}/64", node.router_addr);
         let node_addr = format!("{}/64", node.node_addr);
         in_ns(
@@ -390,9 +412,18 @@ template bgp flocknode {{
 "
     );
     for node in &NODES {
+        let interface = if node.unnumbered {
+            format!("  interface \"{}\";\n", node.router_if)
+        } else {
+            String::new()
+        };
+        let password = node
+            .password
+            .map(|p| format!("  password \"{p}\";\n"))
+            .unwrap_or_default();
         let _ = writeln!(
             conf,
-            "\nprotocol bgp {} from flocknode {{\n  neighbor {} as {};\n}}",
+            "\nprotocol bgp {} from flocknode {{\n{interface}  neighbor {} as {};\n{password}}}",
             node.name, node.node_addr, node.asn
         );
     }
@@ -441,7 +472,7 @@ spec:
     asn: {asn}
     routerId: {router_id}
     neighbors:
-      - {{ address: \"{router}\", asn: {ROUTER_ASN} }}
+      - {{ address: \"{router}\",{interface}{password} asn: {ROUTER_ASN} }}
     timers: {{ hold: 6, keepalive: 2, connectRetry: 1 }}
 ",
         name = node.name,
@@ -450,7 +481,22 @@ spec:
         asn = node.asn,
         router_id = node.router_id,
         router = node.router_addr,
+        interface = if node.unnumbered {
+            " interface: uplink,"
+        } else {
+            ""
+        },
+        password = if node.password.is_some() {
+            format!(" passwordFile: {},", password_file(node).display())
+        } else {
+            String::new()
+        },
     )
+}
+
+/// Where the node's BGP password is (standalone mode reads it from a file).
+fn password_file(node: &Node) -> PathBuf {
+    node_dir(node).join("bgp.password")
 }
 
 /// Writes the node's NodeConfig, starts its agent (detached, in the node namespace), waits
@@ -460,6 +506,10 @@ fn start_node(node: &Node, bins: &Path) -> Result<()> {
     for sub in ["run", "state", "del-queue", "bird"] {
         std::fs::create_dir_all(dir.join(sub))
             .with_context(|| format!("create {}", dir.join(sub).display()))?;
+    }
+    if let Some(password) = node.password {
+        std::fs::write(password_file(node), format!("{password}\n"))
+            .with_context(|| format!("write {}", password_file(node).display()))?;
     }
     std::fs::write(dir.join("node.yaml"), node_yaml(node))
         .with_context(|| format!("write {}", dir.join("node.yaml").display()))?;
@@ -724,6 +774,21 @@ fn report_router_routes(out: &mut String, failures: &mut Vec<String>) -> Result<
         }
     }
     out.push('\n');
+    // The unnumbered session carries both families: the node's CIDRs with its link-local
+    // address as next hop, IPv4 included.
+    for node in NODES.iter().filter(|n| n.unnumbered) {
+        for cidr in [node.cidr6, node.cidr4] {
+            let family = if cidr.contains(':') { "-6" } else { "-4" };
+            let route = in_ns(ROUTER, &["ip", family, "route", "show", cidr])?;
+            let via = format!("{} dev {}", node.node_addr, node.router_if);
+            if !route.contains(&via) {
+                failures.push(format!(
+                    "{cidr} of {} (unnumbered) is not routed via {via}: {route:?}",
+                    node.name
+                ));
+            }
+        }
+    }
     for anycast in [format!("{ANYCAST6}/128"), format!("{ANYCAST4}/32")] {
         let paths = route_paths(&anycast);
         if paths != 2 {
@@ -850,6 +915,14 @@ mod tests {
             assert!(node.cidr6.starts_with("2001:db8:"));
             assert!(node.cidr4.starts_with("10."));
             assert!(conf.contains(&format!("neighbor {} as {}", node.node_addr, node.asn)));
+            // A link-local address is only usable with its interface.
+            assert_eq!(node.node_addr.starts_with("fe80:"), node.unnumbered);
+            assert_eq!(yaml.contains("interface: uplink"), node.unnumbered);
+            // A password is in the router's configuration and in a file, never in the NodeConfig.
+            if let Some(password) = node.password {
+                assert!(conf.contains(&format!("password \"{password}\";")));
+                assert!(!yaml.contains(password) && yaml.contains("passwordFile: "));
+            }
         }
         assert!(ANYCAST6.starts_with("2001:db8:") && ANYCAST4.starts_with("10."));
     }
