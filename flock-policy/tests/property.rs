@@ -1,7 +1,8 @@
-//! The model against the API: for random namespaces, pods, policies and packets, the verdict
-//! of the built ruleset (evaluated rule for rule as the rendered table is) equals a reference
-//! evaluator written straight from the Kubernetes NetworkPolicy documentation over the input
-//! types — it shares no code with the crate beyond the input structs.
+//! The model and its text against the API: for random namespaces, pods, policies and
+//! packets, both the verdict of the built ruleset (`Ruleset::verdict`) and the verdict of the
+//! rendered nftables script, parsed and run by `nft_eval` as the kernel would, equal a
+//! reference evaluator written straight from the Kubernetes NetworkPolicy documentation over
+//! the input types — it shares no code with the crate beyond the input structs.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -13,6 +14,8 @@ use flock_policy::{
 use ipnet::IpNet;
 use proptest::prelude::*;
 use proptest::sample::select;
+
+mod nft_eval;
 
 const NAMESPACES: [&str; 4] = ["a", "b", "c", "unlisted"];
 const UPLINK: &str = "eth0";
@@ -496,10 +499,19 @@ proptest! {
         packets in packets(),
     ) {
         let ruleset = build(&policies, &namespaces, &pods).unwrap();
+        let script = ruleset.render();
+        let text = nft_eval::Nft::parse(&script);
         let cluster = Cluster { namespaces, pods, policies };
         for p in &packets {
             let Some(pkt) = packet(&cluster, p) else { continue };
             let want = cluster.reference(&pkt);
+            prop_assert_eq!(
+                text.accepts(&pkt),
+                want,
+                "the rendered text disagrees: packet {:?}\n{}",
+                pkt,
+                script
+            );
             let got = ruleset.verdict(&pkt);
             prop_assert_eq!(
                 got == Verdict::Accept,
