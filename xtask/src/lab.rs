@@ -223,6 +223,7 @@ pub fn up(bins: &Path) -> Result<String> {
     report_router_routes(&mut report, &mut failures)?;
     report_pings(&mut report, &pods, &mut failures);
     report_anycast(&mut report, &mut failures);
+    report_agent_restart(&mut report, &pods, bins, &mut failures)?;
     if failures.is_empty() {
         Ok(report)
     } else {
@@ -513,8 +514,34 @@ fn start_node(node: &Node, bins: &Path) -> Result<()> {
     }
     std::fs::write(dir.join("node.yaml"), node_yaml(node))
         .with_context(|| format!("write {}", dir.join("node.yaml").display()))?;
-    let log = std::fs::File::create(dir.join("agent.log"))
-        .with_context(|| format!("create {}", dir.join("agent.log").display()))?;
+    spawn_agent(node, bins)?;
+    let bird_conf = dir.join("bird/bird.conf");
+    let ns = node_ns(node);
+    let agent_log = || std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    sys::wait_for(Duration::from_secs(10), || bird_conf.exists()).with_context(|| {
+        format!(
+            "flock-agent on {} wrote no BIRD configuration:\n{}",
+            node.name,
+            agent_log()
+        )
+    })?;
+    start_bird(
+        &ns,
+        &bird_conf,
+        &dir.join("run/bird.ctl"),
+        &dir.join("run/bird.pid"),
+    )
+}
+
+/// Starts the node's agent (detached, in the node namespace, on the files [`start_node`]
+/// wrote) and waits until it serves.
+fn spawn_agent(node: &Node, bins: &Path) -> Result<()> {
+    let dir = node_dir(node);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("agent.log"))
+        .with_context(|| format!("open {}", dir.join("agent.log").display()))?;
     let socket = dir.join("run/agent.sock");
     let bird_conf = dir.join("bird/bird.conf");
     let ns = node_ns(node);
@@ -549,20 +576,7 @@ fn start_node(node: &Node, bins: &Path) -> Result<()> {
             node.name,
             agent_log()
         )
-    })?;
-    sys::wait_for(Duration::from_secs(10), || bird_conf.exists()).with_context(|| {
-        format!(
-            "flock-agent on {} wrote no BIRD configuration:\n{}",
-            node.name,
-            agent_log()
-        )
-    })?;
-    start_bird(
-        &ns,
-        &bird_conf,
-        &dir.join("run/bird.ctl"),
-        &dir.join("run/bird.pid"),
-    )
+    })
 }
 
 /// A pod as ADD created it.
@@ -897,6 +911,120 @@ fn report_anycast(out: &mut String, failures: &mut Vec<String>) {
         ]);
     }
     sys::table(out, &["flow", "ping", "route"], &rows);
+}
+
+/// The agent on node1 stops (SIGTERM) and starts again while a pod on node2 pings a pod on
+/// node1 every 20 ms: nothing of the data plane or of BGP may notice (no ping lost, BIRD the
+/// same process with the same configuration, the router's session Established).
+fn report_agent_restart(
+    out: &mut String,
+    pods: &[PodUp],
+    bins: &Path,
+    failures: &mut Vec<String>,
+) -> Result<()> {
+    let node = &NODES[0];
+    let ns = node_ns(node);
+    let dir = node_dir(node);
+    let (Some(src), Some(dst)) = (
+        pods.iter().find(|p| p.node != node.name),
+        pods.iter().find(|p| p.node == node.name),
+    ) else {
+        bail!("the lab has no pod on each node");
+    };
+    let conf_before = std::fs::read(dir.join("bird/bird.conf")).context("read bird.conf")?;
+    let bird_pid = std::fs::read_to_string(dir.join("run/bird.pid"))
+        .context("read bird.pid")?
+        .trim()
+        .parse::<u32>()
+        .context("bird.pid")?;
+    let agents: Vec<u32> = sys::output(Command::new("ip").args(["netns", "pids", &ns]))?
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("flock-agent"))
+        })
+        .collect();
+    if agents.is_empty() {
+        bail!("no flock-agent runs in {ns}");
+    }
+    let count = 150;
+    let ping = Command::new("ip")
+        .args([
+            "netns", "exec", &src.ns, "ping", "-n", "-q", "-i", "0.02", "-W", "1",
+        ])
+        .args(["-c", &count.to_string(), &dst.ipv6])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("spawn ping")?;
+    std::thread::sleep(Duration::from_millis(300));
+    let stopped = Instant::now();
+    for pid in &agents {
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+    }
+    sys::wait_for(Duration::from_secs(10), || {
+        agents.iter().all(|pid| !flock_testkit::is_alive(*pid))
+    })
+    .context("the agent did not stop on SIGTERM")?;
+    std::thread::sleep(Duration::from_millis(500));
+    spawn_agent(node, bins)?;
+    let down_for = stopped.elapsed();
+    let output = ping.wait_with_output().context("wait for ping")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let received = text
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .and_then(|l| l.split(", ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<u32>().ok())
+        .unwrap_or(0);
+    let lost = count - received.min(count);
+    // The restarted agent renders again: give its debounced writer a moment.
+    std::thread::sleep(Duration::from_secs(1));
+    let conf_same = std::fs::read(dir.join("bird/bird.conf")).ok().as_ref() == Some(&conf_before);
+    let bird_alive = flock_testkit::is_alive(bird_pid);
+    let session = bgp_sessions(ROUTER, &router_ctl())
+        .into_iter()
+        .find(|(name, _, _)| name == node.name)
+        .map(|(_, _, info)| info)
+        .unwrap_or_default();
+    out.push_str("AGENT RESTART (node1's agent stopped with SIGTERM and started again)\n");
+    let rows = vec![
+        vec![
+            format!("{} -> {} every 20 ms", src.name, dst.name),
+            format!("{lost} lost of {count}"),
+        ],
+        vec![
+            "agent down for".into(),
+            format!("{} ms", down_for.as_millis()),
+        ],
+        vec![
+            "BIRD".into(),
+            if bird_alive {
+                format!("same process ({bird_pid})")
+            } else {
+                "gone".into()
+            },
+        ],
+        vec![
+            "bird.conf".into(),
+            if conf_same { "unchanged" } else { "changed" }.into(),
+        ],
+        vec!["router's session".into(), session.clone()],
+    ];
+    sys::table(out, &["check", "result"], &rows);
+    if lost > 0 {
+        failures.push(format!("agent restart: {lost} of {count} pings lost"));
+    }
+    if !bird_alive || !conf_same || session != "Established" {
+        failures.push(format!(
+            "agent restart touched BGP: BIRD alive {bird_alive}, bird.conf unchanged {conf_same}, session {session:?}"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
