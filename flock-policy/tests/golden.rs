@@ -111,6 +111,13 @@ fn render(policies: &[Policy], pods: &[Pod]) -> String {
 
 #[cfg(feature = "root-tests")]
 fn check_with_nft(script: &str) {
+    assert!(
+        std::process::Command::new("nft")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "nft is not installed: apt-get install -y nftables"
+    );
     let ns = flock_testkit::Netns::new("nftc");
     let dir = std::env::temp_dir().join(format!("{}.nft", ns.name()));
     std::fs::write(&dir, script).unwrap();

@@ -47,6 +47,13 @@ fn udp_passes(from: &Netns, receiver: &UdpSocket, to: IpAddr, port: u16) -> bool
 }
 
 fn apply(node: &Netns, script: &str) {
+    assert!(
+        std::process::Command::new("nft")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "nft is not installed: apt-get install -y nftables"
+    );
     let path = std::env::temp_dir().join(format!("{}.nft", node.name()));
     std::fs::write(&path, script).expect("write script");
     let out = node.exec(["nft", "-f", path.to_str().expect("utf-8 path")]);
