@@ -343,10 +343,8 @@ fn rbac_grants_exactly_what_the_agent_uses() {
         }
     }
     let allowed: BTreeSet<String> = [
-        "/pods:get",
         "/pods:list",
         "/pods:watch",
-        "flock.fritzlab.net/nodeconfigs:get",
         "flock.fritzlab.net/nodeconfigs:list",
         "flock.fritzlab.net/nodeconfigs:watch",
         "flock.fritzlab.net/nodeconfigs/status:patch",
