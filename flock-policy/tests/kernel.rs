@@ -74,7 +74,7 @@ struct TestPod {
 
 async fn make_pod(node: &NodeNs, id: &str, last: u8, labels: &[(&str, &str)]) -> TestPod {
     let ns = Netns::new("pod");
-    let v6: IpAddr = format!("2001:db8:1::{last:x}").parse().unwrap();
+    let v6: IpAddr = format!("2001:db8:1::{last}").parse().unwrap();
     let v4: IpAddr = format!("10.244.1.{last}").parse().unwrap();
     let host_if = host_ifname(id, "eth0", 0);
     setup(
@@ -272,5 +272,75 @@ fn node_addr(of: IpAddr) -> &'static str {
         "2001:db8:ff::1"
     } else {
         "10.255.0.1"
+    }
+}
+
+/// kube-proxy's stand-in: a table of its own that DNATs a Service address to b:8080 in
+/// prerouting, as kube-proxy's nftables mode does.
+const KUBE_PROXY_STANDIN: &str = "table inet kube_proxy_standin {
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		ip daddr 10.96.0.10 tcp dport 80 dnat ip to 10.244.1.21:8080
+		ip6 daddr 2001:db8:96::10 tcp dport 80 dnat ip6 to [2001:db8:1::21]:8080
+	}
+}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_beside_the_table_is_judged_on_its_backend() {
+    let node_ns = Netns::new("node");
+    let node = NodeNs::at(node_ns.path());
+    let a = make_pod(&node, "svc-a", 20, &[("role", "client")]).await;
+    let mut b = make_pod(&node, "svc-b", 21, &[("app", "server")]).await;
+    b.pod.ports.push(NamedPort {
+        name: "http".into(),
+        protocol: Protocol::Tcp,
+        port: 8080,
+    });
+    let c = make_pod(&node, "svc-c", 22, &[("role", "other")]).await;
+    let _b8080 = in_ns(&b.ns, || TcpListener::bind("[::]:8080").unwrap());
+    apply(&node_ns, KUBE_PROXY_STANDIN);
+    let vips: [IpAddr; 2] = [
+        "2001:db8:96::10".parse().unwrap(),
+        "10.96.0.10".parse().unwrap(),
+    ];
+    for vip in vips {
+        assert!(
+            connects(&c.ns, vip, 80),
+            "{vip}: the Service works before any policy"
+        );
+    }
+
+    let policy = Policy {
+        namespace: "shop".into(),
+        name: "server".into(),
+        pod_selector: LabelSelector::labels([("app", "server")]),
+        ingress: vec![Rule {
+            peers: vec![Peer::pods(LabelSelector::labels([("role", "client")]))],
+            ports: vec![PortSpec::name(Protocol::Tcp, "http")],
+        }],
+        ..Default::default()
+    };
+    let pods = [a.pod.clone(), b.pod.clone(), c.pod.clone()];
+    apply(&node_ns, &build(&[policy], &[], &pods).unwrap().render());
+    for vip in vips {
+        assert!(
+            connects(&a.ns, vip, 80),
+            "{vip}: a client reaches the Service (its backend's port 8080 is http)"
+        );
+        assert!(!connects(&c.ns, vip, 80), "{vip}: a non-client does not");
+    }
+
+    apply(&node_ns, REMOVE_SCRIPT);
+    let listing = node_ns.ok(["nft", "list", "ruleset"]);
+    assert!(
+        !listing.contains("flock_policy") && listing.contains("kube_proxy_standin"),
+        "only flock's table goes: {listing}"
+    );
+    for vip in vips {
+        assert!(
+            connects(&c.ns, vip, 80),
+            "{vip}: the Service works for all again"
+        );
     }
 }
