@@ -26,6 +26,8 @@
 //!   mode, where BFD expiring ends the graceful restart;
 //! - a TCP MD5 password: the same on both sides brings the session up, a wrong
 //!   one keeps it down;
+//! - graceful shutdown (a drain): the node's routes reach the router with the
+//!   GRACEFUL_SHUTDOWN community;
 //! - the node's link cut (`ip link set eth0 down` inside the node): time until
 //!   the router's kernel loses the node's CIDR, with BFD 100 ms x 3 (goal
 //!   < 1 s) and without (hold time 3 s).
@@ -625,6 +627,29 @@ fn graceful_restart_bfd_and_link_local_sessions_measured() {
         "a wrong password still gave a session: {session}"
     );
     let _ = writeln!(report, "password: a wrong one on the node: {session}");
+
+    // Draining node1: graceful shutdown marks its routes at the router with
+    // GRACEFUL_SHUTDOWN (65535:0) through `birdc configure`, without a session reset.
+    n1.model.graceful_shutdown = true;
+    n1.write_conf();
+    n1.bird.birdc(&["configure"]);
+    let start = Instant::now();
+    loop {
+        let routes = router.birdc(&["show", "route", "all", n1.cidr6]);
+        if routes.contains("(65535,0)") {
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "no GRACEFUL_SHUTDOWN community at the router: {routes}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = writeln!(
+        report,
+        "graceful shutdown: node1's routes carry 65535:0 at the router after {} ms",
+        start.elapsed().as_millis()
+    );
 
     // Link cut with BFD 100 ms x 3 (node1, router `bfd on`) and without (node2,
     // hold time 3 s).

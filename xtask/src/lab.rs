@@ -1,4 +1,6 @@
-//! `cargo xtask lab [up|down|check]`: a small routed site in network namespaces, from one command.
+//! `cargo xtask lab [up|down|check|faults]`: a small routed site in network namespaces, from one
+//! command. `faults` runs the measured failure tests of `flock-bird/tests/faults.rs` (graceful
+//! restart, BFD, passwords, unnumbered sessions) and prints their figures.
 //!
 //! ```text
 //!                       flocklab-router (AS65000, BIRD)
@@ -171,8 +173,25 @@ pub fn lab(args: &[String]) -> Result<()> {
             sys::require_root("cargo xtask lab down")?;
             down()
         }
+        Some("faults") => {
+            // Graceful restart, BFD, passwords and unnumbered sessions measured with real BIRD
+            // (flock-bird/tests/faults.rs; `cargo xtask test` runs it too).
+            sys::require_root("cargo xtask lab faults")?;
+            sys::ensure_packages(PACKAGES)?;
+            sys::cargo([
+                "nextest",
+                "run",
+                "-p",
+                "flock-bird",
+                "--features",
+                "root-tests",
+                "--test",
+                "faults",
+                "--no-capture",
+            ])
+        }
         Some(other) => {
-            bail!("unknown lab command {other:?}: use `cargo xtask lab [up|down|check]`")
+            bail!("unknown lab command {other:?}: use `cargo xtask lab [up|down|check|faults]`")
         }
     }
 }
