@@ -338,7 +338,10 @@ async fn anycast_route_follows_its_pods() {
         .unwrap_or_else(|| panic!("{eth0}"));
     assert!(v6.contains("deprecated"), "{v6}");
     let lo = pa.ok(["ip", "addr", "show", "dev", "lo"]);
-    assert!(!lo.contains("10.100.0.53") && !lo.contains("2001:db8:aa::53"), "{lo}");
+    assert!(
+        !lo.contains("10.100.0.53") && !lo.contains("2001:db8:aa::53"),
+        "{lo}"
+    );
     // ... and the pod's own traffic keeps its own addresses as source.
     let r6 = pa.ok(["ip", "-6", "route", "get", "2001:db8:4::c"]);
     assert!(r6.contains("src 2001:db8:4::a "), "{r6}");
