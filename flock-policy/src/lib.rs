@@ -67,6 +67,15 @@
 //! or drops in its own base chain only, beside kube-proxy's tables, whose DNAT happens
 //! before `forward` (policies see a Service's backend address).
 //!
+//! # Applying it (the agent's part)
+//!
+//! Rebuild the [`Ruleset`] on every change of a policy, a namespace's labels or a pod
+//! (labels, addresses, named ports, phase); feed `nft -f -` in the node's namespace
+//! [`update_from`](Ruleset::update_from)'s commands when it has them (membership changes
+//! only), else [`render`](Ruleset::render)'s script. At start-up, whatever the kernel holds
+//! is unknown: apply the full script once. Do not apply anything before the pods and
+//! policies are known (an empty model removes the table, which opens everything).
+//!
 //! ```
 //! use flock_policy::{
 //!     build, Hop, LabelSelector, Namespace, Packet, Peer, Pod, Policy, PortSpec, Protocol,
