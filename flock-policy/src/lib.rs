@@ -76,6 +76,8 @@
 //! is unknown: apply the full script once. Do not apply anything before the pods and
 //! policies are known (an empty model removes the table, which opens everything).
 //!
+//! # Example
+//!
 //! ```
 //! use flock_policy::{
 //!     build, Hop, LabelSelector, Namespace, Packet, Peer, Pod, Policy, PortSpec, Protocol,
