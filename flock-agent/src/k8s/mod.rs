@@ -6,6 +6,7 @@ pub mod leaks;
 pub mod nodeconfig;
 pub mod pods;
 pub mod secrets;
+pub mod sessions;
 pub mod status;
 
 use std::path::PathBuf;
