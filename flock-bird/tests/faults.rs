@@ -626,7 +626,17 @@ fn graceful_restart_bfd_and_link_local_sessions_measured() {
         !rows.iter().any(|r| r.bgp_state() == Some("Established")),
         "a wrong password still gave a session: {session}"
     );
-    let _ = writeln!(report, "password: a wrong one on the node: {session}");
+    let router_side = router
+        .protocols()
+        .iter()
+        .filter(|r| r.name == "to_n2")
+        .map(|r| format!("{} {} {}", r.name, r.state, r.info))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let _ = writeln!(
+        report,
+        "password: a wrong one on the node: node {session}; router {router_side}"
+    );
 
     // Draining node1: graceful shutdown marks its routes at the router with
     // GRACEFUL_SHUTDOWN (65535:0) through `birdc configure`, without a session reset.
