@@ -434,7 +434,7 @@ async fn a_password_secret_is_read_by_name_into_the_bird_model() {
     let reader = SecretReader::new(client);
     let mut settings = node_config_with_secret().settings().expect("valid");
     let fill = tokio::spawn(async move {
-        let problems = fill_passwords(&mut settings, &reader).await;
+        let problems = fill_passwords(&mut settings, &reader, None).await;
         (settings, problems)
     });
     // `s3cret\n` in base64: the trailing newline of `kubectl create secret --from-file` goes.
@@ -493,7 +493,7 @@ async fn a_password_secret_that_cannot_be_read_leaves_the_neighbor_out_and_says_
         let reader = SecretReader::new(client);
         let mut settings = node_config_with_secret().settings().expect("valid");
         let fill = tokio::spawn(async move {
-            let problems = fill_passwords(&mut settings, &reader).await;
+            let problems = fill_passwords(&mut settings, &reader, None).await;
             (settings, problems)
         });
         serve_secret(&mut api, status, body).await;
@@ -515,4 +515,38 @@ async fn a_password_secret_that_cannot_be_read_leaves_the_neighbor_out_and_says_
         let addresses: Vec<&str> = model.neighbors.iter().map(|n| n.address.as_str()).collect();
         assert_eq!(addresses, ["2001:db8::fd"]);
     }
+}
+
+#[tokio::test]
+async fn a_password_read_before_stays_in_use_when_the_secret_cannot_be_read_again() {
+    use flock_agent::k8s::secrets::{SecretReader, fill_passwords};
+    let (client, mut api) = mock_client();
+    let reader = SecretReader::new(client);
+    let mut in_force = node_config_with_secret().settings().expect("valid");
+    if let Some(model) = in_force.bgp.as_mut() {
+        model.neighbors[0].password = Some("s3cret".into());
+    }
+    let mut settings = node_config_with_secret().settings().expect("valid");
+    let fill = tokio::spawn(async move {
+        let problems = fill_passwords(&mut settings, &reader, Some(&in_force)).await;
+        (settings, problems)
+    });
+    // The API server is unavailable: the session must not be reset for that.
+    serve_secret(
+        &mut api,
+        503,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 503,
+               "reason": "ServiceUnavailable", "message": "etcd is down"}),
+    )
+    .await;
+    let (settings, problems) = fill.await.unwrap();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].ends_with("the password read before stays in use"),
+        "{}",
+        problems[0]
+    );
+    let model = settings.bgp.expect("bgp");
+    assert_eq!(model.neighbors.len(), 2);
+    assert_eq!(model.neighbors[0].password.as_deref(), Some("s3cret"));
 }

@@ -92,7 +92,10 @@ impl NodeConfigFollower {
         match nc.settings() {
             Ok(mut settings) => {
                 let problems = match &self.secrets {
-                    Some(reader) => fill_passwords(&mut settings, reader).await,
+                    Some(reader) => {
+                        let previous = self.agent.settings();
+                        fill_passwords(&mut settings, reader, previous.as_deref()).await
+                    }
                     None => Vec::new(),
                 };
                 let problem = (!problems.is_empty()).then(|| problems.join("; "));

@@ -55,10 +55,17 @@ impl SecretReader {
     }
 }
 
-/// Fills in every password `settings` takes from a Secret. Each one that cannot be read (or
-/// that BIRD could not take) removes its neighbor from `settings.bgp` and adds a line to the
-/// returned problems, which name the neighbor's field and the Secret.
-pub async fn fill_passwords(settings: &mut NodeSettings, reader: &SecretReader) -> Vec<String> {
+/// Fills in every password `settings` takes from a Secret (or a file). Each one that cannot be
+/// read adds a line to the returned problems, which name the neighbor's field and the Secret,
+/// and then: if `previous` (the settings in force) has a password for the same neighbor, that
+/// one stays in use, so that an API server outage or a Secret being re-created never resets a
+/// session; otherwise the neighbor is removed from `settings.bgp`. A value BIRD could not take
+/// removes the neighbor too.
+pub async fn fill_passwords(
+    settings: &mut NodeSettings,
+    reader: &SecretReader,
+    previous: Option<&NodeSettings>,
+) -> Vec<String> {
     let mut problems = Vec::new();
     let mut unusable = Vec::new();
     let refs = settings.password_secrets.clone();
@@ -92,10 +99,26 @@ pub async fn fill_passwords(settings: &mut NodeSettings, reader: &SecretReader) 
                 }
             }
             Err(why) => {
-                problems.push(format!(
-                    "{field}: {why}; the neighbor is left out of BIRD until it can be read"
-                ));
-                unusable.push(index);
+                let kept = model
+                    .neighbors
+                    .get(index)
+                    .and_then(|n| previous_password(previous, n));
+                match kept {
+                    Some(password) => {
+                        problems.push(format!(
+                            "{field}: {why}; the password read before stays in use"
+                        ));
+                        if let Some(n) = model.neighbors.get_mut(index) {
+                            n.password = Some(password);
+                        }
+                    }
+                    None => {
+                        problems.push(format!(
+                            "{field}: {why}; the neighbor is left out of BIRD until it can be read"
+                        ));
+                        unusable.push(index);
+                    }
+                }
             }
         }
     }
@@ -122,4 +145,19 @@ pub async fn fill_passwords(settings: &mut NodeSettings, reader: &SecretReader) 
         }
     }
     problems
+}
+
+/// The password the settings in force use for the same neighbor (same address and interface).
+fn previous_password(
+    previous: Option<&NodeSettings>,
+    neighbor: &flock_bird::NeighborSpec,
+) -> Option<String> {
+    previous?
+        .bgp
+        .as_ref()?
+        .neighbors
+        .iter()
+        .find(|n| n.address == neighbor.address && n.interface == neighbor.interface)?
+        .password
+        .clone()
 }
