@@ -33,6 +33,7 @@ const TEST_PACKAGES: &[&str] = &[
     "runc",
     "busybox-static",
     "protobuf-compiler",
+    "nftables",
 ];
 
 fn main() -> Result<()> {
