@@ -7,6 +7,10 @@
 //! - the sandbox ("pause") image and the workloads' image, busybox-static packed as OCI
 //!   archives in Rust (flock-e2e's image writer).
 //!
+//! - for `cargo xtask cluster e2e` ([`build_e2e`]), the images Kubernetes 1.20's e2e suite
+//!   runs, under the exact names it expects: agnhost (the binary built from the same source, on
+//!   the Debian base with curl, netcat, iproute2), busybox and pause.
+//!
 //! Every archive is imported into each node's containerd (`ctr -n k8s.io images import`).
 //! The base root filesystem and podman's storage (with its layer cache) are kept under
 //! `/var/cache/flock`, so a warm run rebuilds only the layer holding the binaries.
@@ -77,7 +81,8 @@ pub fn build_all(bins: &Path, repo: &Path) -> Result<Vec<PathBuf>> {
     Ok(vec![pause.archive, net, flock])
 }
 
-fn build_net_image() -> Result<PathBuf> {
+/// A root filesystem of busybox-static with every applet linked in `/bin`.
+fn busybox_rootfs() -> Result<Vec<u8>> {
     let busybox = std::fs::read(BUSYBOX)
         .with_context(|| format!("read {BUSYBOX} (apt-get install busybox-static)"))?;
     let applets = sys::output(Command::new(BUSYBOX).arg("--list"))?;
@@ -94,7 +99,11 @@ fn build_net_image() -> Result<PathBuf> {
     }
     layer.file("etc/passwd", 0o644, b"root:x:0:0:root:/:/bin/sh\n");
     layer.file("etc/group", 0o644, b"root:x:0:\n");
-    let layer = layer.finish();
+    Ok(layer.finish())
+}
+
+fn build_net_image() -> Result<PathBuf> {
+    let layer = busybox_rootfs()?;
     let layer_digest = sha256_digest(&layer);
     let docs = oci_documents(
         NET,
@@ -200,6 +209,94 @@ fn build_flock_image(bins: &Path, repo: &Path) -> Result<PathBuf> {
             .arg(FLOCK),
     )?;
     Ok(archive)
+}
+
+/// The agnhost image Kubernetes 1.20's e2e suite runs (`test/utils/image/manifest.go`).
+pub const E2E_AGNHOST: &str = "k8s.gcr.io/e2e-test-images/agnhost:2.21";
+/// The suite's busybox (`CMD ["sh"]`, as Docker Hub's).
+pub const E2E_BUSYBOX: &str = "docker.io/library/busybox:1.29";
+/// The suite's pause image.
+pub const E2E_PAUSE: &str = "k8s.gcr.io/pause:3.2";
+/// What the agnhost image adds to the Debian base: the tools the suite's tests exec in it.
+const AGNHOST_PACKAGES: &str = "curl netcat-openbsd iproute2 iputils-ping dnsutils iptables";
+
+/// Builds the e2e suite's images from `agnhost` (the binary built with Kubernetes) and
+/// busybox-static; returns their archives, kept under `CACHE_DIR/images/e2e` (agnhost is
+/// rebuilt only when its binary is newer than its archive).
+pub fn build_e2e(agnhost: &Path) -> Result<Vec<PathBuf>> {
+    let dir = Path::new(CACHE_DIR).join("images/e2e");
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let pause = PauseImage::build(E2E_PAUSE, &dir).context("build the e2e pause image")?;
+
+    // busybox: the root filesystem imported by podman with Docker Hub's CMD, no entry point.
+    let rootfs = dir.join("busybox-rootfs.tar");
+    std::fs::write(&rootfs, busybox_rootfs()?)
+        .with_context(|| format!("write {}", rootfs.display()))?;
+    sys::output(
+        podman()
+            .arg("import")
+            .args(["--change", r#"CMD ["sh"]"#])
+            .args(["--change", "ENV PATH=/bin"])
+            .arg(&rootfs)
+            .arg(E2E_BUSYBOX),
+    )?;
+    let busybox = dir.join("busybox.oci.tar");
+    save(E2E_BUSYBOX, &busybox)?;
+
+    let archive = dir.join("agnhost.oci.tar");
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if modified(&archive).is_none() || modified(&archive) < modified(agnhost) {
+        ensure_base_image()?;
+        let context = dir.join("agnhost-context");
+        std::fs::create_dir_all(&context)
+            .with_context(|| format!("create {}", context.display()))?;
+        std::fs::copy(agnhost, context.join("agnhost"))
+            .with_context(|| format!("copy {}", agnhost.display()))?;
+        let containerfile = format!(
+            "FROM {BASE}\n\
+             RUN apt-get update && apt-get install -y --no-install-recommends {AGNHOST_PACKAGES} \
+             && rm -rf /var/lib/apt/lists/*\n\
+             COPY agnhost /agnhost\n\
+             ENTRYPOINT [\"/agnhost\"]\n\
+             CMD [\"pause\"]\n"
+        );
+        std::fs::write(context.join("Containerfile"), containerfile)
+            .with_context(|| format!("write the Containerfile in {}", context.display()))?;
+        eprintln!("cluster: e2e: podman build {E2E_AGNHOST} (Debian base + {AGNHOST_PACKAGES})");
+        sys::output(
+            podman()
+                .args([
+                    "build",
+                    "--network",
+                    "host",
+                    "--pull=never",
+                    "-t",
+                    E2E_AGNHOST,
+                ])
+                .arg("-f")
+                .arg(context.join("Containerfile"))
+                .arg(&context),
+        )?;
+        let part = dir.join("agnhost.part.tar");
+        save(E2E_AGNHOST, &part)?;
+        std::fs::rename(&part, &archive)
+            .with_context(|| format!("rename to {}", archive.display()))?;
+    }
+    Ok(vec![pause.archive, busybox, archive])
+}
+
+/// `podman save` of `image` as an OCI archive (it keeps its name for `ctr images import`).
+fn save(image: &str, archive: &Path) -> Result<()> {
+    if archive.exists() {
+        std::fs::remove_file(archive).with_context(|| format!("remove {}", archive.display()))?;
+    }
+    sys::output(
+        podman()
+            .args(["save", "--format", "oci-archive", "-o"])
+            .arg(archive)
+            .arg(image),
+    )?;
+    Ok(())
 }
 
 /// Imports an archive into the `k8s.io` namespace of the containerd at `socket`.

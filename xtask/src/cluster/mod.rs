@@ -31,6 +31,7 @@ use crate::sys;
 
 mod control;
 mod deploy;
+mod e2e;
 mod images;
 pub mod kube;
 mod node;
@@ -171,12 +172,15 @@ fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-const USAGE: &str = "usage: cargo xtask cluster [up [--bins DIR]|down|check|build|kubectl ARGS…]
+const USAGE: &str = "usage: cargo xtask cluster [up [--bins DIR]|down|check|build|e2e [--focus REGEX] [--skip REGEX]|kubectl ARGS…]
   up       build what is missing, (re)create the cluster, deploy flock and the workloads, check
            and print everything (a failed check leaves the cluster up for inspection)
   down     remove every namespace, process, mount and file of the cluster
   check    up on the debug binaries, then down whatever happened (what `cargo xtask test` runs)
   build    only build (or find in the cache) Kubernetes
+  e2e      Kubernetes' own e2e suite (e2e.test) against the cluster that is up: sig-network's
+           Networking, Services and Conformance specs unless --focus; skips [Slow], [Serial],
+           [Disruptive], [Flaky], [Feature:…] and the specs of xtask/src/cluster/e2e-exclusions.txt
   kubectl  run kubectl against the cluster as admin
   --bins DIR  take flock-agent and flock from DIR instead of `cargo build --release`";
 
@@ -214,6 +218,7 @@ pub fn cluster(args: &[String]) -> Result<()> {
             println!("Kubernetes {} in {}", kube::VERSION, build.bin.display());
             Ok(())
         }
+        Some("e2e") => e2e::run(&args[1..]),
         Some("kubectl") => {
             let status = kubectl_command()
                 .args(&args[1..])

@@ -1,0 +1,433 @@
+//! `cargo xtask cluster e2e [--focus REGEX] [--skip REGEX]`: Kubernetes' own e2e suite
+//! (`e2e.test`, built from the same 1.20.2 source as the cluster) against the cluster that is up.
+//!
+//! The images the suite's specs run are made here under the exact names 1.20 expects
+//! ([`images::build_e2e`]) and imported into both nodes' containerd. `e2e.test` runs in the
+//! control plane's namespace with the admin kubeconfig. Specs carrying a tag of [`SKIP_TAGS`]
+//! are never run; the specs listed in `e2e-exclusions.txt` (each with its reason) are skipped
+//! too. The per-spec result comes from the suite's JUnit report.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::{CONTROL, NODES, RUN_DIR, images, kube, node, pki, proc};
+use crate::sys;
+
+/// The default focus: the Networking specs (pod to pod, node to pod, Services' granular checks,
+/// HTTP and UDP), the Services specs, and every sig-network Conformance spec.
+pub const DEFAULT_FOCUS: &str =
+    r"\[sig-network\] (Networking|Services) |\[sig-network\].*\[Conformance\]";
+/// Tags never run here: slow, serial, disruptive, flaky and feature-gated specs.
+pub const SKIP_TAGS: &str = r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:";
+/// The specs excluded for a reason outside flock, each with the reason.
+const EXCLUSIONS: &str = include_str!("e2e-exclusions.txt");
+/// How long the whole suite may run before it is killed.
+const LIMIT: Duration = Duration::from_secs(40 * 60);
+
+/// One entry of the exclusion file.
+#[derive(Debug, PartialEq)]
+pub struct Exclusion {
+    /// A literal part of the spec's full name.
+    pub spec: String,
+    /// Why it cannot run here.
+    pub reason: String,
+}
+
+/// Parses the exclusion file: a spec line, then its indented reason lines; `#` comments.
+pub fn exclusions(text: &str) -> Result<Vec<Exclusion>> {
+    let mut out: Vec<Exclusion> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        if line.starts_with([' ', '\t']) {
+            let Some(last) = out.last_mut() else {
+                bail!("e2e-exclusions.txt:{}: a reason before any spec", n + 1);
+            };
+            if !last.reason.is_empty() {
+                last.reason.push(' ');
+            }
+            last.reason.push_str(line.trim());
+        } else {
+            out.push(Exclusion {
+                spec: line.trim().to_owned(),
+                reason: String::new(),
+            });
+        }
+    }
+    if let Some(e) = out.iter().find(|e| e.reason.is_empty()) {
+        bail!("e2e-exclusions.txt: {:?} has no reason", e.spec);
+    }
+    Ok(out)
+}
+
+/// Escapes `text` for Go's regexp (RE2).
+fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if r"\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One spec of a JUnit report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spec {
+    pub name: String,
+    pub outcome: Outcome,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Outcome {
+    Passed,
+    Failed,
+    Skipped,
+}
+
+/// Decodes the XML entities Ginkgo's JUnit reporter writes.
+fn unescape(text: &str) -> String {
+    text.replace("&#34;", "\"")
+        .replace("&#39;", "'")
+        .replace("&#xA;", "\n")
+        .replace("&#x9;", "\t")
+        .replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
+/// The value of attribute `name` in the tag text `tag`.
+fn attribute(tag: &str, name: &str) -> Option<String> {
+    let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    let len = tag[start..].find('"')?;
+    Some(unescape(&tag[start..start + len]))
+}
+
+/// Parses Ginkgo's JUnit report: every `<testcase>` with its outcome.
+pub fn parse_junit(xml: &str) -> Vec<Spec> {
+    let mut specs = Vec::new();
+    let mut rest = xml;
+    while let Some(i) = rest.find("<testcase ") {
+        rest = &rest[i..];
+        let tag_end = rest.find('>').unwrap_or(rest.len());
+        let tag = &rest[..tag_end];
+        let self_closed = tag.ends_with('/');
+        let body_end = if self_closed {
+            tag_end
+        } else {
+            rest.find("</testcase>").unwrap_or(rest.len())
+        };
+        let body = &rest[tag_end..body_end];
+        let outcome = if body.contains("<failure") || body.contains("<error") {
+            Outcome::Failed
+        } else if body.contains("<skipped") {
+            Outcome::Skipped
+        } else {
+            Outcome::Passed
+        };
+        if let Some(name) = attribute(tag, "name") {
+            specs.push(Spec {
+                name,
+                outcome,
+                seconds: attribute(tag, "time")
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(0.0),
+            });
+        }
+        rest = &rest[body_end.max(1)..];
+    }
+    specs
+}
+
+/// `cargo xtask cluster e2e ARGS…`.
+pub fn run(args: &[String]) -> Result<()> {
+    sys::require_root("cargo xtask cluster e2e")?;
+    let mut focus = DEFAULT_FOCUS.to_owned();
+    let mut extra_skip = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--focus" => focus = it.next().context("--focus needs a regex")?.clone(),
+            "--skip" => extra_skip = Some(it.next().context("--skip needs a regex")?.clone()),
+            other => bail!("unknown e2e argument {other:?} (--focus REGEX, --skip REGEX)"),
+        }
+    }
+    let excluded = exclusions(EXCLUSIONS)?;
+    if !Path::new(RUN_DIR).exists() {
+        bail!("no cluster is up: `cargo xtask cluster up` first");
+    }
+    let kube = kube::ensure_built()?;
+    super::kubectl(&["get", "nodes"]).context("the cluster does not answer")?;
+
+    let started = Instant::now();
+    let archives = super::step("e2e images", || images::build_e2e(&kube.tool("agnhost")))?;
+    for n in &NODES {
+        for archive in &archives {
+            images::import(&node::containerd_socket(n), archive)
+                .with_context(|| format!("import {} on {}", archive.display(), n.name))?;
+        }
+    }
+    let images_took = started.elapsed();
+
+    let mut skip = SKIP_TAGS.to_owned();
+    for e in &excluded {
+        skip.push('|');
+        skip.push_str(&regex_escape(&e.spec));
+    }
+    if let Some(extra) = &extra_skip {
+        skip.push('|');
+        skip.push_str(extra);
+    }
+    let report_dir = Path::new(RUN_DIR).join("e2e");
+    if report_dir.exists() {
+        std::fs::remove_dir_all(&report_dir)
+            .with_context(|| format!("remove {}", report_dir.display()))?;
+    }
+    // What the focus selects before the exclusion file (a dry run takes no time).
+    let dry_dir = report_dir.join("dry-run");
+    std::fs::create_dir_all(&dry_dir).with_context(|| format!("create {}", dry_dir.display()))?;
+    sys::output(
+        e2e_command(&kube, &dry_dir)
+            .arg("--ginkgo.dryRun")
+            .arg(format!("--ginkgo.focus={focus}"))
+            .arg(format!("--ginkgo.skip={SKIP_TAGS}")),
+    )?;
+    let in_focus: Vec<String> = read_junit(&dry_dir)?
+        .into_iter()
+        .filter(|s| s.outcome != Outcome::Skipped)
+        .map(|s| s.name)
+        .collect();
+    let unused: Vec<&Exclusion> = excluded
+        .iter()
+        .filter(|e| !in_focus.iter().any(|n| n.contains(&e.spec)))
+        .collect();
+
+    let log_path = report_dir.join("e2e.log");
+    eprintln!(
+        "cluster: e2e: {} specs in focus, {} excluded; running e2e.test (log: {})",
+        in_focus.len(),
+        in_focus
+            .iter()
+            .filter(|n| excluded.iter().any(|e| n.contains(&e.spec)))
+            .count(),
+        log_path.display()
+    );
+    let t = Instant::now();
+    let status = run_suite(&kube, &report_dir, &log_path, &focus, &skip)?;
+    let suite_took = t.elapsed();
+    let specs = read_junit(&report_dir)?;
+
+    let mut out = String::new();
+    out.push_str(&format!(
+        "KUBERNETES E2E ({} e2e.test, --provider=local, from {CONTROL}; focus {focus:?}; \
+         skipped tags {SKIP_TAGS:?})\n",
+        kube::VERSION
+    ));
+    let ran: Vec<&Spec> = specs
+        .iter()
+        .filter(|s| in_focus.contains(&s.name))
+        .collect();
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for s in &ran {
+        let exclusion = excluded.iter().find(|e| s.name.contains(&e.spec));
+        let result = match (s.outcome, exclusion) {
+            (Outcome::Skipped, Some(_)) => "excluded".to_owned(),
+            (Outcome::Skipped, None) => "skipped".to_owned(),
+            (Outcome::Passed, _) => "passed".to_owned(),
+            (Outcome::Failed, _) => "FAILED".to_owned(),
+        };
+        rows.push(vec![
+            result,
+            format!("{:.1} s", s.seconds),
+            s.name.trim_start_matches("[sig-network] ").to_owned(),
+        ]);
+    }
+    rows.sort();
+    sys::table(
+        &mut out,
+        &["result", "took", "spec ([sig-network] …)"],
+        &rows,
+    );
+    let count = |o: Outcome| {
+        ran.iter()
+            .filter(|s| s.outcome == o)
+            .filter(|s| o != Outcome::Skipped || !excluded.iter().any(|e| s.name.contains(&e.spec)))
+            .count()
+    };
+    let excluded_count = ran
+        .iter()
+        .filter(|s| {
+            s.outcome == Outcome::Skipped && excluded.iter().any(|e| s.name.contains(&e.spec))
+        })
+        .count();
+    let (passed, failed, skipped) = (
+        count(Outcome::Passed),
+        count(Outcome::Failed),
+        count(Outcome::Skipped),
+    );
+    out.push_str(&format!(
+        "\n{} specs in focus: {} run, {passed} passed, {failed} failed, {skipped} skipped by the \
+         suite itself, {excluded_count} excluded (xtask/src/cluster/e2e-exclusions.txt)\n",
+        ran.len(),
+        passed + failed,
+    ));
+    if !unused.is_empty() {
+        out.push_str("exclusions matching no spec of this focus:\n");
+        for e in unused {
+            out.push_str(&format!("  {}\n", e.spec));
+        }
+    }
+    out.push_str(&format!(
+        "images {:.0} s, suite {:.0} s; e2e.test's log: {}\n",
+        images_took.as_secs_f64(),
+        suite_took.as_secs_f64(),
+        log_path.display()
+    ));
+    print!("{out}");
+    std::fs::write(report_dir.join("summary.txt"), &out)
+        .with_context(|| format!("write {}", report_dir.join("summary.txt").display()))?;
+    if failed > 0 || !status {
+        bail!(
+            "{failed} e2e specs failed (e2e.test {}); the failures are in {}",
+            if status { "exited 0" } else { "failed" },
+            log_path.display()
+        );
+    }
+    Ok(())
+}
+
+/// `e2e.test` in the control plane's namespace with the flags every run takes.
+fn e2e_command(kube: &kube::KubeBuild, report_dir: &Path) -> std::process::Command {
+    let mut cmd = proc::Place::Net(CONTROL.to_owned()).command(kube.tool("e2e.test"));
+    cmd.arg(format!("--kubeconfig={}", pki::kubeconfig("admin")))
+        .arg("--provider=local")
+        .arg(format!("--kubectl-path={}", kube.tool("kubectl").display()))
+        .arg(format!("--num-nodes={}", NODES.len()))
+        .arg("--node-os-distro=debian")
+        .arg("--allowed-not-ready-nodes=0")
+        .arg("--disable-log-dump")
+        .arg("--ginkgo.noColor")
+        .arg(format!("--report-dir={}", report_dir.display()))
+        .env("HOME", report_dir);
+    cmd
+}
+
+/// Runs the suite, its output into `log`; echoes the suite's progress lines. Returns whether
+/// `e2e.test` exited 0.
+fn run_suite(
+    kube: &kube::KubeBuild,
+    report_dir: &Path,
+    log: &Path,
+    focus: &str,
+    skip: &str,
+) -> Result<bool> {
+    let mut file =
+        std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+    let mut cmd = e2e_command(kube, report_dir);
+    cmd.arg(format!("--ginkgo.focus={focus}"))
+        .arg(format!("--ginkgo.skip={skip}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().context("spawn e2e.test")?;
+    let stderr = child.stderr.take().context("e2e.test's stderr")?;
+    let stderr_log: PathBuf = report_dir.join("e2e.stderr.log");
+    let copier = {
+        let path = stderr_log.clone();
+        std::thread::spawn(move || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(path)?;
+            std::io::copy(&mut BufReader::new(stderr), &mut f)?;
+            Ok(())
+        })
+    };
+    let pid = child.id();
+    let watchdog = std::thread::spawn(move || {
+        let deadline = Instant::now() + LIMIT;
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_secs(5));
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                return;
+            }
+        }
+        eprintln!(
+            "cluster: e2e: the suite ran over {} s, killing it",
+            LIMIT.as_secs()
+        );
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    });
+    let stdout = child.stdout.take().context("e2e.test's stdout")?;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("read e2e.test's output")?;
+        writeln!(file, "{line}").with_context(|| format!("write {}", log.display()))?;
+        // The suite's progress reporter: one JSON line per finished spec.
+        if line.starts_with("{\"msg\":") {
+            eprintln!("cluster: e2e: {line}");
+        }
+    }
+    let status = child.wait().context("wait for e2e.test")?;
+    let _ = copier.join();
+    drop(watchdog);
+    Ok(status.success())
+}
+
+/// Every spec of the JUnit reports in `dir`.
+fn read_junit(dir: &Path) -> Result<Vec<Spec>> {
+    let mut specs = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with("junit") && name.ends_with(".xml") {
+            let xml = std::fs::read_to_string(&path)
+                .with_context(|| format!("read {}", path.display()))?;
+            specs.extend(parse_junit(&xml));
+        }
+    }
+    if specs.is_empty() {
+        bail!("no JUnit report in {}", dir.display());
+    }
+    Ok(specs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exclusion_file_parses_and_every_entry_has_a_reason() {
+        let e = exclusions(EXCLUSIONS).unwrap();
+        assert!(!e.is_empty());
+        assert!(e.iter().all(|e| !e.reason.is_empty() && !e.spec.is_empty()));
+        assert!(exclusions("a spec\n").is_err());
+        assert!(exclusions("  a reason\n").is_err());
+    }
+
+    #[test]
+    fn junit_outcomes() {
+        let xml = r#"<testsuite><testcase name="[sig-network] a &#34;b&#34;" classname="x" time="1.5"></testcase>
+<testcase name="c" classname="x" time="0"><skipped></skipped></testcase>
+<testcase name="d" classname="x" time="3"><failure type="Failure">boom</failure></testcase></testsuite>"#;
+        let specs = parse_junit(xml);
+        assert_eq!(specs.len(), 3);
+        assert_eq!(specs[0].name, "[sig-network] a \"b\"");
+        assert_eq!(specs[0].outcome, Outcome::Passed);
+        assert_eq!(specs[0].seconds, 1.5);
+        assert_eq!(specs[1].outcome, Outcome::Skipped);
+        assert_eq!(specs[2].outcome, Outcome::Failed);
+    }
+
+    #[test]
+    fn escapes_regex_metacharacters() {
+        assert_eq!(regex_escape("[sig-network] a.b"), r"\[sig-network\] a\.b");
+    }
+}
