@@ -236,3 +236,73 @@ async fn shutdown_signal() {
         _ = int.recv() => {},
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(neighbor: &str) -> crate::nodeconfig::NodeSettings {
+        let yaml = format!(
+            "apiVersion: flock.fritzlab.net/v1alpha1
+kind: NodeConfig
+metadata: {{ name: host001 }}
+spec:
+  cidr6: 2001:db8:0:1::/64
+  bgp:
+    asn: 64512
+    routerId: 10.0.0.1
+    neighbors:
+      - {neighbor}
+"
+        );
+        serde_yaml::from_str::<NodeConfig>(&yaml)
+            .expect("yaml")
+            .settings()
+            .expect("valid")
+    }
+
+    #[test]
+    fn standalone_reads_password_files_and_refuses_secrets() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("tor-a.password");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let mut s = settings(&format!(
+            "{{ address: \"2001:db8::fe\", asn: 65000, passwordFile: {} }}",
+            file.display()
+        ));
+        read_password_files(&mut s).expect("readable");
+        let model = s.bgp.expect("bgp");
+        assert_eq!(model.neighbors[0].password.as_deref(), Some("s3cret"));
+
+        let mut s = settings(&format!(
+            "{{ address: \"2001:db8::fe\", asn: 65000, passwordFile: {} }}",
+            dir.path().join("missing").display()
+        ));
+        let e = read_password_files(&mut s)
+            .expect_err("missing file")
+            .to_string();
+        assert!(
+            e.contains("spec.bgp.neighbors[0].passwordFile") && e.contains("missing"),
+            "{e}"
+        );
+
+        std::fs::write(&file, "bad\"quote").unwrap();
+        let mut s = settings(&format!(
+            "{{ address: \"2001:db8::fe\", asn: 65000, passwordFile: {} }}",
+            file.display()
+        ));
+        let e = read_password_files(&mut s)
+            .expect_err("unusable")
+            .to_string();
+        assert!(e.contains("password for 2001:db8::fe"), "{e}");
+        assert!(!e.contains("bad\"quote"), "the password leaked: {e}");
+
+        let mut s = settings(
+            "{ address: \"2001:db8::fe\", asn: 65000, passwordSecretRef: { name: p, namespace: kube-system, key: k } }",
+        );
+        let e = read_password_files(&mut s)
+            .expect_err("no Secrets")
+            .to_string();
+        assert!(e.contains("Kubernetes mode only"), "{e}");
+    }
+}

@@ -2,8 +2,10 @@
 //! of the complete configuration.
 //!
 //! - [`BirdModel`]: the node's BGP setup as the agent assembles it (router ID,
-//!   ASN, neighbors, graceful restart, node CIDRs, extra pod addresses,
-//!   anycast addresses, communities), with values as they arrive.
+//!   ASN, neighbors — by address or link-local on an interface, with password,
+//!   BFD timing, per-neighbor [`GracefulRestart`] — node CIDRs, extra pod
+//!   addresses, anycast addresses, communities, graceful shutdown), with values
+//!   as they arrive.
 //! - [`BirdModel::validate`] checks it into a [`ValidModel`] (sorted,
 //!   de-duplicated), or returns an [`Error`] naming the field and the value.
 //! - [`render`] writes the BIRD 2 configuration: byte-for-byte stable
