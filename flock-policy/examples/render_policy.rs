@@ -1,7 +1,7 @@
 //! Prints the nftables ruleset of a node running one web pod that only clients of its
 //! namespace may reach on its `http` port, and that may send nothing but DNS.
 //!
-//! `cargo run -p flock-policy --example render > /tmp/policy.nft`, then, as root, in a
+//! `cargo run -p flock-policy --example render_policy > /tmp/policy.nft`, then, as root, in a
 //! namespace of your own: `unshare -n nft -c -f /tmp/policy.nft && echo accepted`
 
 use flock_policy::{
