@@ -6,7 +6,7 @@
 //! - `bench`: end-to-end CNI latency and throughput of every subject (the
 //!   reference plugins, flock) through one runtime stand-in, written into
 //!   `BENCHMARKS.md` (see `bench.rs`).
-//! - `lab [up|down|check]`: two routed nodes, a router and four pods in network
+//! - `lab [up|down|check|faults]`: two routed nodes, a router and four pods in network
 //!   namespaces, checked and printed as tables (see `lab.rs`).
 //! - `cluster [up|down|check|build|kubectl ARGS…]`: a real Kubernetes 1.20 cluster (built
 //!   from Debian's source package) in network namespaces, flock deployed into it from
@@ -49,7 +49,7 @@ fn main() -> Result<()> {
             eprintln!(
                 "usage: cargo xtask test [nextest filters…]\n\
                  \x20      cargo xtask bench [--pods N] [--concurrency C] [--rss-pods N] [--subjects reference,flock] [--no-write]\n\
-                 \x20      cargo xtask lab [up|down|check]\n\
+                 \x20      cargo xtask lab [up|down|check|faults]\n\
                  \x20      cargo xtask cluster [up|down|check|build|kubectl ARGS…]\n\
                  \n  test   install what the suite needs and run every test (as root)\
                  \n  bench  ADD/DEL latency and pods/s of each subject, written into BENCHMARKS.md (as root)\
