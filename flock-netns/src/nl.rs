@@ -159,6 +159,19 @@ pub(crate) async fn addrs(h: &Handle, ns: &str, index: u32, ifname: &str) -> Res
     Ok(out)
 }
 
+/// How an address is added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AddrKind {
+    /// A plain address (global scope; IPv6 without DAD).
+    Plain,
+    /// Link scope (the node's `169.254.1.1` on `lo`).
+    LinkScope,
+    /// An anycast address on a pod's interface: the pod accepts traffic to it but never
+    /// picks it as the source of its own — IPv6 deprecated (preferred lifetime 0, valid
+    /// forever), IPv4 host scope (never chosen for a destination beyond the host).
+    Anycast,
+}
+
 /// Adds (or replaces) an address without DAD.
 pub(crate) async fn addr_replace(
     h: &Handle,
@@ -167,62 +180,39 @@ pub(crate) async fn addr_replace(
     ifname: &str,
     net: IpNet,
 ) -> Result<()> {
-    addr_replace_scoped(h, ns, index, ifname, net, false).await
+    addr_replace_as(h, ns, index, ifname, net, AddrKind::Plain).await
 }
 
-/// Adds (or replaces) an address without DAD, with link scope if asked.
-pub(crate) async fn addr_replace_scoped(
+/// Adds (or replaces) an address of `kind`; IPv6 ones never wait for DAD.
+pub(crate) async fn addr_replace_as(
     h: &Handle,
     ns: &str,
     index: u32,
     ifname: &str,
     net: IpNet,
-    link_scope: bool,
+    kind: AddrKind,
 ) -> Result<()> {
+    use netlink_packet_route::address::AddressScope;
     let mut req = h
         .address()
         .add(index, net.addr(), net.prefix_len())
         .replace();
     let msg = req.message_mut();
-    if link_scope {
-        msg.header.scope = netlink_packet_route::address::AddressScope::Link;
+    match (kind, net.addr().is_ipv4()) {
+        (AddrKind::LinkScope, _) => msg.header.scope = AddressScope::Link,
+        (AddrKind::Anycast, true) => msg.header.scope = AddressScope::Host,
+        _ => {}
     }
     if net.addr().is_ipv6() {
         msg.header.flags |= AddressHeaderFlags::Nodad;
         msg.attributes
             .push(AddressAttribute::Flags(AddressFlags::Nodad));
-    }
-    req.execute()
-        .await
-        .map_err(|source| Error::address("add", net, ifname, ns, source))
-}
-
-/// Adds (or replaces) an anycast address on a pod's interface so that the pod accepts
-/// traffic to it but never picks it as the source of its own: an IPv6 one without DAD and
-/// deprecated (preferred lifetime 0, valid forever), an IPv4 one with host scope (never
-/// chosen for a destination beyond the host).
-pub(crate) async fn addr_replace_anycast(
-    h: &Handle,
-    ns: &str,
-    index: u32,
-    ifname: &str,
-    net: IpNet,
-) -> Result<()> {
-    let mut req = h
-        .address()
-        .add(index, net.addr(), net.prefix_len())
-        .replace();
-    let msg = req.message_mut();
-    if net.addr().is_ipv4() {
-        msg.header.scope = netlink_packet_route::address::AddressScope::Host;
-    } else {
-        msg.header.flags |= AddressHeaderFlags::Nodad;
-        msg.attributes
-            .push(AddressAttribute::Flags(AddressFlags::Nodad));
-        let mut lifetimes = CacheInfo::default();
-        lifetimes.ifa_preferred = 0;
-        lifetimes.ifa_valid = u32::MAX;
-        msg.attributes.push(AddressAttribute::CacheInfo(lifetimes));
+        if kind == AddrKind::Anycast {
+            let mut lifetimes = CacheInfo::default();
+            lifetimes.ifa_preferred = 0;
+            lifetimes.ifa_valid = u32::MAX;
+            msg.attributes.push(AddressAttribute::CacheInfo(lifetimes));
+        }
     }
     req.execute()
         .await

@@ -12,7 +12,7 @@ use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth};
 use crate::anycast::{is_unicast, member_set, program_anycast};
 use crate::error::{Error, Result, TeardownError};
 use crate::host::{HOST_IF_PREFIX, remove_host_iface};
-use crate::nl::{self, Link, RouteSpec};
+use crate::nl::{self, AddrKind, Link, RouteSpec};
 use crate::ns::{NlConn, NodeNs, NsTarget, Sysctl, ensure_sysctls, read_sysctl, run_in};
 
 const EEXIST: i32 = 17;
@@ -266,8 +266,16 @@ pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
             nl::route_replace(p, &podname, &r, peer.index).await?;
         }
         for a in &spec.anycast {
-            nl::addr_replace_anycast(p, &podname, peer.index, &spec.if_name, IpNet::from(*a))
-                .await?;
+            let net = IpNet::from(*a);
+            nl::addr_replace_as(
+                p,
+                &podname,
+                peer.index,
+                &spec.if_name,
+                net,
+                AddrKind::Anycast,
+            )
+            .await?;
         }
         Ok::<_, Error>(started.elapsed())
     };
@@ -314,7 +322,15 @@ async fn ensure_gateway4(h: &Handle, nodename: &str) -> Result<()> {
     if !lo.up {
         nl::link_up(h, nodename, &lo, None).await?;
     }
-    nl::addr_replace_scoped(h, nodename, lo.index, "lo", gateway4_net(), true).await
+    nl::addr_replace_as(
+        h,
+        nodename,
+        lo.index,
+        "lo",
+        gateway4_net(),
+        AddrKind::LinkScope,
+    )
+    .await
 }
 
 /// `169.254.1.1/32`.
