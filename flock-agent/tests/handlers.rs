@@ -40,6 +40,19 @@ async fn start(kernel: &Arc<MemoryKernel>, dir: &Path, settings: NodeSettings) -
     agent
 }
 
+/// An agent on a fresh in-memory kernel and store, with a /64 and a /24.
+async fn fresh() -> (Arc<MemoryKernel>, tempfile::TempDir, Arc<Agent>) {
+    let kernel = Arc::new(MemoryKernel::new(BOOT));
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start(
+        &kernel,
+        dir.path(),
+        settings("2001:db8:7::/64", "10.77.0.0/24"),
+    )
+    .await;
+    (kernel, dir, agent)
+}
+
 fn netns_of(cid: &str) -> PathBuf {
     PathBuf::from(format!("/run/netns/{cid}"))
 }
@@ -97,14 +110,7 @@ fn record_veths(agent: &Agent) -> BTreeSet<String> {
 
 #[tokio::test]
 async fn two_attachments_of_one_container_keep_their_own_veths() {
-    let kernel = Arc::new(MemoryKernel::new(BOOT));
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start(
-        &kernel,
-        dir.path(),
-        settings("2001:db8:7::/64", "10.77.0.0/24"),
-    )
-    .await;
+    let (kernel, _dir, agent) = fresh().await;
     assert!(add(&agent, &kernel, "c1", "eth0").await.error.is_none());
     assert!(add(&agent, &kernel, "c1", "net1").await.error.is_none());
     assert_eq!(veths(&kernel).len(), 2, "one veth per attachment");
@@ -124,14 +130,7 @@ async fn two_attachments_of_one_container_keep_their_own_veths() {
 
 #[tokio::test]
 async fn a_kernel_failure_reaches_the_runtime_with_its_errno() {
-    let kernel = Arc::new(MemoryKernel::new(BOOT));
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start(
-        &kernel,
-        dir.path(),
-        settings("2001:db8:7::/64", "10.77.0.0/24"),
-    )
-    .await;
+    let (kernel, _dir, agent) = fresh().await;
     kernel.fail_next(FaultOp::Setup, 1);
     let error = add(&agent, &kernel, "c1", "eth0")
         .await
