@@ -123,6 +123,29 @@ pub fn oci_documents(
     }
 }
 
+/// An OCI image archive (what `ctr images import` takes) of one layer: the image `name`
+/// running `entrypoint`, for this machine's architecture.
+pub fn oci_archive(name: &str, entrypoint: &[&str], layer: &[u8]) -> Vec<u8> {
+    let layer_digest = sha256_digest(layer);
+    let docs = oci_documents(
+        name,
+        oci_arch(),
+        entrypoint,
+        &layer_digest,
+        layer.len() as u64,
+    );
+    let blob = |digest: &str| format!("blobs/sha256/{}", &digest["sha256:".len()..]);
+    let mut t = TarBuilder::new();
+    t.file("oci-layout", 0o644, br#"{"imageLayoutVersion":"1.0.0"}"#);
+    t.file("index.json", 0o644, docs.index.as_bytes());
+    t.dir("blobs", 0o755).dir("blobs/sha256", 0o755);
+    t.file(&blob(&layer_digest), 0o644, layer);
+    for doc in [&docs.config, &docs.manifest] {
+        t.file(&blob(&sha256_digest(doc.as_bytes())), 0o644, doc.as_bytes());
+    }
+    t.finish()
+}
+
 /// The image's only layer: busybox and the directories runc mounts over.
 fn pause_layer(busybox: &[u8]) -> Vec<u8> {
     let mut t = TarBuilder::new();
@@ -151,33 +174,9 @@ impl PauseImage {
             path: BUSYBOX.into(),
             source,
         })?;
-        let layer = pause_layer(&busybox);
-        let layer_digest = sha256_digest(&layer);
-        let docs = oci_documents(
-            name,
-            oci_arch(),
-            &Self::ENTRYPOINT,
-            &layer_digest,
-            layer.len() as u64,
-        );
-        let blob = |digest: &str| format!("blobs/sha256/{}", &digest["sha256:".len()..]);
-        let mut t = TarBuilder::new();
-        t.file("oci-layout", 0o644, br#"{"imageLayoutVersion":"1.0.0"}"#);
-        t.file("index.json", 0o644, docs.index.as_bytes());
-        t.dir("blobs", 0o755).dir("blobs/sha256", 0o755);
-        t.file(&blob(&layer_digest), 0o644, &layer);
-        t.file(
-            &blob(&sha256_digest(docs.config.as_bytes())),
-            0o644,
-            docs.config.as_bytes(),
-        );
-        t.file(
-            &blob(&sha256_digest(docs.manifest.as_bytes())),
-            0o644,
-            docs.manifest.as_bytes(),
-        );
+        let archive_bytes = oci_archive(name, &Self::ENTRYPOINT, &pause_layer(&busybox));
         let archive = dir.join("pause.oci.tar");
-        std::fs::write(&archive, t.finish()).map_err(|source| Error::Io {
+        std::fs::write(&archive, archive_bytes).map_err(|source| Error::Io {
             op: "write pause image archive",
             path: archive.clone(),
             source,

@@ -24,7 +24,7 @@ mod tar;
 pub use config::{ContainerdConfig, Snapshotter};
 pub use containerd::Containerd;
 pub use cri::{CriClient, PodSandboxSpec, RunConditions, SandboxNetwork, SandboxRun};
-pub use image::{OciDocuments, PauseImage, oci_arch, oci_documents, sha256_digest};
+pub use image::{OciDocuments, PauseImage, oci_arch, oci_archive, oci_documents, sha256_digest};
 pub use node::{BeforeStart, CniConf, E2eNode, NodeSetup};
 pub use tar::TarBuilder;
 
