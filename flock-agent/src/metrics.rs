@@ -40,6 +40,13 @@ pub struct FamilyLabels {
     pub family: String,
 }
 
+/// Labels of a BGP session.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SessionLabels {
+    /// The neighbor as the NodeConfig status names it.
+    pub neighbor: String,
+}
+
 /// Every metric the agent exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -58,6 +65,8 @@ pub struct Metrics {
     pub bird_failures: Counter,
     /// Durable store write latency.
     pub store_write_seconds: Histogram,
+    /// 1 for each BGP session that is Established, 0 for one that is not (Kubernetes mode).
+    pub bgp_session_established: Family<SessionLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -114,6 +123,12 @@ impl Metrics {
             "Durable allocation store write latency",
             store_write_seconds.clone(),
         );
+        let bgp_session_established = Family::<SessionLabels, Gauge>::default();
+        registry.register(
+            "bgp_session_established",
+            "Whether each BGP session of the node is Established (1) or not (0)",
+            bgp_session_established.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -123,6 +138,19 @@ impl Metrics {
             bird_reloads,
             bird_failures,
             store_write_seconds,
+            bgp_session_established,
+        }
+    }
+
+    /// Sets the session gauges to exactly these sessions (neighbor, established).
+    pub fn set_bgp_sessions<'a>(&self, sessions: impl IntoIterator<Item = (&'a str, bool)>) {
+        self.bgp_session_established.clear();
+        for (neighbor, up) in sessions {
+            self.bgp_session_established
+                .get_or_create(&SessionLabels {
+                    neighbor: neighbor.to_owned(),
+                })
+                .set(i64::from(up));
         }
     }
 
@@ -270,6 +298,16 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("flock_bird_reloads_total 1"), "{text}");
+        m.set_bgp_sessions([("2001:db8::fe", true), ("10.0.0.254", false)]);
+        let text = m.encode();
+        assert!(
+            text.contains("flock_bgp_session_established{neighbor=\"2001:db8::fe\"} 1")
+                && text.contains("flock_bgp_session_established{neighbor=\"10.0.0.254\"} 0"),
+            "{text}"
+        );
+        // A neighbor removed from the NodeConfig leaves no gauge behind.
+        m.set_bgp_sessions([("2001:db8::fe", true)]);
+        assert!(!m.encode().contains("10.0.0.254"));
     }
 
     #[test]

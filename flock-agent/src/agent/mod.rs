@@ -270,6 +270,11 @@ impl Agent {
         &self.health
     }
 
+    /// The agent's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// The BIRD configuration of this node ([`announce::bird_model`]), rendered. `Ok(None)`
     /// without BGP settings.
     pub fn render_bird(&self) -> Result<Option<String>, String> {

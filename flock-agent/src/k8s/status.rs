@@ -289,6 +289,12 @@ pub async fn run_status_writer(
         let status = build_status(&inputs, gate.last_written(), Timestamp::now());
         // /readyz names every BGP session that is not Established, and why.
         agent.health().set_problem("bgp", sessions_down(&status));
+        agent.metrics().set_bgp_sessions(
+            status
+                .bgp
+                .iter()
+                .map(|n| (n.neighbor.as_str(), n.state == "Established")),
+        );
         let now = Instant::now();
         if gate.should_write(&status, now) {
             match write_status(&client, &node, &status).await {
