@@ -6,6 +6,12 @@
 //! control plane's namespace with the admin kubeconfig. Specs carrying a tag of [`SKIP_TAGS`]
 //! are never run; the specs listed in `e2e-exclusions.txt` (each with its reason) are skipped
 //! too. The per-spec result comes from the suite's JUnit report.
+//!
+//! No internet here: every `[sig-network] Networking` spec first GETs `http://google.com` from
+//! the test runner ("basic external connectivity", a pre-test assertion, not a check of the
+//! cluster). `e2e.test` gets `HTTP_PROXY` pointing at a stub in the control plane's namespace
+//! (agnhost `netexec`, answering 200) and `NO_PROXY` covering every address of the cluster, so
+//! only that plain-HTTP request to a name outside the cluster goes to the stub.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
@@ -25,6 +31,12 @@ pub const DEFAULT_FOCUS: &str =
 pub const SKIP_TAGS: &str = r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:";
 /// The specs excluded for a reason outside flock, each with the reason.
 const EXCLUSIONS: &str = include_str!("e2e-exclusions.txt");
+/// The stub "internet" (see the module's docs): agnhost netexec in the control plane's
+/// namespace, on the apiserver's address.
+const STUB_HTTP_PORT: u16 = 18080;
+const STUB_UDP_PORT: u16 = 18081;
+/// Every address of the cluster (nodes, pods, services, control plane): never proxied.
+const NO_PROXY: &str = "2001:db8::/32,10.0.0.0/8,127.0.0.0/8,::1,localhost";
 /// How long the whole suite may run before it is killed.
 const LIMIT: Duration = Duration::from_secs(40 * 60);
 
@@ -222,7 +234,10 @@ pub fn run(args: &[String]) -> Result<()> {
         log_path.display()
     );
     let t = Instant::now();
-    let status = run_suite(&kube, &report_dir, &log_path, &focus, &skip)?;
+    let stub = Stub::start(&kube, &report_dir)?;
+    let status = run_suite(&kube, &report_dir, &log_path, &focus, &skip);
+    drop(stub);
+    let status = status?;
     let suite_took = t.elapsed();
     let specs = read_junit(&report_dir)?;
 
@@ -305,6 +320,43 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The stub answering the suite's `GET http://google.com`; killed when dropped.
+struct Stub(std::process::Child);
+
+impl Stub {
+    fn start(kube: &kube::KubeBuild, report_dir: &Path) -> Result<Stub> {
+        let log = std::fs::File::create(report_dir.join("internet-stub.log"))
+            .context("create the stub's log")?;
+        let child = proc::Place::Net(CONTROL.to_owned())
+            .command(kube.tool("agnhost"))
+            .args([
+                "netexec".to_owned(),
+                format!("--http-port={STUB_HTTP_PORT}"),
+                format!("--udp-port={STUB_UDP_PORT}"),
+            ])
+            .stdout(log.try_clone().context("the stub's log")?)
+            .stderr(log)
+            .spawn()
+            .context("spawn agnhost netexec (the internet stub)")?;
+        let stub = Stub(child);
+        let url = format!("http://[{}]:{STUB_HTTP_PORT}/", super::CONTROL_ADDR);
+        sys::wait_for(Duration::from_secs(10), || {
+            proc::Place::Net(CONTROL.to_owned())
+                .run(&["curl", "-sf", "-m", "1", "-o", "/dev/null", &url])
+                .is_ok()
+        })
+        .context("the internet stub does not answer")?;
+        Ok(stub)
+    }
+}
+
+impl Drop for Stub {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `e2e.test` in the control plane's namespace with the flags every run takes.
 fn e2e_command(kube: &kube::KubeBuild, report_dir: &Path) -> std::process::Command {
     let mut cmd = proc::Place::Net(CONTROL.to_owned()).command(kube.tool("e2e.test"));
@@ -317,7 +369,16 @@ fn e2e_command(kube: &kube::KubeBuild, report_dir: &Path) -> std::process::Comma
         .arg("--disable-log-dump")
         .arg("--ginkgo.noColor")
         .arg(format!("--report-dir={}", report_dir.display()))
-        .env("HOME", report_dir);
+        .env("HOME", report_dir)
+        .env(
+            "HTTP_PROXY",
+            format!("http://[{}]:{STUB_HTTP_PORT}", super::CONTROL_ADDR),
+        )
+        .env("NO_PROXY", NO_PROXY)
+        .env_remove("HTTPS_PROXY")
+        .env_remove("https_proxy")
+        .env_remove("http_proxy")
+        .env_remove("no_proxy");
     cmd
 }
 

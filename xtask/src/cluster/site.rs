@@ -113,6 +113,17 @@ pub fn build() -> Result<()> {
             "dev",
             "lo",
         ])?;
+        // The fabric routes the node's own IPv4 address (as it routes its IPv6 one, on the
+        // link): replies to what the node sends from it (host-network pods, probes) come back.
+        router.run(&[
+            "ip",
+            "route",
+            "add",
+            &format!("{}/32", node.router_id),
+            "via",
+            "inet6",
+            node.addr,
+        ])?;
     }
     start_router_bird()
 }
