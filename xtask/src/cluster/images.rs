@@ -218,11 +218,11 @@ pub const E2E_BUSYBOX: &str = "docker.io/library/busybox:1.29";
 /// The suite's pause image.
 pub const E2E_PAUSE: &str = "k8s.gcr.io/pause:3.2";
 /// What the agnhost image adds to the Debian base: the tools the suite's tests exec in it.
-const AGNHOST_PACKAGES: &str = "curl netcat-openbsd iproute2 iputils-ping dnsutils iptables";
+const AGNHOST_PACKAGES: &str = "curl wget netcat-openbsd iproute2 iputils-ping dnsutils iptables";
 
 /// Builds the e2e suite's images from `agnhost` (the binary built with Kubernetes) and
 /// busybox-static; returns their archives, kept under `CACHE_DIR/images/e2e` (agnhost is
-/// rebuilt only when its binary is newer than its archive).
+/// rebuilt only when its binary is newer than its archive or its Containerfile changed).
 pub fn build_e2e(agnhost: &Path) -> Result<Vec<PathBuf>> {
     let dir = Path::new(CACHE_DIR).join("images/e2e");
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
@@ -244,23 +244,27 @@ pub fn build_e2e(agnhost: &Path) -> Result<Vec<PathBuf>> {
     save(E2E_BUSYBOX, &busybox)?;
 
     let archive = dir.join("agnhost.oci.tar");
-    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    if modified(&archive).is_none() || modified(&archive) < modified(agnhost) {
-        ensure_base_image()?;
-        let context = dir.join("agnhost-context");
-        std::fs::create_dir_all(&context)
-            .with_context(|| format!("create {}", context.display()))?;
-        std::fs::copy(agnhost, context.join("agnhost"))
-            .with_context(|| format!("copy {}", agnhost.display()))?;
-        let containerfile = format!(
-            "FROM {BASE}\n\
+    let context = dir.join("agnhost-context");
+    let containerfile = format!(
+        "FROM {BASE}\n\
              RUN apt-get update && apt-get install -y --no-install-recommends {AGNHOST_PACKAGES} \
              && rm -rf /var/lib/apt/lists/*\n\
              COPY agnhost /agnhost\n\
              ENTRYPOINT [\"/agnhost\"]\n\
              CMD [\"pause\"]\n"
-        );
-        std::fs::write(context.join("Containerfile"), containerfile)
+    );
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let built_from = std::fs::read_to_string(context.join("Containerfile")).unwrap_or_default();
+    if modified(&archive).is_none()
+        || modified(&archive) < modified(agnhost)
+        || built_from != containerfile
+    {
+        ensure_base_image()?;
+        std::fs::create_dir_all(&context)
+            .with_context(|| format!("create {}", context.display()))?;
+        std::fs::copy(agnhost, context.join("agnhost"))
+            .with_context(|| format!("copy {}", agnhost.display()))?;
+        std::fs::write(context.join("Containerfile"), &containerfile)
             .with_context(|| format!("write the Containerfile in {}", context.display()))?;
         eprintln!("cluster: e2e: podman build {E2E_AGNHOST} (Debian base + {AGNHOST_PACKAGES})");
         sys::output(
