@@ -427,13 +427,24 @@ fn run_suite(
             nix::sys::signal::Signal::SIGKILL,
         );
     });
-    let stdout = child.stdout.take().context("e2e.test's stdout")?;
-    for line in BufReader::new(stdout).lines() {
-        let line = line.context("read e2e.test's output")?;
-        writeln!(file, "{line}").with_context(|| format!("write {}", log.display()))?;
+    let mut stdout = BufReader::new(child.stdout.take().context("e2e.test's stdout")?);
+    // Bytes, not UTF-8 lines: specs log what servers answered, binary included.
+    let mut raw = Vec::new();
+    loop {
+        raw.clear();
+        if stdout
+            .read_until(b'\n', &mut raw)
+            .context("read e2e.test's output")?
+            == 0
+        {
+            break;
+        }
+        file.write_all(&raw)
+            .with_context(|| format!("write {}", log.display()))?;
+        let line = String::from_utf8_lossy(&raw);
         // The suite's progress reporter: one JSON line per finished spec.
         if line.starts_with("{\"msg\":") {
-            eprintln!("cluster: e2e: {line}");
+            eprintln!("cluster: e2e: {}", line.trim_end());
         }
     }
     let status = child.wait().context("wait for e2e.test")?;
