@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result};
-use flock_e2e::{PauseImage, TarBuilder, oci_arch, oci_documents, sha256_digest};
+use flock_e2e::{PauseImage, TarBuilder, oci_archive};
 
 use super::RUN_DIR;
 use super::kube::CACHE_DIR;
@@ -103,33 +103,12 @@ fn busybox_rootfs() -> Result<Vec<u8>> {
 }
 
 fn build_net_image() -> Result<PathBuf> {
-    let layer = busybox_rootfs()?;
-    let layer_digest = sha256_digest(&layer);
-    let docs = oci_documents(
-        NET,
-        oci_arch(),
-        &NET_ENTRYPOINT,
-        &layer_digest,
-        layer.len() as u64,
-    );
-    let blob = |digest: &str| format!("blobs/sha256/{}", &digest["sha256:".len()..]);
-    let mut t = TarBuilder::new();
-    t.file("oci-layout", 0o644, br#"{"imageLayoutVersion":"1.0.0"}"#);
-    t.file("index.json", 0o644, docs.index.as_bytes());
-    t.dir("blobs", 0o755).dir("blobs/sha256", 0o755);
-    t.file(&blob(&layer_digest), 0o644, &layer);
-    t.file(
-        &blob(&sha256_digest(docs.config.as_bytes())),
-        0o644,
-        docs.config.as_bytes(),
-    );
-    t.file(
-        &blob(&sha256_digest(docs.manifest.as_bytes())),
-        0o644,
-        docs.manifest.as_bytes(),
-    );
     let archive = dir().join("net.oci.tar");
-    std::fs::write(&archive, t.finish()).with_context(|| format!("write {}", archive.display()))?;
+    std::fs::write(
+        &archive,
+        oci_archive(NET, &NET_ENTRYPOINT, &busybox_rootfs()?),
+    )
+    .with_context(|| format!("write {}", archive.display()))?;
     Ok(archive)
 }
 
