@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use flock_netns::AnycastMember;
-use ipnet::IpNet;
 use rand_core::Rng;
 
 use crate::store::{AllocationRecord, AttachmentKey};
@@ -122,14 +121,6 @@ impl NodeState {
             self.records.values().map(|r| r.host_if.clone()).collect();
         owned.extend(self.in_flight.iter().cloned());
         owned
-    }
-
-    /// The node CIDRs as the pools hold them.
-    pub fn node_cidrs(&self) -> Vec<IpNet> {
-        let mut v = Vec::new();
-        v.extend(self.pools.cidr6().map(IpNet::V6));
-        v.extend(self.pools.cidr4().map(IpNet::V4));
-        v
     }
 
     /// Every anycast address with the local pods that carry it.
