@@ -2,6 +2,7 @@
 //! that says what to fix, and the whole cause chain — the kernel's errno and message
 //! included — in `details`.
 
+pub use flock_cni_proto::error::cause_chain;
 use flock_cni_proto::{CniError, ErrorCode};
 
 use crate::store::AttachmentKey;
@@ -176,9 +177,4 @@ impl HandlerError {
         };
         CniError::new(self.code(), self.to_string()).with_details(details)
     }
-}
-
-/// One line for an error and every cause under it.
-pub fn cause_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    flock_cni_proto::error::cause_chain(e)
 }
