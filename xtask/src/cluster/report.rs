@@ -13,8 +13,8 @@ use serde_json::Value;
 use super::deploy::{DEMO_NS, WEB_REPLICAS};
 use super::proc::Place;
 use super::{
-    ANYCAST4, ANYCAST6, FLOCK_SERVICE_ACCOUNT, NODES, ROUTER, ROUTER_LO4, ROUTER_LO6, control,
-    deploy, kubectl, kubectl_stdin, node, site,
+    ANYCAST4, ANYCAST6, FLOCK_SERVICE_ACCOUNT, NODES, ROUTER, control, deploy, kubectl,
+    kubectl_stdin, node, site,
 };
 use crate::sys;
 
@@ -597,44 +597,68 @@ fn router_routes(r: &mut Report) -> Result<()> {
     Ok(())
 }
 
+/// Anycast from the router through each next hop in turn: bound to the link towards a
+/// node (`SO_BINDTODEVICE`), the router's multipath route yields that node's next hop, so
+/// every node's anycast pod is probed, not just the one the flow hash happens to pick.
 fn anycast(r: &mut Report) -> Result<()> {
-    r.text
-        .push_str("ANYCAST FROM THE ROUTER (ping 3 echoes, then HTTP GET: which pod answered)\n");
+    r.text.push_str(
+        "ANYCAST FROM THE ROUTER (through each node's next hop: ping 3 echoes, then HTTP GET: which pod answered)\n",
+    );
+    let pods = demo_pods()?;
     let router = Place::Net(ROUTER.to_owned());
     let mut rows = Vec::new();
-    for (addr, src, len) in [(ANYCAST6, ROUTER_LO6, 128), (ANYCAST4, ROUTER_LO4, 32)] {
-        let ping = router
-            .run(&[
-                "ping", "-q", "-c", "3", "-i", "0.2", "-W", "2", "-I", src, addr,
-            ])
-            .is_ok_and(|o| o.contains(" 0% packet loss"));
-        let http = router
-            .run(&[
-                "curl",
-                "-sS",
-                "--max-time",
-                "3",
-                "--interface",
-                src,
-                &url(addr),
-            ])
-            .map(|b| b.trim().to_owned())
-            .unwrap_or_else(|e| format!("FAIL ({e:#})"));
-        if !ping || !http.starts_with("anycast-") {
-            r.failures.push(format!(
-                "router -> anycast {addr}: ping {ping}, HTTP answer {http:?}"
-            ));
+    for (addr, len) in [(ANYCAST6, 128), (ANYCAST4, 32)] {
+        let paths = site::router_paths(&format!("{addr}/{len}"));
+        for n in &NODES {
+            let want = pods
+                .iter()
+                .find(|p| p.app == "anycast" && p.node == n.name)
+                .map_or("", |p| p.name.as_str());
+            let ping = router
+                .run(&[
+                    "ping",
+                    "-q",
+                    "-c",
+                    "3",
+                    "-i",
+                    "0.2",
+                    "-W",
+                    "2",
+                    "-I",
+                    n.router_if,
+                    addr,
+                ])
+                .is_ok_and(|o| o.contains(" 0% packet loss"));
+            let http = router
+                .run(&[
+                    "curl",
+                    "-sS",
+                    "--max-time",
+                    "3",
+                    "--interface",
+                    n.router_if,
+                    &url(addr),
+                ])
+                .map(|b| b.trim().to_owned())
+                .unwrap_or_else(|e| format!("FAIL ({e:#})"));
+            if !ping || want.is_empty() || http != want {
+                r.failures.push(format!(
+                    "router -> anycast {addr} via {}: ping {ping}, HTTP answer {http:?} (want {want:?})",
+                    n.name
+                ));
+            }
+            rows.push(vec![
+                addr.to_owned(),
+                format!("{} ({})", n.router_if, n.name),
+                (if ping { "ok" } else { "LOSS" }).to_owned(),
+                http,
+                format!("{paths} next hops"),
+            ]);
         }
-        rows.push(vec![
-            format!("{src} -> {addr}"),
-            (if ping { "ok" } else { "LOSS" }).to_owned(),
-            http,
-            format!("{} next hops", site::router_paths(&format!("{addr}/{len}"))),
-        ]);
     }
     sys::table(
         &mut r.text,
-        &["flow", "ping", "HTTP answered by", "route"],
+        &["anycast", "next hop", "ping", "HTTP answered by", "route"],
         &rows,
     );
     Ok(())
@@ -777,10 +801,9 @@ spec:
 }
 
 /// The kubelets' `FailedCreatePodSandBox` events, by cause. Reported, not failed: the
-/// kubelet retries, and every pod above is Running. Known cause: containerd 1.6 runs the
-/// `loopback` plugin concurrently with flock (go-cni attaches networks in parallel), and
-/// the loopback plugin (1.1.1) refuses a `lo` that already holds a non-loopback address —
-/// which it does when flock has just put a pod's anycast addresses on `lo` (DESIGN §5).
+/// kubelet retries, and every pod above is Running. (A cause seen before: containerd 1.6
+/// runs the `loopback` plugin concurrently with flock, and that plugin refuses a `lo` that
+/// holds a non-loopback address — why flock puts anycast addresses on the pod's interface.)
 fn sandbox_failures(r: &mut Report) -> Result<()> {
     let events = json(&[
         "get",
