@@ -14,6 +14,13 @@ pub const DEL_QUEUE_SUBDIR: &str = "del-queue";
 pub const DEFAULT_DEL_QUEUE_DIR: &str = "/var/lib/flock/del-queue";
 /// The pod interfaces' MTU (`mtu`).
 pub const DEFAULT_MTU: u32 = 1500;
+/// How long ADD and CHECK wait for an agent that is not listening (`agentWaitSeconds`): an
+/// agent being upgraded or restarted is back within seconds, and a sandbox that waits for it
+/// is better than one the kubelet must tear down and create again.
+pub const DEFAULT_AGENT_WAIT_SECONDS: u64 = 30;
+/// The longest `agentWaitSeconds` accepted: below the kubelet's runtime request timeout
+/// (2 minutes).
+pub const MAX_AGENT_WAIT_SECONDS: u64 = 100;
 
 /// The DEL queue of an agent whose state directory is `state_dir`.
 pub fn del_queue_dir(state_dir: &Path) -> PathBuf {

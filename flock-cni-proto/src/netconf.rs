@@ -9,7 +9,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::defaults::{DEFAULT_AGENT_SOCKET, DEFAULT_DEL_QUEUE_DIR, DEFAULT_MTU};
+use crate::defaults::{
+    DEFAULT_AGENT_SOCKET, DEFAULT_AGENT_WAIT_SECONDS, DEFAULT_DEL_QUEUE_DIR, DEFAULT_MTU,
+    MAX_AGENT_WAIT_SECONDS,
+};
 use crate::error::{CniError, ErrorCode};
 use crate::result::CniResult;
 use crate::version::CniVersion;
@@ -243,6 +246,8 @@ pub struct FlockNetConf {
     pub mtu: u32,
     /// `delQueueDir`: where undeliverable DELs wait for the agent.
     pub del_queue_dir: PathBuf,
+    /// `agentWaitSeconds`: how long ADD and CHECK wait for an agent that does not listen.
+    pub agent_wait: std::time::Duration,
     /// `args.flock.annotations` (standalone mode), empty when absent.
     pub annotations: BTreeMap<String, String>,
     /// `runtimeConfig["io.kubernetes.cri.pod-annotations"]` when the runtime
@@ -285,6 +290,19 @@ impl FlockNetConf {
                 }
             },
         };
+        let agent_wait = match conf.extra.get("agentWaitSeconds") {
+            None => DEFAULT_AGENT_WAIT_SECONDS,
+            Some(v) => match v.as_u64() {
+                Some(n @ 0..=MAX_AGENT_WAIT_SECONDS) => n,
+                _ => {
+                    return Err(invalid(format!(
+                        "invalid agentWaitSeconds {v}: expected an integer in \
+                         0..={MAX_AGENT_WAIT_SECONDS}"
+                    )));
+                }
+            },
+        };
+        let agent_wait = std::time::Duration::from_secs(agent_wait);
         let annotations = match conf
             .args
             .as_ref()
@@ -313,6 +331,7 @@ impl FlockNetConf {
             agent_socket,
             mtu,
             del_queue_dir,
+            agent_wait,
             annotations,
             pod_annotations,
         })

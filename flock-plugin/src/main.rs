@@ -2,8 +2,10 @@
 //!
 //! It answers `VERSION` itself and forwards every other call to the node
 //! agent over its Unix socket (DESIGN §2): the agent's error is printed as
-//! the CNI error; an unreachable agent is error 11 for ADD, CHECK and GC and
-//! error 50 for STATUS; a DEL the agent may not have completed (not
+//! the CNI error; ADD and CHECK wait up to `agentWaitSeconds` (30) for an agent
+//! that does not listen, retrying only what certainly did not reach it; an
+//! unreachable agent is then error 11 for ADD, CHECK and GC and error 50 for
+//! STATUS; a DEL the agent may not have completed (not
 //! delivered, or the connection broke or timed out before the answer) is
 //! written durably to the DEL queue and reported as success: DEL is
 //! idempotent, and the agent runs the queue. Nothing but the CNI result or
@@ -44,6 +46,29 @@ impl Shim {
         Ok(resp.into_result())
     }
 
+    /// [`forward`](Self::forward), waiting up to `agentWaitSeconds` for an agent that does
+    /// not listen (restarting: an upgrade, a crash) — retried only while the request
+    /// certainly did not reach it, so nothing runs twice.
+    fn forward_waiting(
+        &self,
+        op: Op,
+        call: &Call<'_>,
+        conf: &FlockNetConf,
+    ) -> Result<Result<Option<serde_json::Value>, CniError>, ClientError> {
+        let deadline = std::time::Instant::now() + conf.agent_wait;
+        let mut pause = std::time::Duration::from_millis(20);
+        loop {
+            match self.forward(op, call, conf) {
+                Err(e) if e.is_undelivered() && std::time::Instant::now() + pause < deadline => {
+                    self.log(call, format_args!("{}; waiting for the agent", e.chain()));
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(250));
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
     /// Forward a call with no result; unreachable agent → `unreachable`.
     fn forward_unit(
         &self,
@@ -53,7 +78,14 @@ impl Shim {
         any_failure: bool,
     ) -> Result<(), CniError> {
         let conf = FlockNetConf::from_netconf(call.conf)?;
-        match self.forward(op, call, &conf) {
+        // CHECK waits for a restarting agent as ADD does; STATUS answers at once (it is the
+        // question whether the agent serves), and GC can wait for the next one.
+        let outcome = if matches!(op, Op::Check) {
+            self.forward_waiting(op, call, &conf)
+        } else {
+            self.forward(op, call, &conf)
+        };
+        match outcome {
             Ok(outcome) => outcome.map(|_| ()),
             Err(e) => {
                 self.log(call, format_args!("{}", e.chain()));
@@ -71,7 +103,7 @@ impl Shim {
 impl Plugin for Shim {
     fn add(&self, call: &Call<'_>) -> Result<CniResult, CniError> {
         let conf = FlockNetConf::from_netconf(call.conf)?;
-        match self.forward(Op::Add, call, &conf) {
+        match self.forward_waiting(Op::Add, call, &conf) {
             Ok(Ok(Some(result))) => CniResult::from_value(&result).map_err(|e| {
                 CniError::new(
                     ErrorCode::Internal,

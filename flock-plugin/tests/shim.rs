@@ -207,9 +207,14 @@ fn agent_errors_become_cni_errors() {
 #[test]
 fn agent_down_is_11_for_add_check_gc_and_50_for_status() {
     let dir = tempfile::tempdir().unwrap();
+    let conf = |dir: &Path| {
+        let mut c: Value = serde_json::from_str(&conf("1.1.0", dir)).unwrap();
+        c["agentWaitSeconds"] = json!(0);
+        c.to_string()
+    };
     // No socket at all.
     for (cmd, code) in [("ADD", 11), ("CHECK", 11), ("GC", 11), ("STATUS", 50)] {
-        let run = shim(cmd, "eth0", &conf("1.1.0", dir.path()));
+        let run = shim(cmd, "eth0", &conf(dir.path()));
         assert_eq!(run.code, 1, "{cmd}");
         let out = run.json();
         assert_eq!(out["code"], code, "{cmd}: {out}");
@@ -224,8 +229,49 @@ fn agent_down_is_11_for_add_check_gc_and_50_for_status() {
     }
     // A socket file nobody listens on (the agent died): ECONNREFUSED.
     drop(UnixListener::bind(dir.path().join("agent.sock")).unwrap());
-    let run = shim("ADD", "eth0", &conf("1.1.0", dir.path()));
+    let run = shim("ADD", "eth0", &conf(dir.path()));
     assert_eq!(run.json()["code"], 11);
+}
+
+#[test]
+fn add_and_check_wait_for_an_agent_that_comes_back() {
+    for cmd in ["ADD", "CHECK"] {
+        let dir = tempfile::tempdir().unwrap();
+        // The agent is restarting: first no socket, then a socket file nobody listens on,
+        // then the new agent.
+        let path = dir.path().to_owned();
+        let reply = if cmd == "ADD" {
+            Response::ok(result_1_1())
+        } else {
+            Response::done()
+        };
+        let restarting = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(UnixListener::bind(path.join("agent.sock")).unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            std::fs::remove_file(path.join("agent.sock")).unwrap();
+            agent(&path, vec![encode_line(&reply)]).join().unwrap()
+        });
+        let run = shim(cmd, "eth0", &conf("1.1.0", dir.path()));
+        assert_eq!(run.code, 0, "{cmd}: {}{}", run.stdout, run.stderr);
+        let seen = restarting.join().unwrap();
+        assert_eq!(seen.len(), 1, "{cmd}: the request reached the agent once");
+    }
+}
+
+#[test]
+fn add_gives_up_waiting_after_agent_wait_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c: Value = serde_json::from_str(&conf("1.1.0", dir.path())).unwrap();
+    c["agentWaitSeconds"] = json!(1);
+    let started = std::time::Instant::now();
+    let run = shim("ADD", "eth0", &c.to_string());
+    let waited = started.elapsed();
+    assert_eq!(run.json()["code"], 11);
+    assert!(
+        waited >= std::time::Duration::from_millis(700),
+        "gave up after {waited:?}, before agentWaitSeconds"
+    );
 }
 
 #[test]
@@ -426,6 +472,14 @@ fn local_validation_errors() {
             conf("1.1.0", dir.path()).replace("\"mtu\":1500", "\"mtu\":40"),
             7,
             "mtu 40",
+        ),
+        (
+            "ADD",
+            "eth0",
+            conf("1.1.0", dir.path())
+                .replace("\"mtu\":1500", "\"mtu\":1500,\"agentWaitSeconds\":-1"),
+            7,
+            "agentWaitSeconds -1",
         ),
         (
             "ADD",
