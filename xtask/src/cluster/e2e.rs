@@ -14,6 +14,7 @@
 //! only that plain-HTTP request to a name outside the cluster goes to the stub.
 
 use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -37,6 +38,9 @@ const STUB_HTTP_PORT: u16 = 18080;
 const STUB_UDP_PORT: u16 = 18081;
 /// Every address of the cluster (nodes, pods, services, control plane): never proxied.
 const NO_PROXY: &str = "2001:db8::/32,10.0.0.0/8,127.0.0.0/8,::1,localhost";
+/// How many `e2e.test` processes share the specs by default: most of a spec is waiting (for
+/// pods, for polls), so more processes than cores pay off.
+const DEFAULT_PARALLEL: usize = 4;
 /// How long the whole suite may run before it is killed.
 const LIMIT: Duration = Duration::from_secs(40 * 60);
 
@@ -165,12 +169,26 @@ pub fn run(args: &[String]) -> Result<()> {
     sys::require_root("cargo xtask cluster e2e")?;
     let mut focus = DEFAULT_FOCUS.to_owned();
     let mut extra_skip = None;
+    let mut pods = Pods::Ipv6;
+    let mut parallel = DEFAULT_PARALLEL;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--focus" => focus = it.next().context("--focus needs a regex")?.clone(),
             "--skip" => extra_skip = Some(it.next().context("--skip needs a regex")?.clone()),
-            other => bail!("unknown e2e argument {other:?} (--focus REGEX, --skip REGEX)"),
+            "--pods" => pods = Pods::parse(it.next().map_or("", String::as_str))?,
+            "--parallel" => {
+                let v = it.next().map_or("", String::as_str);
+                parallel = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=16).contains(n))
+                    .with_context(|| format!("--parallel {v:?}: a number of processes, 1 to 16"))?;
+            }
+            other => bail!(
+                "unknown e2e argument {other:?} (--focus REGEX, --skip REGEX, --pods ipv6|dual, \
+                 --parallel N)"
+            ),
         }
     }
     let excluded = exclusions(EXCLUSIONS)?;
@@ -235,7 +253,9 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     let t = Instant::now();
     let stub = Stub::start(&kube, &report_dir)?;
-    let status = run_suite(&kube, &report_dir, &log_path, &focus, &skip);
+    let families = PodFamilies::set(pods)?;
+    let status = run_suite(&kube, &report_dir, &log_path, &focus, &skip, parallel);
+    drop(families);
     drop(stub);
     let status = status?;
     let suite_took = t.elapsed();
@@ -243,9 +263,10 @@ pub fn run(args: &[String]) -> Result<()> {
 
     let mut out = String::new();
     out.push_str(&format!(
-        "KUBERNETES E2E ({} e2e.test, --provider=local, from {CONTROL}; focus {focus:?}; \
-         skipped tags {SKIP_TAGS:?})\n",
-        kube::VERSION
+        "KUBERNETES E2E ({} e2e.test, --provider=local, from {CONTROL}, {parallel} processes; \
+         {} pods; focus {focus:?}; skipped tags {SKIP_TAGS:?})\n",
+        kube::VERSION,
+        pods.describe()
     ));
     let ran: Vec<&Spec> = specs
         .iter()
@@ -321,6 +342,141 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The address families of the pods the suite creates.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pods {
+    /// IPv6 only (NodeConfig `defaults.ipv4: false`): every pod IP the suite sees is IPv6,
+    /// since containerd 1.6 makes IPv4 a dual-stack pod's primary IP.
+    Ipv6,
+    /// IPv6 and IPv4, as the cluster's NodeConfigs have it.
+    Dual,
+}
+
+impl Pods {
+    /// `--pods VALUE`.
+    pub fn parse(value: &str) -> Result<Pods> {
+        match value {
+            "ipv6" => Ok(Pods::Ipv6),
+            "dual" => Ok(Pods::Dual),
+            other => bail!("--pods {other:?}: ipv6 or dual"),
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Pods::Ipv6 => "IPv6-only",
+            Pods::Dual => "dual-stack",
+        }
+    }
+
+    /// The value of NodeConfig `spec.defaults.ipv4` for this mode.
+    fn ipv4(self) -> bool {
+        self == Pods::Dual
+    }
+}
+
+/// The NodeConfigs' `spec.defaults.ipv4` set for the suite's pods, and put back when dropped.
+struct PodFamilies {
+    /// Each node's value before (`None`: unset).
+    previous: Vec<(&'static str, Option<bool>)>,
+}
+
+impl PodFamilies {
+    /// Sets every node's default and waits until a new pod on each node has just the wanted
+    /// families: the agents follow their NodeConfig through a watch.
+    fn set(pods: Pods) -> Result<PodFamilies> {
+        let mut previous = Vec::new();
+        for n in &NODES {
+            let before = super::kubectl(&[
+                "get",
+                "nodeconfig",
+                n.name,
+                "-o",
+                "jsonpath={.spec.defaults.ipv4}",
+            ])?;
+            previous.push((n.name, before.trim().parse::<bool>().ok()));
+            patch_ipv4(n.name, Some(pods.ipv4()))?;
+        }
+        let families = PodFamilies { previous };
+        for n in &NODES {
+            sys::wait_for(Duration::from_secs(30), || {
+                probe_families(n.name).is_ok_and(|(v6, v4)| v6 && v4 == pods.ipv4())
+            })
+            .with_context(|| {
+                format!(
+                    "new pods on {} do not get {} addresses after the NodeConfig's \
+                     defaults.ipv4 became {}",
+                    n.name,
+                    pods.describe(),
+                    pods.ipv4()
+                )
+            })?;
+        }
+        Ok(families)
+    }
+}
+
+impl Drop for PodFamilies {
+    fn drop(&mut self) {
+        for (node, before) in &self.previous {
+            if let Err(e) = patch_ipv4(node, *before) {
+                eprintln!("cluster: e2e: could not restore {node}'s defaults.ipv4: {e:#}");
+            }
+        }
+    }
+}
+
+fn patch_ipv4(node: &str, ipv4: Option<bool>) -> Result<()> {
+    let value = ipv4.map_or("null".to_owned(), |v| v.to_string());
+    super::kubectl(&[
+        "patch",
+        "nodeconfig",
+        node,
+        "--type=merge",
+        "-p",
+        &format!("{{\"spec\":{{\"defaults\":{{\"ipv4\":{value}}}}}}}"),
+    ])?;
+    Ok(())
+}
+
+/// Starts a pod on `node`, returns whether it got an IPv6 and an IPv4 address, deletes it.
+fn probe_families(node: &str) -> Result<(bool, bool)> {
+    let name = format!("flock-e2e-probe-{node}");
+    let manifest = format!(
+        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"default"}},
+"spec":{{"nodeName":"{node}","terminationGracePeriodSeconds":0,
+"containers":[{{"name":"pause","image":"{}","imagePullPolicy":"Never","args":["pause"]}}]}}}}"#,
+        images::E2E_AGNHOST
+    );
+    let _ = super::kubectl(&["delete", "pod", "-n", "default", &name, "--wait=true"]);
+    super::kubectl_stdin(&["apply", "-f", "-"], &manifest)?;
+    let mut ips = String::new();
+    let seen = sys::wait_for(Duration::from_secs(20), || {
+        match super::kubectl(&[
+            "get",
+            "pod",
+            "-n",
+            "default",
+            &name,
+            "-o",
+            "jsonpath={.status.podIPs[*].ip}",
+        ]) {
+            Ok(got) if !got.trim().is_empty() => {
+                ips = got;
+                true
+            }
+            _ => false,
+        }
+    });
+    let _ = super::kubectl(&["delete", "pod", "-n", "default", &name, "--wait=false"]);
+    seen.with_context(|| format!("{name} got no address"))?;
+    let ips: Vec<&str> = ips.split_whitespace().collect();
+    Ok((
+        ips.iter().any(|ip| ip.contains(':')),
+        ips.iter().any(|ip| !ip.contains(':')),
+    ))
+}
+
 /// The stub answering the suite's `GET http://google.com`; killed when dropped.
 struct Stub(std::process::Child);
 
@@ -358,19 +514,26 @@ impl Drop for Stub {
     }
 }
 
-/// `e2e.test` in the control plane's namespace with the flags every run takes.
-fn e2e_command(kube: &kube::KubeBuild, report_dir: &Path) -> std::process::Command {
-    let mut cmd = proc::Place::Net(CONTROL.to_owned()).command(kube.tool("e2e.test"));
-    cmd.arg(format!("--kubeconfig={}", pki::kubeconfig("admin")))
-        .arg("--provider=local")
-        .arg(format!("--kubectl-path={}", kube.tool("kubectl").display()))
-        .arg(format!("--num-nodes={}", NODES.len()))
-        .arg("--node-os-distro=debian")
-        .arg("--allowed-not-ready-nodes=0")
-        .arg("--disable-log-dump")
-        .arg("--ginkgo.noColor")
-        .arg(format!("--report-dir={}", report_dir.display()))
-        .env("HOME", report_dir)
+/// The flags every run of `e2e.test` takes.
+fn e2e_flags(kube: &kube::KubeBuild, report_dir: &Path) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", pki::kubeconfig("admin")),
+        "--provider=local".to_owned(),
+        format!("--kubectl-path={}", kube.tool("kubectl").display()),
+        format!("--num-nodes={}", NODES.len()),
+        "--node-os-distro=debian".to_owned(),
+        "--allowed-not-ready-nodes=0".to_owned(),
+        "--disable-log-dump".to_owned(),
+        "--ginkgo.noColor".to_owned(),
+        format!("--report-dir={}", report_dir.display()),
+    ]
+}
+
+/// `program` in the control plane's namespace with the suite's environment: the stub as the
+/// HTTP proxy for everything outside the cluster, nothing else proxied.
+fn suite_command(program: &Path, report_dir: &Path) -> std::process::Command {
+    let mut cmd = proc::Place::Net(CONTROL.to_owned()).command(program);
+    cmd.env("HOME", report_dir)
         .env(
             "HTTP_PROXY",
             format!("http://[{}]:{STUB_HTTP_PORT}", super::CONTROL_ADDR),
@@ -383,6 +546,13 @@ fn e2e_command(kube: &kube::KubeBuild, report_dir: &Path) -> std::process::Comma
     cmd
 }
 
+/// `e2e.test` itself (no ginkgo in between), with the flags every run takes.
+fn e2e_command(kube: &kube::KubeBuild, report_dir: &Path) -> std::process::Command {
+    let mut cmd = suite_command(&kube.tool("e2e.test"), report_dir);
+    cmd.args(e2e_flags(kube, report_dir));
+    cmd
+}
+
 /// Runs the suite, its output into `log`; echoes the suite's progress lines. Returns whether
 /// `e2e.test` exited 0.
 fn run_suite(
@@ -391,12 +561,21 @@ fn run_suite(
     log: &Path,
     focus: &str,
     skip: &str,
+    parallel: usize,
 ) -> Result<bool> {
     let mut file =
         std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
-    let mut cmd = e2e_command(kube, report_dir);
-    cmd.arg(format!("--ginkgo.focus={focus}"))
+    // ginkgo runs `parallel` e2e.test processes, each a share of the specs, one BeforeSuite
+    // for all; `-stream` passes their output through as it comes, each line marked "[N] ".
+    let mut cmd = suite_command(&kube.tool("ginkgo"), report_dir);
+    cmd.arg(format!("-nodes={parallel}"))
+        .args(["-stream", "-noColor"])
+        .arg(kube.tool("e2e.test"))
+        .arg("--")
+        .args(e2e_flags(kube, report_dir))
+        .arg(format!("--ginkgo.focus={focus}"))
         .arg(format!("--ginkgo.skip={skip}"))
+        .process_group(0)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().context("spawn e2e.test")?;
@@ -423,7 +602,8 @@ fn run_suite(
             "cluster: e2e: the suite ran over {} s, killing it",
             LIMIT.as_secs()
         );
-        let _ = nix::sys::signal::kill(
+        // ginkgo and every e2e.test it runs: one process group.
+        let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,
         );
@@ -443,8 +623,12 @@ fn run_suite(
         file.write_all(&raw)
             .with_context(|| format!("write {}", log.display()))?;
         let line = String::from_utf8_lossy(&raw);
-        // The suite's progress reporter: one JSON line per finished spec.
-        if line.starts_with("{\"msg\":") {
+        // The suite's progress reporter: one JSON line per finished spec ("[N] " first).
+        let unmarked = line
+            .strip_prefix('[')
+            .and_then(|l| l.split_once("] "))
+            .map_or(&*line, |(_, l)| l);
+        if unmarked.starts_with("{\"msg\":") {
             eprintln!("cluster: e2e: {}", line.trim_end());
         }
     }

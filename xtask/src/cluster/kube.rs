@@ -37,6 +37,8 @@ const TARGETS: &[&str] = &[
     "cmd/kubectl",
     "test/e2e/e2e.test",
     "test/images/agnhost",
+    // The suite's runner: runs `e2e.test` as parallel processes sharing one BeforeSuite.
+    "vendor/github.com/onsi/ginkgo/ginkgo",
 ];
 /// Debian packages the build needs.
 const BUILD_PACKAGES: &[&str] = &[
@@ -289,8 +291,13 @@ fn build_from_source(build: &KubeBuild) -> Result<()> {
         let name = binary_name(target);
         let from = out_bin.join(name);
         let to = build.bin.join(name);
-        std::fs::copy(&from, &to)
-            .with_context(|| format!("copy {} to {}", from.display(), to.display()))?;
+        // Beside it, then renamed over it: a running cluster may be executing the old one
+        // (copying onto a running binary fails: "text file busy").
+        let part = build.bin.join(format!(".{name}.part"));
+        std::fs::copy(&from, &part)
+            .with_context(|| format!("copy {} to {}", from.display(), part.display()))?;
+        std::fs::rename(&part, &to)
+            .with_context(|| format!("rename {} to {}", part.display(), to.display()))?;
     }
     // The binaries are what is kept; the tree (about 1 GB once built) is unpacked again by
     // the next rebuild, at the same path, so the Go cache still applies.

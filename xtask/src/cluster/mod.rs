@@ -34,6 +34,7 @@ mod deploy;
 mod e2e;
 mod images;
 pub mod kube;
+mod life;
 mod node;
 mod pki;
 mod proc;
@@ -73,6 +74,8 @@ const ROUTER_LO4: &str = "10.200.255.1";
 /// The control plane's address (the apiserver's) and its gateway, the router.
 const CONTROL_ADDR: &str = "2001:db8:c0:10::2";
 const CONTROL_GW: &str = "2001:db8:c0:10::1";
+/// The control plane's IPv4 address (on its loopback), its source towards IPv4 pods.
+const CONTROL_ADDR4: &str = "10.200.255.10";
 /// Services: IPv6 only (kube-apiserver 1.20 allows at most 20 host bits).
 const SERVICE_CIDR: &str = "2001:db8:c5::/108";
 /// The first service address: `kubernetes.default`.
@@ -172,15 +175,22 @@ fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-const USAGE: &str = "usage: cargo xtask cluster [up [--bins DIR]|down|check|build|e2e [--focus REGEX] [--skip REGEX]|kubectl ARGS…]
+const USAGE: &str =
+    "usage: cargo xtask cluster [up [--bins DIR]|down|check|build|e2e …|life …|kubectl ARGS…]
   up       build what is missing, (re)create the cluster, deploy flock and the workloads, check
            and print everything (a failed check leaves the cluster up for inspection)
   down     remove every namespace, process, mount and file of the cluster
-  check    up on the debug binaries, then down whatever happened (what `cargo xtask test` runs)
+  check    up on the debug binaries, the checks, the life tests, then down whatever happened
+           (what `cargo xtask test` runs)
   build    only build (or find in the cache) Kubernetes
-  e2e      Kubernetes' own e2e suite (e2e.test) against the cluster that is up: sig-network's
+  e2e [--focus REGEX] [--skip REGEX] [--pods ipv6|dual] [--parallel N]
+           Kubernetes' own e2e suite (e2e.test) against the cluster that is up: sig-network's
            Networking, Services and Conformance specs unless --focus; skips [Slow], [Serial],
-           [Disruptive], [Flaky], [Feature:…] and the specs of xtask/src/cluster/e2e-exclusions.txt
+           [Disruptive], [Flaky], [Feature:…] and the specs of xtask/src/cluster/e2e-exclusions.txt;
+           pods IPv6-only unless --pods dual; 4 e2e.test processes unless --parallel
+  life [upgrade] [reboot] [startup]
+           against the cluster that is up (all three unless named): a rolling update of flock
+           under traffic, a node's reboot, 50 pods started at once with flock and with ptp
   kubectl  run kubectl against the cluster as admin
   --bins DIR  take flock-agent and flock from DIR instead of `cargo build --release`";
 
@@ -219,6 +229,7 @@ pub fn cluster(args: &[String]) -> Result<()> {
             Ok(())
         }
         Some("e2e") => e2e::run(&args[1..]),
+        Some("life") => life::run(&args[1..]),
         Some("kubectl") => {
             let status = kubectl_command()
                 .args(&args[1..])
@@ -246,11 +257,18 @@ pub fn check() -> Result<()> {
     ci(&crate::lab::debug_bins())
 }
 
-/// The cluster as a check: up with the binaries in `bins`, the report printed, then down
-/// whatever happened.
+/// The cluster as a check: up with the binaries in `bins`, the life tests, the report
+/// printed, then down whatever happened.
 pub fn ci(bins: &Path) -> Result<()> {
     let started = Instant::now();
-    let result = up(bins, started);
+    let result = up(bins, started).and_then(|mut text| {
+        let failures = life::tests(life::ALL, &mut text);
+        if failures.is_empty() {
+            Ok(text)
+        } else {
+            bail!("{text}\nlife tests failed:\n  {}", failures.join("\n  "))
+        }
+    });
     let cleanup = down();
     let report = result?;
     print!("{report}");

@@ -25,6 +25,7 @@ use anyhow::{Context, Result};
 use super::kube::KubeBuild;
 use super::proc::{self, Place};
 use super::{Node, RUN_DIR, images, pki};
+use crate::sys;
 
 /// Host paths each node gets its own copy of: (path, directory name under the node's `host`).
 const BINDS: &[(&str, &str)] = &[
@@ -106,6 +107,50 @@ pub fn start(node: &Node, kube: &KubeBuild, archives: &[PathBuf]) -> Result<()> 
     start_kube_proxy(node, &here, kube)?;
     wait_registered(node)?;
     wait_service_rules(node, &here)
+}
+
+/// What a node keeps across a reboot is on disk; these host paths are tmpfs on a real
+/// machine (`/run`), and so are emptied when the node powers off.
+const VOLATILE: &[&str] = &["run-flock", "run-netns", "run-containerd"];
+
+/// Powers `node` off: every process of it killed at once (no shutdown, as a power cut),
+/// its pods' cgroups removed, its `/run` emptied (with the pins of its pods' network
+/// namespaces: the namespaces die, and with them each pod's veth) and its network namespace
+/// deleted (its routes, neighbours, nftables: all of the kernel's state of the node).
+/// The disk stays: the kubelet's, containerd's and flock's state directories.
+pub fn power_off(node: &Node) -> Result<usize> {
+    let killed = proc::kill_node(node.name, &node.ns())?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for group in proc::tracked_cgroups() {
+        if group.components().any(|c| c.as_os_str() == node.name) {
+            while std::fs::remove_dir(&group).is_err() && group.exists() {
+                if std::time::Instant::now() > deadline {
+                    anyhow::bail!("cannot remove cgroup {}", group.display());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    for sub in VOLATILE {
+        let d = dir(node).join("host").join(sub);
+        if d.exists() {
+            std::fs::remove_dir_all(&d).with_context(|| format!("empty {}", d.display()))?;
+        }
+        std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
+    }
+    let state = dir(node).join("containerd/state");
+    if state.exists() {
+        std::fs::remove_dir_all(&state).with_context(|| format!("empty {}", state.display()))?;
+    }
+    sys::output(Command::new("ip").args(["netns", "del", &node.ns()]))?;
+    Ok(killed.len())
+}
+
+/// Boots `node` again after [`power_off`]: its network namespace as the machine makes it,
+/// then containerd (its images still on disk), the kubelet and kube-proxy.
+pub fn boot(node: &Node, kube: &KubeBuild) -> Result<()> {
+    super::site::node_net(node)?;
+    start(node, kube, &[])
 }
 
 /// Creates the host paths of [`BINDS`] that the machine lacks (as mount points), once for

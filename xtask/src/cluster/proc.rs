@@ -260,25 +260,7 @@ pub fn namespaces() -> Vec<String> {
 /// containerd shim may fork no more, but a kubelet may have just started a container), then
 /// removes the tracked cgroups. Bounded: fails after 20 s naming what survived.
 pub fn kill_all() -> Result<Vec<u32>> {
-    let mut killed = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let pids = cluster_pids();
-        if pids.is_empty() {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("cluster processes {pids:?} survived SIGKILL for 20 s");
-        }
-        for pid in &pids {
-            let _ = Command::new("kill")
-                .args(["-9", &pid.to_string()])
-                .stderr(Stdio::null())
-                .status();
-        }
-        killed.extend(&pids);
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let mut killed = kill_until_gone(cluster_pids)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     for group in tracked_cgroups() {
         // A task that just exited may hold its cgroup for a moment.
@@ -292,4 +274,81 @@ pub fn kill_all() -> Result<Vec<u32>> {
     killed.sort_unstable();
     killed.dedup();
     Ok(killed)
+}
+
+/// Kills what `pids` finds with SIGKILL until it finds nothing (20 s at most); returns
+/// every pid killed.
+fn kill_until_gone(mut pids: impl FnMut() -> Vec<u32>) -> Result<Vec<u32>> {
+    let mut killed = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = pids();
+        if found.is_empty() {
+            return Ok(killed);
+        }
+        if Instant::now() > deadline {
+            bail!("processes {found:?} survived SIGKILL for 20 s");
+        }
+        for pid in &found {
+            let _ = Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        killed.extend(&found);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Kills every process of one node, as its power going off would: its daemons (recorded as
+/// `NODE-…`), whatever shares their mount namespace (containerd's shims), the members of its
+/// pods' cgroups and the processes in its network namespace (host-network pods). The other
+/// node and the control plane are untouched.
+pub fn kill_node(node: &str, ns: &str) -> Result<Vec<u32>> {
+    let mut mount_ns = None;
+    let found = move || {
+        let mut pids: Vec<u32> = Vec::new();
+        if let Ok(dir) = std::fs::read_dir(Path::new(RUN_DIR).join("pids")) {
+            for entry in dir.flatten() {
+                if entry
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{node}-"))
+                    && let Ok(text) = std::fs::read_to_string(entry.path())
+                {
+                    pids.extend(text.trim().parse::<u32>().ok());
+                }
+            }
+        }
+        // The node's mount namespace, read once while its holder lives.
+        if mount_ns.is_none() {
+            mount_ns = alive(&format!("{node}-mounts"))
+                .and_then(|pid| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok());
+        }
+        if let (Some(wanted), Ok(procs)) = (&mount_ns, std::fs::read_dir("/proc")) {
+            for p in procs.flatten() {
+                let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() else {
+                    continue;
+                };
+                if std::fs::read_link(p.path().join("ns/mnt")).is_ok_and(|m| &m == wanted) {
+                    pids.push(pid);
+                }
+            }
+        }
+        for group in tracked_cgroups() {
+            if group.components().any(|c| c.as_os_str() == node)
+                && let Ok(text) = std::fs::read_to_string(group.join("cgroup.procs"))
+            {
+                pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+            }
+        }
+        if let Ok(out) = sys::output(Command::new("ip").args(["netns", "pids", ns])) {
+            pids.extend(out.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids.retain(|pid| *pid != std::process::id() && flock_testkit::is_alive(*pid));
+        pids
+    };
+    kill_until_gone(found)
 }

@@ -1105,27 +1105,33 @@ spec:
 
 fn kubectl_exec(r: &mut Report) -> Result<()> {
     let pods = demo_pods()?;
-    r.text
-        .push_str("KUBECTL EXEC (apiserver -> kubelet -> containerd, on each node)\n");
+    r.text.push_str(
+        "KUBECTL EXEC AND THE APISERVER'S PROXY (apiserver -> kubelet -> containerd; apiserver -> the pod's primary IP)\n",
+    );
     let mut rows = Vec::new();
     for n in &NODES {
         let Some(pod) = pods.iter().find(|p| p.app == "web" && p.node == n.name) else {
             continue;
         };
-        let got = kubectl(&["-n", DEMO_NS, "exec", &pod.name, "--", "hostname"])
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_else(|e| format!("FAIL ({e:#})"));
-        if got != pod.name {
-            r.failures.push(format!(
-                "kubectl exec {} -- hostname answered {got:?}",
-                pod.name
-            ));
+        let proxy = format!("/api/v1/namespaces/{DEMO_NS}/pods/{}:80/proxy/", pod.name);
+        for (what, args) in [
+            (
+                format!("kubectl exec -n demo {} -- hostname", pod.name),
+                vec!["-n", DEMO_NS, "exec", &pod.name, "--", "hostname"],
+            ),
+            (
+                format!("kubectl get --raw {proxy}"),
+                vec!["get", "--raw", &proxy],
+            ),
+        ] {
+            let got = kubectl(&args)
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_else(|e| format!("FAIL ({e:#})"));
+            if got != pod.name {
+                r.failures.push(format!("{what} answered {got:?}"));
+            }
+            rows.push(vec![what, n.name.to_owned(), got]);
         }
-        rows.push(vec![
-            format!("kubectl exec -n demo {} -- hostname", pod.name),
-            n.name.to_owned(),
-            got,
-        ]);
     }
     sys::table(&mut r.text, &["command", "node", "output"], &rows);
     Ok(())

@@ -11,8 +11,8 @@ use anyhow::{Context, Result};
 
 use super::proc::{self, Place};
 use super::{
-    CONTROL, CONTROL_ADDR, CONTROL_GW, NODES, Node, ROUTER, ROUTER_ASN, ROUTER_LO4, ROUTER_LO6,
-    RUN_DIR,
+    CONTROL, CONTROL_ADDR, CONTROL_ADDR4, CONTROL_GW, NODES, Node, ROUTER, ROUTER_ASN, ROUTER_LO4,
+    ROUTER_LO6, RUN_DIR,
 };
 use crate::sys;
 
@@ -76,6 +76,34 @@ fn link_to_router(ns: &str, router_if: &str, router_addr: &str, addr: &str) -> R
     Ok(())
 }
 
+/// Gives the IPv6-linked namespace `ns` an IPv4 address on its loopback, `addr`, and has the
+/// router route it over the link (`via` is the namespace's IPv6 address there): replies to
+/// what `ns` sends from it come back.
+fn ipv4_identity(ns: &str, addr: &str, via: &str) -> Result<()> {
+    Place::Net(ns.to_owned()).run(&["ip", "addr", "add", &format!("{addr}/32"), "dev", "lo"])?;
+    Place::Net(ROUTER.to_owned()).run(&[
+        "ip",
+        "route",
+        "add",
+        &format!("{addr}/32"),
+        "via",
+        "inet6",
+        via,
+    ])?;
+    Ok(())
+}
+
+/// The node's network namespace, as the machine boots it: its link to the router and its
+/// addresses. Also how a node is rebooted: its namespace deleted, then made again.
+pub fn node_net(node: &Node) -> Result<()> {
+    let ns = node.ns();
+    add_ns(&ns)?;
+    link_to_router(&ns, node.router_if, node.gateway, node.addr)?;
+    // The node's IPv4 identity (its BGP router ID): a source address for what the node
+    // itself sends to IPv4 pods (the kubelet's probes).
+    ipv4_identity(&ns, node.router_id, node.addr)
+}
+
 /// Creates every namespace and link and starts the router's BIRD.
 pub fn build() -> Result<()> {
     add_ns(ROUTER)?;
@@ -99,31 +127,11 @@ pub fn build() -> Result<()> {
     ])?;
     add_ns(CONTROL)?;
     link_to_router(CONTROL, "to-control", CONTROL_GW, CONTROL_ADDR)?;
+    // The apiserver dials a pod at its primary IP — the IPv4 one of a dual-stack pod
+    // (containerd 1.6) — when it proxies to it (`…/pods/NAME:PORT/proxy`, the e2e suite).
+    ipv4_identity(CONTROL, CONTROL_ADDR4, CONTROL_ADDR)?;
     for node in &NODES {
-        let ns = node.ns();
-        add_ns(&ns)?;
-        link_to_router(&ns, node.router_if, node.gateway, node.addr)?;
-        // The node's IPv4 identity (its BGP router ID) on its loopback: a source address
-        // for what the node itself sends to IPv4 pods (the kubelet's probes).
-        Place::Net(ns.clone()).run(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{}/32", node.router_id),
-            "dev",
-            "lo",
-        ])?;
-        // The fabric routes the node's own IPv4 address (as it routes its IPv6 one, on the
-        // link): replies to what the node sends from it (host-network pods, probes) come back.
-        router.run(&[
-            "ip",
-            "route",
-            "add",
-            &format!("{}/32", node.router_id),
-            "via",
-            "inet6",
-            node.addr,
-        ])?;
+        node_net(node)?;
     }
     start_router_bird()
 }
