@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use super::{ANYCAST4, ANYCAST6, NODES, ROUTER_ASN, images, kubectl, kubectl_stdin};
+use super::{ANYCAST4, ANYCAST6, NODES, Node, ROUTER_ASN, images, kubectl, kubectl_stdin};
 
 /// The namespace of the demo workloads.
 pub const DEMO_NS: &str = "demo";
@@ -55,9 +55,10 @@ spec:
     asn: {asn}
     routerId: {router_id}
     neighbors:
-      - {{ address: \"{gateway}\", asn: {ROUTER_ASN} }}
+      - {{ address: \"{gateway}\", asn: {ROUTER_ASN}{extra} }}
     timers: {{ hold: 6, keepalive: 2, connectRetry: 1 }}
 ",
+                extra = neighbor_options(node),
                 name = node.name,
                 cidr6 = node.cidr6,
                 cidr4 = node.cidr4,
@@ -68,6 +69,38 @@ spec:
         })
         .collect::<Vec<_>>()
         .join("---\n")
+}
+
+/// The Secret with the session passwords (`kube-system/flock-bgp-passwords`, one key per
+/// node whose session has one; the name `deploy/rbac.yaml` lets the agent get).
+pub const PASSWORD_SECRET: &str = "flock-bgp-passwords";
+
+/// The options of `node`'s neighbor beyond address and ASN: BFD, the password's Secret.
+fn neighbor_options(node: &Node) -> String {
+    let mut extra = String::new();
+    if node.bfd {
+        extra.push_str(", bfd: true");
+    }
+    if node.password {
+        extra.push_str(&format!(
+            ", passwordSecretRef: {{ name: {PASSWORD_SECRET}, namespace: kube-system, key: {} }}",
+            node.name
+        ));
+    }
+    extra
+}
+
+/// The Secret holding the passwords of the router's sessions.
+fn password_secret() -> Result<String> {
+    let mut data = String::new();
+    for n in &NODES {
+        if let Some(p) = super::site::password(n)? {
+            data.push_str(&format!("  {}: \"{p}\"\n", n.name));
+        }
+    }
+    Ok(format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{ name: {PASSWORD_SECRET}, namespace: kube-system }}\nstringData:\n{data}"
+    ))
 }
 
 /// Applies the CRD, the RBAC, the NodeConfigs and the DaemonSet from `repo/deploy`, then
@@ -84,6 +117,7 @@ pub fn install_flock(repo: &Path) -> Result<()> {
     ])
     .context("wait for the NodeConfig CRD to be served")?;
     kubectl(&["apply", "-f", &deploy.join("rbac.yaml").to_string_lossy()])?;
+    kubectl_stdin(&["apply", "-f", "-"], &password_secret()?)?;
     kubectl_stdin(&["apply", "-f", "-"], &nodeconfigs())?;
     let ds_path = deploy.join("daemonset.yaml");
     let ds =

@@ -101,6 +101,11 @@ pub struct Node {
     gateway: &'static str,
     /// The router's end of the link.
     router_if: &'static str,
+    /// Its session with the router runs BFD (fast failure detection).
+    bfd: bool,
+    /// Its session with the router has a TCP MD5 password, which flock's agent reads from
+    /// the Secret `kube-system/flock-bgp-passwords` (key: the node's name).
+    password: bool,
 }
 
 const NODES: [Node; 2] = [
@@ -113,6 +118,8 @@ const NODES: [Node; 2] = [
         addr: "2001:db8:c0:1::2",
         gateway: "2001:db8:c0:1::1",
         router_if: "to-node1",
+        bfd: false,
+        password: true,
     },
     Node {
         name: "node2",
@@ -123,6 +130,8 @@ const NODES: [Node; 2] = [
         addr: "2001:db8:c0:2::2",
         gateway: "2001:db8:c0:2::1",
         router_if: "to-node2",
+        bfd: true,
+        password: false,
     },
 ];
 

@@ -3,6 +3,7 @@
 //! runs BIRD (AS 65000), peers with each node's BIRD (the flock DaemonSet's sidecar) over
 //! IPv6 carrying both families, and installs what it learns, equal-cost paths merged.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
@@ -136,7 +137,8 @@ pub fn build() -> Result<()> {
     start_router_bird()
 }
 
-fn router_bird_conf() -> String {
+/// The router's BIRD configuration; `passwords`: each node's session password, if it has one.
+fn router_bird_conf(passwords: &BTreeMap<&str, String>) -> String {
     let mut conf = format!(
         "# BIRD 2 on the cluster's router (not a Kubernetes node): it learns each node's pod
 # prefixes and anycast addresses over BGP, installs them (equal-cost paths merged) and passes
@@ -169,21 +171,61 @@ template bgp flocknode {{
 }}
 "
     );
+    if NODES.iter().any(|n| n.bfd) {
+        conf.push_str("\nprotocol bfd { }\n");
+    }
     for node in &NODES {
-        let _ = writeln!(
+        let _ = write!(
             conf,
-            "\nprotocol bgp {} from flocknode {{\n  neighbor {} as {};\n}}",
+            "\nprotocol bgp {} from flocknode {{\n  neighbor {} as {};\n",
             node.name, node.addr, node.asn
         );
+        if node.bfd {
+            conf.push_str("  bfd on;\n");
+        }
+        if let Some(password) = passwords.get(node.name) {
+            let _ = writeln!(conf, "  password \"{password}\";");
+        }
+        conf.push_str("}\n");
     }
     conf
+}
+
+/// The TCP MD5 password of `node`'s session, made once per cluster (kept under the
+/// router's directory), or `None` when its session has none.
+pub fn password(node: &Node) -> Result<Option<String>> {
+    use std::io::Read as _;
+    if !node.password {
+        return Ok(None);
+    }
+    let path = Path::new(RUN_DIR)
+        .join("router")
+        .join(format!("password-{}", node.name));
+    if let Ok(p) = std::fs::read_to_string(&path) {
+        return Ok(Some(p));
+    }
+    let mut bytes = [0u8; 12];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("read /dev/urandom")?;
+    let p: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::create_dir_all(Path::new(RUN_DIR).join("router"))
+        .context("create the router's directory")?;
+    std::fs::write(&path, &p).with_context(|| format!("write {}", path.display()))?;
+    Ok(Some(p))
 }
 
 fn start_router_bird() -> Result<()> {
     let dir = Path::new(RUN_DIR).join("router");
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let conf = dir.join("bird.conf");
-    std::fs::write(&conf, router_bird_conf())
+    let mut passwords = BTreeMap::new();
+    for n in &NODES {
+        if let Some(p) = password(n)? {
+            passwords.insert(n.name, p);
+        }
+    }
+    std::fs::write(&conf, router_bird_conf(&passwords))
         .with_context(|| format!("write {}", conf.display()))?;
     let router = Place::Net(ROUTER.to_owned());
     let conf_s = conf.to_string_lossy().into_owned();
@@ -255,10 +297,12 @@ mod tests {
 
     #[test]
     fn router_peers_with_every_node_and_passes_documentation_addresses_only() {
-        let conf = router_bird_conf();
+        let passwords = BTreeMap::from([("node1", "s3cret".to_owned())]);
+        let conf = router_bird_conf(&passwords);
         for node in &NODES {
             assert!(conf.contains(&format!("neighbor {} as {}", node.addr, node.asn)));
         }
+        assert!(conf.contains("password \"s3cret\";") && conf.contains("bfd on;"));
         assert!(!conf.contains("fd00:") && !conf.contains("192.0.2."));
     }
 }

@@ -5,6 +5,9 @@
 //!   other every 50 ms over both families and GETs the Service every 50 ms, and `web` is
 //!   scaled up and down. Goal: no lost ping, no failed GET, no failed pod creation, no pod
 //!   whose address changed.
+//! - **routing**: the BGP session options on the cluster (see [`routing`]): a BIRD killed
+//!   under ping (graceful restart: no loss), a BIRD frozen (BFD: routes withdrawn in under a
+//!   second), the agent's RBAC on Secrets.
 //! - **reboot**: one node powered off (every process killed at once, `/run` emptied, its
 //!   network namespace deleted) and booted again. Goal: its agent releases what it held at
 //!   start-up, its pods come back with addresses, the router relearns its routes, and no
@@ -21,6 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+mod routing;
+
 use super::deploy::DEMO_NS;
 use super::proc::{self, Place};
 use super::{NODES, Node, ROUTER, RUN_DIR, kube, kubectl, kubectl_stdin, node};
@@ -29,7 +34,7 @@ use crate::sys;
 /// The ping and GET interval of the upgrade's probes.
 const PROBE_INTERVAL: &str = "0.05";
 /// Every life test, in the order they run.
-pub const ALL: &[&str] = &["upgrade", "reboot", "startup"];
+pub const ALL: &[&str] = &["upgrade", "routing", "reboot", "startup"];
 /// Pods per node in the start-up run.
 const BURST: usize = 50;
 
@@ -68,6 +73,7 @@ pub fn tests(which: &[&str], out: &mut String) -> Vec<String> {
         let result = match *name {
             "upgrade" => upgrade(out),
             "reboot" => reboot(out, &NODES[1]),
+            "routing" => routing::routing(out),
             "startup" => startup(out),
             _ => Ok(vec![format!("no life test {name:?}")]),
         };
