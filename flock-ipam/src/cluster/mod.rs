@@ -162,32 +162,34 @@ pub fn plan_node_prefixes(state: &ClusterState<'_>) -> ClusterPlan {
     let mut usable: Vec<bool> = reports.iter().map(|r| r.problems.is_empty()).collect();
     overlaps(&pools, &mut reports, &mut usable);
 
-    // Claims per family: every kept assignment and reservation.
-    let mut claims6: Vec<(Range, ClaimOwner)> = Vec::with_capacity(kept.len());
-    let mut claims4: Vec<(Range, ClaimOwner)> = Vec::new();
-    for a in &kept {
-        let owner = || ClaimOwner::Node {
-            node: a.node.clone(),
-            pool: a.pool.clone(),
-        };
-        claims6.push((range6(a.cidr6), owner()));
+    // Claims per family: every kept assignment and reservation, by index (no copies).
+    let mut claims6: Vec<(Range, Holder)> = Vec::with_capacity(kept.len());
+    let mut claims4: Vec<(Range, Holder)> = Vec::new();
+    for (i, a) in kept.iter().enumerate() {
+        claims6.push((range6(a.cidr6), Holder::Kept(i)));
         if let Some(c) = a.cidr4 {
-            claims4.push((range4(c), owner()));
+            claims4.push((range4(c), Holder::Kept(i)));
         }
     }
-    for r in state.reserved {
-        let owner = ClaimOwner::HandWritten {
-            node: r.node.clone(),
-        };
+    for (i, r) in state.reserved.iter().enumerate() {
         match r.cidr {
-            IpNet::V6(c) => claims6.push((range6(c), owner)),
-            IpNet::V4(c) => claims4.push((range4(c), owner)),
+            IpNet::V6(c) => claims6.push((range6(c), Holder::Reserved(i))),
+            IpNet::V4(c) => claims4.push((range4(c), Holder::Reserved(i))),
         }
     }
-    claims6.sort_unstable();
-    claims4.sort_unstable();
-    let mut conflicts = conflicts_of(&claims6, Family::V6);
-    conflicts.extend(conflicts_of(&claims4, Family::V4));
+    let claims6 = Claims::new(claims6);
+    let claims4 = Claims::new(claims4);
+    let owner = |h: Holder| match h {
+        Holder::Kept(i) => ClaimOwner::Node {
+            node: kept[i].node.clone(),
+            pool: kept[i].pool.clone(),
+        },
+        Holder::Reserved(i) => ClaimOwner::HandWritten {
+            node: state.reserved[i].node.clone(),
+        },
+    };
+    let mut conflicts = claims6.conflicts(Family::V6, owner);
+    conflicts.extend(claims4.conflicts(Family::V4, owner));
 
     // Which pool each waiting node goes to.
     let mut nodes: Vec<&ClusterNode> = state.nodes.iter().collect();
@@ -235,10 +237,10 @@ pub fn plan_node_prefixes(state: &ClusterState<'_>) -> ClusterPlan {
             continue;
         }
         let space6 = space6(pool);
-        let occupied6 = space6.occupied(claims6.iter().map(|(r, _)| r));
+        let occupied6 = space6.occupied(claims6.within(space6.range()));
         let space4 = pool.ipv4.map(space4);
         let occupied4 = space4
-            .map(|s| s.occupied(claims4.iter().map(|(r, _)| r)))
+            .map(|s| s.occupied(claims4.within(s.range())))
             .unwrap_or_default();
         let mut free6 = FreeSlots::new(&occupied6, space6.capacity());
         let mut free4 = space4.map(|s| FreeSlots::new(&occupied4, s.capacity()));
@@ -308,12 +310,12 @@ pub fn plan_node_prefixes(state: &ClusterState<'_>) -> ClusterPlan {
         let s6 = space6(pool);
         reports[i].ipv6 = usage(
             s6.capacity(),
-            slots::count(&s6.occupied(claims6.iter().map(|(r, _)| r))),
+            slots::count(&s6.occupied(claims6.within(s6.range()))),
         );
         reports[i].ipv4 = pool.ipv4.map(space4).map(|s4| {
             usage(
                 s4.capacity(),
-                slots::count(&s4.occupied(claims4.iter().map(|(r, _)| r))),
+                slots::count(&s4.occupied(claims4.within(s4.range()))),
             )
         });
     }
@@ -459,30 +461,75 @@ fn overlaps(pools: &[&ClusterPool], reports: &mut [PoolReport], usable: &mut [bo
     }
 }
 
-/// Claims (sorted by range) that overlap an earlier one.
-fn conflicts_of(claims: &[(Range, ClaimOwner)], family: Family) -> Vec<ClaimConflict> {
-    let mut out = Vec::new();
-    let mut widest: Option<usize> = None;
-    for (k, (range, owner)) in claims.iter().enumerate() {
-        if let Some(w) = widest {
-            let (wr, wo) = &claims[w];
-            if wr.overlaps(range) {
-                out.push(ClaimConflict {
-                    family,
-                    first: wo.clone(),
-                    first_cidr: net_of(wr, family),
-                    second: owner.clone(),
-                    second_cidr: net_of(range, family),
-                });
-            }
-            if range.last > wr.last {
+/// Who holds a claim: an index into the kept assignments or the reservations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Holder {
+    Kept(usize),
+    Reserved(usize),
+}
+
+/// The claims of one family, sorted by range, with the running maximum of their last
+/// addresses so that those overlapping a pool are found without scanning them all.
+struct Claims {
+    sorted: Vec<(Range, Holder)>,
+    max_last: Vec<u128>,
+}
+
+impl Claims {
+    fn new(mut sorted: Vec<(Range, Holder)>) -> Claims {
+        sorted.sort_unstable();
+        let max_last = sorted
+            .iter()
+            .scan(0u128, |m, (r, _)| {
+                *m = (*m).max(r.last);
+                Some(*m)
+            })
+            .collect();
+        Claims { sorted, max_last }
+    }
+
+    /// The claims that overlap `pool`, in order.
+    fn within(&self, pool: Range) -> impl Iterator<Item = &Range> {
+        // Those starting inside the pool, plus those starting before it that reach into it
+        // (the running maximum of last addresses is sorted too).
+        let start_in = self.sorted.partition_point(|(r, _)| r.first < pool.first);
+        let end = self.sorted.partition_point(|(r, _)| r.first <= pool.last);
+        let back = self.max_last[..start_in].partition_point(|m| *m < pool.first);
+        self.sorted[back..end]
+            .iter()
+            .map(|(r, _)| r)
+            .filter(move |r| r.overlaps(&pool))
+    }
+
+    /// Claims that overlap an earlier one.
+    fn conflicts(
+        &self,
+        family: Family,
+        owner: impl Fn(Holder) -> ClaimOwner,
+    ) -> Vec<ClaimConflict> {
+        let mut out = Vec::new();
+        let mut widest: Option<usize> = None;
+        for (k, (range, holder)) in self.sorted.iter().enumerate() {
+            if let Some(w) = widest {
+                let (wr, wh) = &self.sorted[w];
+                if wr.overlaps(range) {
+                    out.push(ClaimConflict {
+                        family,
+                        first: owner(*wh),
+                        first_cidr: net_of(wr, family),
+                        second: owner(*holder),
+                        second_cidr: net_of(range, family),
+                    });
+                }
+                if range.last > wr.last {
+                    widest = Some(k);
+                }
+            } else {
                 widest = Some(k);
             }
-        } else {
-            widest = Some(k);
         }
+        out
     }
-    out
 }
 
 fn net_of(r: &Range, family: Family) -> IpNet {
