@@ -80,7 +80,7 @@ pub async fn apply(
     pools: &[NodePool],
     decision: Reconcile,
     overlay: &mut Overlay,
-    leads: &dyn Fn() -> bool,
+    leads: &(dyn Fn() -> bool + Sync),
 ) -> Result<Vec<Error>> {
     let lost = || Error::KubeMode {
         reason: "the controller lost its lease; stopping before another write".into(),
