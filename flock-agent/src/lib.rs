@@ -1,5 +1,6 @@
 //! The flock node agent: RPC server, crash-safe allocation store, CNI handlers,
-//! Kubernetes watchers, BIRD writer, metrics and health.
+//! Kubernetes watchers, BIRD writer, metrics and health; and the cluster controller that
+//! writes NodeConfigs from NodePools (`flock-agent controller`).
 //!
 //! Does I/O; business rules live in the pure crates it composes (`flock-ipam`,
 //! `flock-embed`, `flock-bird`, `flock-cni-proto`) and kernel work in `flock-netns`.
@@ -8,12 +9,14 @@ use std::path::PathBuf;
 
 pub mod agent;
 pub mod bird;
+pub mod controller;
 pub mod daemon;
 pub mod install;
 pub mod k8s;
 pub mod kernel;
 pub mod metrics;
 pub mod nodeconfig;
+pub mod nodepool;
 pub mod pods;
 pub mod server;
 pub mod store;
@@ -43,6 +46,16 @@ pub enum Error {
     #[error("invalid NodeConfig: {field} = {value:?}: {reason}")]
     InvalidNodeConfig {
         /// The field path, e.g. `spec.cidr6`.
+        field: String,
+        /// The bad value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A NodePool field is invalid.
+    #[error("invalid NodePool: {field} = {value:?}: {reason}")]
+    InvalidNodePool {
+        /// The field path, e.g. `spec.nodePrefix6`.
         field: String,
         /// The bad value.
         value: String,

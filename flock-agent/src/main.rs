@@ -25,8 +25,14 @@ enum Command {
     Run(RunArgs),
     /// Install the shim and the conflist on this node (the DaemonSet's init container).
     InstallCni(InstallArgs),
-    /// Print the NodeConfig CustomResourceDefinition as YAML.
-    Crd,
+    /// Run the cluster-pool controller: one NodeConfig per Node a NodePool selects.
+    Controller(ControllerArgs),
+    /// Print a CustomResourceDefinition as YAML (NodeConfig unless told otherwise).
+    Crd {
+        /// Which resource: nodeconfigs or nodepools.
+        #[arg(default_value = "nodeconfigs", value_parser = ["nodeconfigs", "nodepools"])]
+        resource: String,
+    },
     /// Show what the allocation store holds.
     Allocations {
         /// The agent's state directory.
@@ -36,6 +42,25 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Args, Debug)]
+struct ControllerArgs {
+    /// A kubeconfig file (default: in-cluster service account, or $KUBECONFIG).
+    #[arg(long, env = "FLOCK_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The namespace of the leader-election Lease (the Deployment's own).
+    #[arg(long, env = "FLOCK_LEASE_NAMESPACE", default_value = "kube-system")]
+    lease_namespace: String,
+    /// The leader-election Lease's name.
+    #[arg(long, env = "FLOCK_LEASE_NAME", default_value = "flock-controller")]
+    lease_name: String,
+    /// This instance's identity in the Lease (the Deployment sets it from the pod's name).
+    #[arg(long, env = "FLOCK_POD_NAME")]
+    identity: String,
+    /// How often to reconcile without a change (`30s`, `5m`).
+    #[arg(long, env = "FLOCK_RESYNC", default_value = "30s", value_parser = parse_duration)]
+    resync: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -161,15 +186,19 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Run(args) => run(args),
         Command::InstallCni(args) => install_cni(args),
-        Command::Crd => {
-            print!("{}", flock_agent::nodeconfig::crd_yaml());
+        Command::Controller(args) => controller(args),
+        Command::Crd { resource } => {
+            match resource.as_str() {
+                "nodepools" => print!("{}", flock_agent::nodepool::crd_yaml()),
+                _ => print!("{}", flock_agent::nodeconfig::crd_yaml()),
+            }
             Ok(())
         }
         Command::Allocations { state_dir, json } => allocations(&state_dir, json),
     }
 }
 
-fn run(args: RunArgs) -> Result<()> {
+fn init_logs() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FLOCK_LOG")
@@ -177,6 +206,27 @@ fn run(args: RunArgs) -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+}
+
+fn controller(args: ControllerArgs) -> Result<()> {
+    init_logs();
+    let options = flock_agent::controller::ControllerOptions {
+        kubeconfig: args.kubeconfig,
+        lease_namespace: args.lease_namespace,
+        lease_name: args.lease_name,
+        identity: args.identity,
+        resync: args.resync,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(flock_agent::controller::run(options))?;
+    Ok(())
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    init_logs();
     let del_queue_dir = args
         .del_queue_dir
         .unwrap_or_else(|| cni_defaults::del_queue_dir(&args.state_dir));

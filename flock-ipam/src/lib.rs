@@ -8,6 +8,9 @@
 //!   [`Pools::allocate`] serves a request, [`Pools::release`] and
 //!   [`Pools::reserve`] keep it in step with the store.
 //! - [`effective_cidr6`] / [`effective_cidr4`]: the rule matrix of DESIGN §3.
+//! - [`plan_node_prefixes`]: cluster pools — which node gets which pod prefixes, by rack
+//!   (pools, nodes with labels, current assignments in; assignments, exact per-pool
+//!   capacity and problems out).
 //! - [`NodeCidrs`] ([`validate_node_cidr6`], [`validate_node_cidr4`]): which pod CIDRs a
 //!   node may have; [`Pools::stats`] and [`Pools::exhausted`]: how full its pools are.
 //!
@@ -16,6 +19,7 @@
 mod annotations;
 mod bitmap;
 mod cidr;
+mod cluster;
 mod node_cidr;
 mod pools;
 mod reserved;
@@ -25,6 +29,11 @@ pub use annotations::{
     KEY_IPV4, KEY_IPV6, NodeDefaults, PodRequest, Want,
 };
 pub use cidr::{effective_cidr4, effective_cidr6};
+pub use cluster::{
+    ClaimConflict, ClaimOwner, ClusterNode, ClusterPlan, ClusterPool, ClusterState,
+    LabelRequirement, NodeAssignment, NodeSelector, PoolCidr4, PoolProblem, PoolReport,
+    PrefixUsage, ReservedCidr, plan_node_prefixes,
+};
 pub use node_cidr::{
     LONGEST_NODE_PREFIX4, LONGEST_NODE_PREFIX6, NodeCidrProblem, NodeCidrs, SHORTEST_NODE_PREFIX4,
     validate_node_cidr4, validate_node_cidr6,

@@ -119,3 +119,24 @@ pub fn deployment_pod(namespace: &str, name: &str, node: &str, rv: &str) -> Valu
         }
     })
 }
+
+/// Answers with an API error (`Status`) of this HTTP code and reason.
+pub fn reply_error(reply: Reply, code: u16, reason: &str) {
+    let body = json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+        "message": format!("mock: {reason}"), "reason": reason, "code": code,
+    });
+    reply.send_response(
+        http::Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&body).expect("json")))
+            .expect("response"),
+    );
+}
+
+/// A request's body as JSON.
+pub async fn body_json(req: http::Request<Body>) -> Value {
+    let bytes = req.into_body().collect_bytes().await.expect("body");
+    serde_json::from_slice(&bytes).expect("a JSON body")
+}

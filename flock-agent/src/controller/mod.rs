@@ -1,0 +1,36 @@
+//! `flock-agent controller`: the cluster-pool controller. One active instance (a
+//! `coordination.k8s.io` Lease, [`lease`]) watches Nodes, NodePools and NodeConfigs, plans
+//! node prefixes with `flock-ipam`'s [`plan_node_prefixes`](flock_ipam::plan_node_prefixes)
+//! and writes one NodeConfig per selected Node.
+//!
+//! - The NodeConfig is the durable record of an assignment: a restarted (or new) leader
+//!   reads the NodeConfigs and reassigns nothing. It is marked as the controller's by two
+//!   labels ([`MANAGED_BY_LABEL`] = [`MANAGED_BY`] and [`POOL_LABEL`] = the pool); a
+//!   NodeConfig without them is hand-written, never touched, and its CIDRs are never handed
+//!   out.
+//! - A prefix is released (its NodeConfig deleted, conditional on the uid and version read)
+//!   only once its Node is deleted and its NodeConfig's status reports no allocations.
+//! - What a reconcile does is decided by [`decide::decide`] over plain data; [`apply`] writes
+//!   it, checking before each write that the lease is still held.
+//!
+//! Runs as its own Deployment (`deploy/controller.yaml`) with its own ServiceAccount: the
+//! per-node agents keep read-only access to NodeConfigs.
+
+pub mod apply;
+pub mod decide;
+pub mod lease;
+pub mod run;
+pub mod status;
+
+pub use apply::Overlay;
+pub use decide::{NodeFacts, Observed, PoolEvent, Reconcile, Release, decide, owned_pool};
+pub use run::{ControllerOptions, run};
+
+/// The label that marks a NodeConfig as written by the controller (with [`MANAGED_BY`]).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// The value of [`MANAGED_BY_LABEL`] on the controller's NodeConfigs.
+pub const MANAGED_BY: &str = "flock-controller";
+/// The label naming the NodePool a controller-written NodeConfig's prefixes came from.
+pub const POOL_LABEL: &str = "flock.fritzlab.net/pool";
+/// The field manager of the controller's writes.
+pub const FIELD_MANAGER: &str = "flock-controller";

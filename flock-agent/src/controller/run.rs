@@ -1,0 +1,218 @@
+//! The controller's process: win the lease, then (and only then) start the watches, wait for
+//! their first listings, and reconcile on every change and every resync period while the
+//! lease is held. Losing the lease ends the process (the Deployment restarts it as a
+//! candidate): a leader never runs on stale beliefs.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::Notify;
+use tracing::{error, info, warn};
+
+use super::apply::{Overlay, apply};
+use super::decide::{NodeFacts, Observed, decide};
+use super::lease::{Leadership, LeaseElector, RETRY_PERIOD};
+use crate::nodeconfig::NodeConfig;
+use crate::nodepool::NodePool;
+use crate::{Error, Result};
+
+/// What `flock-agent controller` needs.
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    /// A kubeconfig file; `None`: in-cluster config or `$KUBECONFIG`.
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace of the Lease.
+    pub lease_namespace: String,
+    /// The Lease's name.
+    pub lease_name: String,
+    /// This instance's identity in the Lease (its pod name).
+    pub identity: String,
+    /// How often to reconcile without a change.
+    pub resync: Duration,
+}
+
+/// The facts of a Node the controller uses.
+pub fn node_facts(node: &Node) -> NodeFacts {
+    let internal_ipv4 = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse::<Ipv4Addr>().ok());
+    NodeFacts {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        labels: node.metadata.labels.clone().unwrap_or_default(),
+        internal_ipv4,
+    }
+}
+
+/// A reflected watch whose every event wakes `notify`.
+fn reflect<K>(api: Api<K>, notify: Arc<Notify>) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream =
+        reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => notify.notify_one(),
+                Err(e) => warn!(error = %e, "watch failed; retrying"),
+            }
+        }
+    });
+    reader
+}
+
+/// Runs the controller until it loses its lease or the process is stopped.
+pub async fn run(options: ControllerOptions) -> Result<()> {
+    if options.identity.is_empty() {
+        return Err(Error::KubeMode {
+            reason: "the controller's identity is required: pass --identity or set \
+                     FLOCK_POD_NAME (the Deployment sets it from metadata.name)"
+                .into(),
+        });
+    }
+    let client = crate::k8s::client(options.kubeconfig.as_deref()).await?;
+    let start = Instant::now();
+    let mut elector = LeaseElector::new(
+        client.clone(),
+        &options.lease_namespace,
+        &options.lease_name,
+        &options.identity,
+    );
+    let leadership = Arc::new(Mutex::new(Leadership::default()));
+    info!(identity = %options.identity, lease = %format!("{}/{}", options.lease_namespace, options.lease_name), "waiting for the lease");
+    loop {
+        let at = start.elapsed();
+        match elector.try_acquire_or_renew(at).await {
+            Ok(true) => {
+                leadership
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .renewed(at);
+                break;
+            }
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, "lease"),
+        }
+        tokio::time::sleep(RETRY_PERIOD).await;
+    }
+    info!(identity = %options.identity, "leading: starting the watches");
+    let leads = {
+        let leadership = leadership.clone();
+        move || {
+            leadership
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .leads(start.elapsed())
+        }
+    };
+    let renewer = {
+        let leadership = leadership.clone();
+        let leads = leads.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(RETRY_PERIOD).await;
+                let at = start.elapsed();
+                match elector.try_acquire_or_renew(at).await {
+                    Ok(true) => leadership
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .renewed(at),
+                    Ok(false) => {
+                        error!("the lease was taken over");
+                        return;
+                    }
+                    Err(e) => warn!(error = %e, "could not renew the lease"),
+                }
+                if !leads() {
+                    error!("the lease could not be renewed within the renew deadline");
+                    return;
+                }
+            }
+        })
+    };
+
+    let changed = Arc::new(Notify::new());
+    let nodes = reflect(Api::<Node>::all(client.clone()), changed.clone());
+    let pools = reflect(Api::<NodePool>::all(client.clone()), changed.clone());
+    let configs = reflect(Api::<NodeConfig>::all(client.clone()), changed.clone());
+    for (what, ready) in [
+        ("Nodes", nodes.wait_until_ready().await.is_ok()),
+        ("NodePools", pools.wait_until_ready().await.is_ok()),
+        ("NodeConfigs", configs.wait_until_ready().await.is_ok()),
+    ] {
+        if !ready {
+            return Err(Error::KubeMode {
+                reason: format!("the watch of {what} stopped before its first listing"),
+            });
+        }
+    }
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: super::MANAGED_BY.into(),
+            instance: Some(options.identity.clone()),
+        },
+    );
+    let mut overlay = Overlay::default();
+    info!("watches synced: reconciling");
+    loop {
+        if renewer.is_finished() || !leads() {
+            return Err(Error::KubeMode {
+                reason: "the controller lost its lease; exiting so that it restarts as a candidate"
+                    .into(),
+            });
+        }
+        let node_list: Vec<NodeFacts> = nodes.state().iter().map(|n| node_facts(n)).collect();
+        let pool_list: Vec<NodePool> = pools.state().iter().map(|p| (**p).clone()).collect();
+        let config_list = overlay.merge(configs.state().iter().map(|c| (**c).clone()).collect());
+        let decision = decide(
+            &Observed {
+                pools: &pool_list,
+                nodes: &node_list,
+                node_configs: &config_list,
+            },
+            Timestamp::now(),
+        );
+        let failures = apply(
+            &client,
+            &recorder,
+            &pool_list,
+            decision,
+            &mut overlay,
+            &leads,
+        )
+        .await?;
+        for f in failures {
+            warn!(error = %crate::agent::error::cause_chain(&f), "reconcile");
+        }
+        tokio::select! {
+            _ = changed.notified() => {
+                // Let a burst of events (a node joining touches several objects) settle.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ = tokio::time::sleep(options.resync) => {}
+        }
+    }
+}
