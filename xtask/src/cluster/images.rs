@@ -197,7 +197,11 @@ pub const E2E_BUSYBOX: &str = "docker.io/library/busybox:1.29";
 /// The suite's pause image.
 pub const E2E_PAUSE: &str = "k8s.gcr.io/pause:3.2";
 /// What the agnhost image adds to the Debian base: the tools the suite's tests exec in it.
-const AGNHOST_PACKAGES: &str = "curl wget netcat-openbsd iproute2 iputils-ping dnsutils iptables";
+/// Beside them, as upstream's image has: `/uploads` (netexec), `/agnhost-2` (the entrypoint
+/// tests) and `/localhost.crt` + `/localhost.key` (porter's TLS ports; upstream ships a pair,
+/// Debian's source package does not, so one is made at build).
+const AGNHOST_PACKAGES: &str =
+    "curl wget netcat-openbsd iproute2 iputils-ping dnsutils iptables iperf bash openssl";
 
 /// Builds the e2e suite's images from `agnhost` (the binary built with Kubernetes) and
 /// busybox-static; returns their archives, kept under `CACHE_DIR/images/e2e` (agnhost is
@@ -229,6 +233,10 @@ pub fn build_e2e(agnhost: &Path) -> Result<Vec<PathBuf>> {
              RUN apt-get update && apt-get install -y --no-install-recommends {AGNHOST_PACKAGES} \
              && rm -rf /var/lib/apt/lists/*\n\
              COPY agnhost /agnhost\n\
+             RUN mkdir /uploads && ln -s agnhost /agnhost-2 \
+             && openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=localhost \
+             -keyout /localhost.key -out /localhost.crt\n\
+             WORKDIR /\n\
              ENTRYPOINT [\"/agnhost\"]\n\
              CMD [\"pause\"]\n"
     );

@@ -1,8 +1,9 @@
 //! A worker node: a network namespace wired to the router, and one private mount namespace
-//! shared by its containerd 1.6, its kubelet and its kube-proxy.
+//! and UTS namespace (its hostname: the node's name) shared by its containerd 1.6, its kubelet
+//! and its kube-proxy.
 //!
 //! The mount namespace is held by a `sleep` (the node's "mounts" daemon) started with
-//! `unshare --mount --propagation slave`, so what the node mounts (volumes, sandbox netns
+//! `unshare --mount --uts --propagation slave`, so what the node mounts (volumes, sandbox netns
 //! pins, overlay snapshots) exists only there and dies with the node, while the machine's
 //! own mounts stay visible. Inside it, per-node directories under `RUN_DIR/nodes/NODE/host`
 //! are bind-mounted over the host paths a node's software uses: the DaemonSet's hostPaths
@@ -164,11 +165,16 @@ pub fn prepare_mount_points() -> Result<()> {
 
 fn start_mount_namespace(node: &Node) -> Result<u32> {
     let name = mounts_daemon(node);
+    // The node's hostname in its own UTS namespace: what its host-network pods (and the
+    // e2e suite's checks of them) see, as on a machine of its own.
     let pid = proc::spawn(
         &name,
         &Place::NewMounts(node.ns()),
-        "sleep",
-        &["infinity"],
+        "sh",
+        &[
+            "-c",
+            &format!("hostname {} && exec sleep infinity", node.name),
+        ],
         &[],
     )?;
     let ours = std::fs::read_link("/proc/self/ns/mnt").context("read our mount namespace")?;

@@ -46,11 +46,12 @@ pub fn log_tail(name: &str, lines: usize) -> String {
 pub enum Place {
     /// `nsenter --net=/run/netns/NS`: a network namespace, the machine's mount namespace.
     Net(String),
-    /// `nsenter --target PID --net --mount`: a node's network and private mount namespace
-    /// (PID is the node's mount-namespace holder).
+    /// `nsenter --target PID --net --mount --uts`: a node's network, private mount and UTS
+    /// namespace (PID is the node's mount-namespace holder).
     Node(u32),
     /// A node's network namespace and a new private mount namespace, a slave of the
-    /// machine's, that lives as long as this process (the node's mount-namespace holder).
+    /// machine's, and a new UTS namespace (the node's own hostname), that live as long as
+    /// this process (the node's mount-namespace holder).
     NewMounts(String),
 }
 
@@ -68,6 +69,7 @@ impl Place {
                 format!("--target={pid}"),
                 "--net".into(),
                 "--mount".into(),
+                "--uts".into(),
                 "--".into(),
             ],
             Place::NewMounts(ns) => vec![
@@ -76,6 +78,7 @@ impl Place {
                 "--".into(),
                 "unshare".into(),
                 "--mount".into(),
+                "--uts".into(),
                 "--propagation".into(),
                 "slave".into(),
                 "--".into(),
