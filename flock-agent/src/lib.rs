@@ -1,8 +1,9 @@
 //! The flock node agent: RPC server, crash-safe allocation store, CNI handlers,
-//! Kubernetes watchers, BIRD writer, metrics and health.
+//! Kubernetes watchers, NetworkPolicy enforcement with nftables, BIRD writer, metrics and
+//! health.
 //!
 //! Does I/O; business rules live in the pure crates it composes (`flock-ipam`,
-//! `flock-embed`, `flock-bird`, `flock-cni-proto`) and kernel work in `flock-netns`.
+//! `flock-embed`, `flock-bird`, `flock-policy`, `flock-cni-proto`) and kernel work in `flock-netns`.
 
 use std::path::PathBuf;
 
@@ -15,6 +16,7 @@ pub mod kernel;
 pub mod metrics;
 pub mod nodeconfig;
 pub mod pods;
+pub mod policy;
 pub mod server;
 pub mod store;
 pub mod trace;
