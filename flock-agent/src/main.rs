@@ -262,8 +262,13 @@ fn install_cni(args: InstallArgs) -> Result<()> {
 }
 
 fn cleanup(nft: PathBuf) -> Result<()> {
-    let nft = flock_agent::policy::nft::NftCommand::new(nft, flock_netns::NsTarget::Current);
-    nft.apply_blocking(flock_policy::REMOVE_SCRIPT)
+    use flock_agent::policy::nft::{Nft, NftCommand};
+    let nft = NftCommand::new(nft, flock_netns::NsTarget::Current);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?
+        .block_on(nft.apply(flock_policy::REMOVE_SCRIPT.to_owned()))
         .context("remove nftables table inet flock_policy")?;
     eprintln!(
         "removed nftables table inet {} (if it existed)",

@@ -63,9 +63,9 @@ impl NftCommand {
         }
     }
 
-    /// Runs `nft` on the calling thread, in the calling thread's namespace ([`Nft::apply`]
-    /// calls it in the right one).
-    pub fn apply_blocking(&self, script: &str) -> Result<(), NftError> {
+    /// Runs `nft` on the calling thread, in the calling thread's namespace: private, so
+    /// nothing can run it in the wrong one ([`Nft::apply`] calls it where `netns` says).
+    fn run_here(&self, script: &str) -> Result<(), NftError> {
         let spawn_error = |source| NftError::Spawn {
             program: self.program.clone(),
             netns: self.netns.describe(),
@@ -106,14 +106,12 @@ impl Nft for NftCommand {
             };
             match &self.netns {
                 // Off the tokio workers: nft takes milliseconds, a full table much longer.
-                NsTarget::Current => {
-                    tokio::task::spawn_blocking(move || this.apply_blocking(&script))
-                        .await
-                        .map_err(|e| thread_error(std::io::Error::other(e.to_string())))?
-                }
+                NsTarget::Current => tokio::task::spawn_blocking(move || this.run_here(&script))
+                    .await
+                    .map_err(|e| thread_error(std::io::Error::other(e.to_string())))?,
                 // flock-netns enters the namespace on a thread of its own; nft inherits it.
                 NsTarget::Path(path) => {
-                    flock_netns::blocking_in_netns(path, move || this.apply_blocking(&script))
+                    flock_netns::blocking_in_netns(path, move || this.run_here(&script))
                         .await
                         .map_err(|e| thread_error(std::io::Error::other(e.to_string())))?
                 }
