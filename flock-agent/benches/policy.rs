@@ -42,7 +42,7 @@ fn pod(i: usize) -> Pod {
     serde_json::from_value(json!({
         "metadata": { "namespace": format!("ns{}", i % NAMESPACES), "name": format!("pod{i}"),
                       "uid": format!("u{i}"),
-                      "labels": { "app": if i % 3 == 0 { "web" } else { "db" }, "role": format!("r{}", i % 5) } },
+                      "labels": { "app": if i.is_multiple_of(3) { "web" } else { "db" }, "role": format!("r{}", i % 5) } },
         "spec": { "nodeName": format!("node{}", i % 100),
                   "containers": [{ "name": "c", "ports": [{ "name": "http", "containerPort": 8080 }] }] },
         "status": { "phase": "Running", "podIPs": [
