@@ -1,9 +1,10 @@
 //! The flock node agent: RPC server, crash-safe allocation store, CNI handlers,
-//! Kubernetes watchers, BIRD writer, metrics and health; and the cluster controller that
-//! writes NodeConfigs from NodePools (`flock-agent controller`).
+//! Kubernetes watchers, NetworkPolicy enforcement with nftables, BIRD writer, metrics and
+//! health; and the cluster controller that writes NodeConfigs from NodePools
+//! (`flock-agent controller`).
 //!
 //! Does I/O; business rules live in the pure crates it composes (`flock-ipam`,
-//! `flock-embed`, `flock-bird`, `flock-cni-proto`) and kernel work in `flock-netns`.
+//! `flock-embed`, `flock-bird`, `flock-policy`, `flock-cni-proto`) and kernel work in `flock-netns`.
 
 use std::path::PathBuf;
 
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod nodeconfig;
 pub mod nodepool;
 pub mod pods;
+pub mod policy;
 pub mod server;
 pub mod store;
 pub mod trace;

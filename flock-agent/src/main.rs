@@ -33,6 +33,14 @@ enum Command {
         #[arg(default_value = "nodeconfigs", value_parser = ["nodeconfigs", "nodepools"])]
         resource: String,
     },
+    /// Remove what flock put in this node's nftables (the `inet flock_policy` table), for an
+    /// uninstall: run on each node after `kubectl delete -f deploy/`. Other tables (kube-proxy's)
+    /// are untouched; running it twice is fine.
+    Cleanup {
+        /// The nft program.
+        #[arg(long, env = "FLOCK_NFT", default_value = "nft")]
+        nft: PathBuf,
+    },
     /// Show what the allocation store holds.
     Allocations {
         /// The agent's state directory.
@@ -152,9 +160,16 @@ struct RunArgs {
     /// Kubernetes mode: the shortest time between two NodeConfig status writes.
     #[arg(long, env = "FLOCK_STATUS_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     status_interval: Duration,
-    /// Kubernetes mode: how long ADD waits for the pod watcher to see its pod.
+    /// Kubernetes mode: how long ADD waits for the pod watcher to see its pod, and then for
+    /// the pod's NetworkPolicy rules to be in place.
     #[arg(long, env = "FLOCK_POD_WAIT", default_value = "10s", value_parser = parse_duration)]
     pod_wait: Duration,
+    /// Kubernetes mode: enforce NetworkPolicies with nftables (table `inet flock_policy`).
+    #[arg(long, env = "FLOCK_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
+    network_policy: bool,
+    /// The nft program.
+    #[arg(long, env = "FLOCK_NFT", default_value = "nft")]
+    nft: PathBuf,
 }
 
 /// `300`, `300s`, `5m`, `1h`, `250ms`.
@@ -194,6 +209,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Command::Cleanup { nft } => cleanup(nft),
         Command::Allocations { state_dir, json } => allocations(&state_dir, json),
     }
 }
@@ -260,6 +276,8 @@ fn run(args: RunArgs) -> Result<()> {
             leak_grace: args.leak_grace,
             status_interval: args.status_interval,
             pod_wait: args.pod_wait,
+            network_policy: args.network_policy,
+            nft: args.nft,
             ..flock_agent::k8s::KubeOptions::default()
         };
         runtime.block_on(flock_agent::k8s::run(options, kube))?;
@@ -290,6 +308,22 @@ fn install_cni(args: InstallArgs) -> Result<()> {
     for path in flock_agent::install::install(&plan)? {
         eprintln!("installed {}", path.display());
     }
+    Ok(())
+}
+
+fn cleanup(nft: PathBuf) -> Result<()> {
+    use flock_agent::policy::nft::{Nft, NftCommand};
+    let nft = NftCommand::new(nft, flock_netns::NsTarget::Current);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?
+        .block_on(nft.apply(flock_policy::REMOVE_SCRIPT.to_owned()))
+        .context("remove nftables table inet flock_policy")?;
+    eprintln!(
+        "removed nftables table inet {} (if it existed)",
+        flock_policy::TABLE
+    );
     Ok(())
 }
 

@@ -47,6 +47,20 @@ pub struct SessionLabels {
     pub neighbor: String,
 }
 
+/// Labels of a NetworkPolicy apply.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApplyLabels {
+    /// `full` (the whole table), `elements` (set members only) or `none` (nothing changed).
+    pub kind: String,
+}
+
+/// Labels carrying a policy direction.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabels {
+    /// `ingress` or `egress`.
+    pub direction: String,
+}
+
 /// Every metric the agent exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -67,6 +81,18 @@ pub struct Metrics {
     pub store_write_seconds: Histogram,
     /// 1 for each BGP session that is Established, 0 for one that is not (Kubernetes mode).
     pub bgp_session_established: Family<SessionLabels, Gauge>,
+    /// NetworkPolicy rulesets applied, by kind.
+    pub policy_applies: Family<ApplyLabels, Counter>,
+    /// NetworkPolicy applies that failed (build or `nft -f`).
+    pub policy_apply_errors: Counter,
+    /// Time to build and apply a NetworkPolicy ruleset.
+    pub policy_apply_seconds: Histogram,
+    /// Allow rules in the applied ruleset's per-pod chains.
+    pub policy_rules: Gauge,
+    /// Local pods isolated, per direction, in the applied ruleset.
+    pub policy_isolated_pods: Family<DirectionLabels, Gauge>,
+    /// NetworkPolicies left out because they are invalid.
+    pub policy_invalid: Gauge,
 }
 
 impl Default for Metrics {
@@ -129,6 +155,42 @@ impl Metrics {
             "Whether each BGP session of the node is Established (1) or not (0)",
             bgp_session_established.clone(),
         );
+        let policy_applies = Family::<ApplyLabels, Counter>::default();
+        registry.register(
+            "policy_applies",
+            "NetworkPolicy rulesets applied, by kind (full table, set elements, none)",
+            policy_applies.clone(),
+        );
+        let policy_apply_errors = Counter::default();
+        registry.register(
+            "policy_apply_errors",
+            "NetworkPolicy rulesets that could not be built or applied",
+            policy_apply_errors.clone(),
+        );
+        let policy_apply_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        registry.register(
+            "policy_apply_duration_seconds",
+            "Time to build and apply a NetworkPolicy ruleset (nft -f included)",
+            policy_apply_seconds.clone(),
+        );
+        let policy_rules = Gauge::default();
+        registry.register(
+            "policy_rules",
+            "Allow rules in the per-pod chains of the applied NetworkPolicy ruleset",
+            policy_rules.clone(),
+        );
+        let policy_isolated_pods = Family::<DirectionLabels, Gauge>::default();
+        registry.register(
+            "policy_isolated_pods",
+            "Local pods isolated by NetworkPolicy, per direction",
+            policy_isolated_pods.clone(),
+        );
+        let policy_invalid = Gauge::default();
+        registry.register(
+            "policy_invalid",
+            "NetworkPolicies left out because they are invalid (see the agent's log)",
+            policy_invalid.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -139,6 +201,35 @@ impl Metrics {
             bird_failures,
             store_write_seconds,
             bgp_session_established,
+            policy_applies,
+            policy_apply_errors,
+            policy_apply_seconds,
+            policy_rules,
+            policy_isolated_pods,
+            policy_invalid,
+        }
+    }
+
+    /// Records one successful NetworkPolicy apply.
+    pub fn observe_policy_apply(&self, kind: &str, elapsed: Duration) {
+        self.policy_applies
+            .get_or_create(&ApplyLabels {
+                kind: kind.to_owned(),
+            })
+            .inc();
+        self.policy_apply_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// Sets the gauges of the applied NetworkPolicy ruleset.
+    pub fn set_policy_size(&self, size: crate::policy::plan::RulesetSize) {
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.policy_rules.set(gauge(size.rules));
+        for (direction, n) in [("ingress", size.ingress_pods), ("egress", size.egress_pods)] {
+            self.policy_isolated_pods
+                .get_or_create(&DirectionLabels {
+                    direction: direction.to_owned(),
+                })
+                .set(gauge(n));
         }
     }
 

@@ -22,6 +22,10 @@ pub struct PodInfo {
     pub workload: String,
     /// The first container's image reference.
     pub image: Option<String>,
+    /// The pod's labels (NetworkPolicy selectors; empty in standalone mode).
+    pub labels: BTreeMap<String, String>,
+    /// Its named container ports (NetworkPolicy named ports; empty in standalone mode).
+    pub ports: Vec<flock_policy::NamedPort>,
 }
 
 impl PodInfo {
@@ -42,6 +46,8 @@ impl PodInfo {
             },
             annotations,
             image: None,
+            labels: BTreeMap::new(),
+            ports: Vec::new(),
         }
     }
 
@@ -80,6 +86,12 @@ impl PodInfo {
             annotations: meta.annotations.clone().unwrap_or_default(),
             workload,
             image,
+            labels: meta.labels.clone().unwrap_or_default(),
+            ports: pod
+                .spec
+                .as_ref()
+                .map(crate::policy::convert::named_ports)
+                .unwrap_or_default(),
         }
     }
 }

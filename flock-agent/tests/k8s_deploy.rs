@@ -345,6 +345,10 @@ fn rbac_grants_exactly_what_the_agent_uses() {
     let allowed: BTreeSet<String> = [
         "/pods:list",
         "/pods:watch",
+        "/namespaces:list",
+        "/namespaces:watch",
+        "networking.k8s.io/networkpolicies:list",
+        "networking.k8s.io/networkpolicies:watch",
         "flock.fritzlab.net/nodeconfigs:list",
         "flock.fritzlab.net/nodeconfigs:watch",
         "flock.fritzlab.net/nodeconfigs/status:patch",

@@ -30,7 +30,7 @@ pub use host::{
     list_host_ifaces, remove_blackhole, remove_host_iface,
 };
 pub use nl::RouteSpec;
-pub use ns::{NodeNs, NsTarget};
+pub use ns::{NodeNs, NsTarget, blocking_in_netns};
 pub use pod::{
     GATEWAY4, GATEWAY6, Mismatch, PodSpec, SetupOutcome, SetupTiming, Side, check, detach, setup,
     teardown,

@@ -167,6 +167,16 @@ where
     })?
 }
 
+/// Runs the blocking `f` on a fresh std thread that first enters the namespace at `path`;
+/// a process `f` spawns starts in that namespace too (the agent runs `nft` this way).
+pub async fn blocking_in_netns<T, F>(path: &Path, f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    in_netns(path, move || Ok(f())).await
+}
+
 /// Runs `f` in `target`: directly for the current namespace, on a namespace
 /// thread for a path.
 pub(crate) async fn run_in<T, F>(target: &NsTarget, f: F) -> Result<T>

@@ -1,5 +1,6 @@
 //! ADD (DESIGN §7.1): return an existing allocation unchanged; otherwise resolve the pod,
-//! allocate, persist **pending**, program the kernel, persist **committed**, refresh BIRD.
+//! allocate, persist **pending**, program the kernel, wait for the pod's NetworkPolicy rules,
+//! persist **committed**, refresh BIRD.
 //!
 //! Decided here, purely: the host veth's name ([`choose_host_if`]) and the record
 //! ([`new_record`]).
@@ -143,16 +144,18 @@ impl Agent {
         };
         phases.mark("allocate");
         let host_if = record.host_if.clone();
-        let outcome = self.add_pending(record, &conf, phases).await;
+        let outcome = self.add_pending(record, &conf, &pod, phases).await;
         self.state().host_if_done(&host_if);
         outcome
     }
 
-    /// ADD from the pending record on: persist it, program the kernel, commit.
+    /// ADD from the pending record on: persist it, program the kernel, put the pod's
+    /// NetworkPolicy rules in place, commit.
     async fn add_pending(
         &self,
         mut record: AllocationRecord,
         conf: &FlockNetConf,
+        pod: &PodInfo,
         phases: &mut Phases,
     ) -> Outcome<Value> {
         if let Err(e) = self.put_record(&record).await {
@@ -177,6 +180,11 @@ impl Agent {
         phases.mark("kernel");
         phases.kernel_detail(outcome.timing);
         self.fail_at("after-kernel");
+        if let Err(e) = self.admit_policy(&record, pod).await {
+            self.undo_add(&record, &spec).await;
+            return Err(e);
+        }
+        phases.mark("policy");
         record.state = RecordState::Committed;
         record.host_mac = outcome.host_mac;
         record.pod_mac = outcome.pod_mac;
@@ -198,6 +206,7 @@ impl Agent {
     }
 
     async fn undo_add(&self, record: &AllocationRecord, spec: &PodSpec) {
+        self.forget_policy(&record.host_if);
         if let Err(e) = self.kernel.teardown(spec).await {
             warn!(error = %error::cause_chain(&e), "undoing a failed ADD left kernel errors");
         }

@@ -98,6 +98,7 @@ impl Agent {
         self.delete_stored(key).await?;
         phases.mark("store_delete");
         self.fail_at("del-after-delete");
+        self.forget_policy(&record.host_if);
         {
             let mut state = self.state();
             state.remove(key);

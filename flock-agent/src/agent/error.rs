@@ -21,6 +21,8 @@ pub mod codes {
     pub const STORE: u32 = 104;
     /// CHECK found a difference between the kernel and the record.
     pub const CHECK_MISMATCH: u32 = 105;
+    /// The pod's NetworkPolicy rules could not be applied.
+    pub const POLICY: u32 = 106;
 }
 
 /// Why a CNI request failed.
@@ -67,6 +69,16 @@ pub enum HandlerError {
     /// The allocation store could not be written.
     #[error("allocation store")]
     Store(#[source] crate::Error),
+    /// ADD: the pod's NetworkPolicy rules are not (known to be) in place; the pod is not
+    /// started without them.
+    #[error("NetworkPolicy rules of pod {pod}")]
+    Policy {
+        /// `namespace/name`.
+        pod: String,
+        /// Why.
+        #[source]
+        source: crate::policy::EnforceError,
+    },
     /// CHECK or a release of an attachment flock does not know.
     #[error("no allocation for container {container_id} interface {if_name}")]
     UnknownAttachment {
@@ -143,6 +155,10 @@ impl HandlerError {
             }),
             HandlerError::HostIfNames { .. } | HandlerError::Kernel { .. } => plugin(codes::KERNEL),
             HandlerError::Store(_) => plugin(codes::STORE),
+            HandlerError::Policy { source, .. } => match source {
+                crate::policy::EnforceError::Failed(_) => plugin(codes::POLICY),
+                _ => ErrorCode::TryAgainLater,
+            },
             HandlerError::UnknownAttachment { .. } => ErrorCode::UnknownContainer,
             HandlerError::CheckUnsupported { .. } => ErrorCode::IncompatibleCniVersion,
             HandlerError::PrevResultMismatch { .. } | HandlerError::KernelMismatch { .. } => {

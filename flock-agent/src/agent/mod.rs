@@ -28,6 +28,7 @@ use crate::kernel::Kernel;
 use crate::metrics::{Health, Metrics};
 use crate::nodeconfig::NodeSettings;
 use crate::pods::PodDirectory;
+use crate::policy::PolicyEnforcer;
 use crate::store::{AllocationRecord, AttachmentKey, Store};
 use crate::trace::{Phases, RequestTag, Tracer};
 
@@ -38,6 +39,7 @@ pub mod del;
 pub mod error;
 pub mod gc;
 mod locks;
+pub mod policy;
 pub mod result;
 pub mod startup;
 pub mod state;
@@ -65,6 +67,7 @@ pub struct Agent {
     bird: RwLock<Option<BirdHandle>>,
     pods: Option<Arc<dyn PodDirectory>>,
     pod_wait: Duration,
+    policy: Option<Arc<PolicyEnforcer>>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     failpoint: Option<String>,
@@ -81,8 +84,11 @@ pub struct AgentParts {
     pub settings: Option<NodeSettings>,
     /// The pod watcher (Kubernetes mode).
     pub pods: Option<Arc<dyn PodDirectory>>,
-    /// How long ADD waits for the pod watcher.
+    /// How long ADD waits for the pod watcher (and for its pod's NetworkPolicy rules).
     pub pod_wait: Duration,
+    /// NetworkPolicy enforcement (Kubernetes mode): ADD returns once its pod's rules are in
+    /// place, DEL drops them.
+    pub policy: Option<Arc<PolicyEnforcer>>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Health.
@@ -106,6 +112,7 @@ impl AgentParts {
             settings: None,
             pods: None,
             pod_wait: DEFAULT_POD_WAIT,
+            policy: None,
             metrics: Arc::new(Metrics::new()),
             health: Arc::new(Health::default()),
             rng_seed: os_seed(),
@@ -158,12 +165,14 @@ impl Agent {
             bird: RwLock::new(None),
             pods: parts.pods,
             pod_wait: parts.pod_wait,
+            policy: parts.policy,
             metrics: parts.metrics,
             health: parts.health,
             failpoint: parts.failpoint.filter(|f| !f.is_empty()),
             tracer: parts.tracer,
         });
         let report = agent.reconcile_at_start(records).await?;
+        agent.restore_policy_pods();
         Ok((agent, report))
     }
 

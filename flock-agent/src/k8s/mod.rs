@@ -1,7 +1,9 @@
 //! Kubernetes mode of `flock-agent run` (DESIGN §3, §7): the pod watcher that ADD asks for a
-//! pod's annotations and workload, the watcher of this node's NodeConfig, the status writer
-//! and the leak reconcile, around the same agent and server as standalone mode.
+//! pod's annotations and workload, the watcher of this node's NodeConfig, the status writer,
+//! the leak reconcile and the cluster-wide watches of NetworkPolicy enforcement, around the
+//! same agent and server as standalone mode.
 
+pub mod cluster;
 pub mod leaks;
 pub mod nodeconfig;
 pub mod pods;
@@ -19,6 +21,8 @@ use tracing::info;
 use crate::agent::{Agent, AgentParts, DEFAULT_POD_WAIT};
 use crate::daemon::RunOptions;
 use crate::metrics::{Health, Metrics};
+use crate::policy::PolicyEnforcer;
+use crate::policy::nft::NftCommand;
 use crate::{Error, Result};
 
 pub use leaks::{DEFAULT_LEAK_GRACE, DEFAULT_LEAK_INTERVAL, LeakTracker};
@@ -36,8 +40,12 @@ pub struct KubeOptions {
     pub leak_interval: Duration,
     /// The shortest time between two status writes.
     pub status_interval: Duration,
-    /// How long ADD waits for the pod watcher to see a pod.
+    /// How long ADD waits for the pod watcher to see a pod (and for its NetworkPolicy rules).
     pub pod_wait: Duration,
+    /// Enforce NetworkPolicies (the cluster-wide watches and flock's nftables table).
+    pub network_policy: bool,
+    /// The `nft` program.
+    pub nft: PathBuf,
 }
 
 impl Default for KubeOptions {
@@ -48,6 +56,8 @@ impl Default for KubeOptions {
             leak_interval: DEFAULT_LEAK_INTERVAL,
             status_interval: DEFAULT_STATUS_INTERVAL,
             pod_wait: DEFAULT_POD_WAIT,
+            network_policy: true,
+            nft: PathBuf::from("nft"),
         }
     }
 }
@@ -108,9 +118,16 @@ pub async fn run(options: RunOptions, kube: KubeOptions) -> Result<()> {
     let pods = PodWatcher::spawn(client.clone(), &node);
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
+    let policy = kube.network_policy.then(|| {
+        let nft = NftCommand::new(kube.nft.clone(), flock_netns::NsTarget::Current);
+        let enforcer = PolicyEnforcer::spawn(Arc::new(nft), metrics.clone(), health.clone());
+        cluster::spawn_watches(client.clone(), enforcer.clone());
+        enforcer
+    });
     let (agent, report) = Agent::start(AgentParts {
         pods: Some(pods.clone()),
         pod_wait: kube.pod_wait,
+        policy,
         metrics: metrics.clone(),
         health: health.clone(),
         ..options.agent_parts()?

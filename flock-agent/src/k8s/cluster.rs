@@ -1,0 +1,74 @@
+//! The cluster-wide watches NetworkPolicy enforcement needs: every NetworkPolicy, every
+//! Namespace, every Pod. Their events go straight into the
+//! [`PolicyEnforcer`](crate::policy::PolicyEnforcer), which keeps only the fields the model
+//! reads (no reflector of whole objects: 10 000 pods must fit in a few MiB).
+//!
+//! Why a second pod watch rather than widening the node's ([`super::pods`]): that one keeps
+//! whole Pod objects (annotations, owner references, images) for ADD, which is fine for the
+//! hundred pods of a node and far too much for every pod of the cluster; this one keeps
+//! labels, addresses and named ports, and asks the API server to leave out finished pods
+//! (`status.phase`), whose addresses may already be someone else's.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tracing::warn;
+
+use crate::policy::PolicyEnforcer;
+
+/// The server-side field selector of the cluster-wide pod watch: running and pending pods.
+pub const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
+
+/// How many objects one page of a listing holds (bounds the memory of a relist).
+pub const PAGE_SIZE: u32 = 500;
+
+/// Starts the three watches on the current runtime; each retries with kube's default backoff.
+pub fn spawn_watches(client: Client, enforcer: Arc<PolicyEnforcer>) {
+    let page = watcher::Config::default().page_size(PAGE_SIZE);
+    spawn_watch(
+        Api::<NetworkPolicy>::all(client.clone()),
+        page.clone(),
+        enforcer.clone(),
+        PolicyEnforcer::on_policy,
+    );
+    spawn_watch(
+        Api::<Namespace>::all(client.clone()),
+        page.clone(),
+        enforcer.clone(),
+        PolicyEnforcer::on_namespace,
+    );
+    spawn_watch(
+        Api::<Pod>::all(client),
+        page.fields(LIVE_PODS),
+        enforcer,
+        PolicyEnforcer::on_pod,
+    );
+}
+
+fn spawn_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    enforcer: Arc<PolicyEnforcer>,
+    on_event: fn(&PolicyEnforcer, watcher::Event<K>),
+) where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    let stream = watcher(api, config).default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(event) => on_event(&enforcer, event),
+                Err(e) => warn!(%kind, error = %e, "cluster-wide watch failed; retrying"),
+            }
+        }
+    });
+}

@@ -1,0 +1,328 @@
+//! What the agent knows of the cluster for policy (the three cluster-wide caches and the
+//! node's own pods) and the model inputs it derives from it. Pure: watch events come in as
+//! plain values, `flock-policy` inputs go out.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use flock_policy::{Labels, NamedPort, Namespace, Pod, Policy};
+
+use super::convert::ClusterPod;
+
+/// `(namespace, name)`; namespaces themselves use an empty first part.
+pub type ObjectKey = (String, String);
+
+/// One cache of a kind, with a watcher's relist semantics: a relist (`Init` … `InitDone`)
+/// replaces the whole content at once, so objects deleted while the watch was down go.
+#[derive(Debug, Clone)]
+pub struct Relist<V> {
+    items: BTreeMap<ObjectKey, V>,
+    relisting: Option<BTreeMap<ObjectKey, V>>,
+    synced: bool,
+}
+
+impl<V> Default for Relist<V> {
+    fn default() -> Self {
+        Relist {
+            items: BTreeMap::new(),
+            relisting: None,
+            synced: false,
+        }
+    }
+}
+
+impl<V: PartialEq> Relist<V> {
+    /// A (re)list starts.
+    pub fn init(&mut self) {
+        self.relisting = Some(BTreeMap::new());
+    }
+
+    /// An object of the listing (`None`: one the agent does not keep).
+    pub fn init_apply(&mut self, key: ObjectKey, value: Option<V>) {
+        match (&mut self.relisting, value) {
+            (Some(list), Some(v)) => {
+                list.insert(key, v);
+            }
+            (Some(_), None) => {}
+            (None, value) => {
+                self.set(key, value);
+            }
+        }
+    }
+
+    /// The listing is complete; returns whether the content changed (the first listing
+    /// always counts as a change: the cache became known).
+    pub fn init_done(&mut self) -> bool {
+        let first = !self.synced;
+        self.synced = true;
+        match self.relisting.take() {
+            Some(list) => {
+                let changed = list != self.items;
+                self.items = list;
+                changed || first
+            }
+            None => first,
+        }
+    }
+
+    /// An object was added or modified (`None`: it is no longer one the agent keeps) or,
+    /// with `None`, deleted; returns whether the content changed.
+    pub fn set(&mut self, key: ObjectKey, value: Option<V>) -> bool {
+        match value {
+            Some(v) => {
+                if self.items.get(&key) == Some(&v) {
+                    return false;
+                }
+                self.items.insert(key, v);
+                true
+            }
+            None => self.items.remove(&key).is_some(),
+        }
+    }
+
+    /// Whether the first listing is complete.
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// The objects.
+    pub fn items(&self) -> &BTreeMap<ObjectKey, V> {
+        &self.items
+    }
+
+    /// One object.
+    pub fn get(&self, key: &ObjectKey) -> Option<&V> {
+        self.items.get(key)
+    }
+
+    /// How many objects.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// A pod of this node as the agent's allocation record and its ADD know it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalPod {
+    /// Namespace and name.
+    pub key: ObjectKey,
+    /// `metadata.uid` when known.
+    pub uid: String,
+    /// Every address the record gives it (its /128, /32, `addresses`, anycast).
+    pub addresses: Vec<IpAddr>,
+    /// Labels as ADD saw them; the cluster cache's, when it holds the pod, win (fresher).
+    pub labels: Labels,
+    /// Named ports as ADD saw them (same rule).
+    pub ports: Vec<NamedPort>,
+}
+
+/// Everything the model is built from.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterView {
+    /// NetworkPolicies, converted and validated.
+    pub policies: Relist<Policy>,
+    /// Namespaces' labels.
+    pub namespaces: Relist<Labels>,
+    /// Pods of the cluster.
+    pub pods: Relist<ClusterPod>,
+    /// Policies left out, with why (the message names the field and value).
+    pub invalid: BTreeMap<ObjectKey, String>,
+    /// This node's pods by host veth.
+    pub local: BTreeMap<String, LocalPod>,
+}
+
+/// `flock-policy`'s inputs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelInputs {
+    /// Policies.
+    pub policies: Vec<Policy>,
+    /// Namespaces.
+    pub namespaces: Vec<Namespace>,
+    /// Pods, the local ones with their host veth.
+    pub pods: Vec<Pod>,
+}
+
+impl ClusterView {
+    /// Whether every cache has finished its first listing: before that, the model is not
+    /// known and nothing may be applied (an empty model would remove every rule).
+    pub fn is_synced(&self) -> bool {
+        self.policies.is_synced() && self.namespaces.is_synced() && self.pods.is_synced()
+    }
+
+    /// The model's inputs. A local pod's addresses are its record's; its labels and ports
+    /// the cluster cache's when that holds the same pod (same UID, or either unknown), else
+    /// ADD's. A cache pod that no local record claims is a peer only.
+    pub fn inputs(&self) -> ModelInputs {
+        let mut local_keys: BTreeMap<&ObjectKey, &LocalPod> = BTreeMap::new();
+        for pod in self.local.values() {
+            local_keys.insert(&pod.key, pod);
+        }
+        let mut pods: Vec<Pod> = Vec::with_capacity(self.pods.len() + self.local.len());
+        for ((namespace, name), p) in self.pods.items() {
+            if local_keys.contains_key(&(namespace.clone(), name.clone())) {
+                continue;
+            }
+            pods.push(Pod {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                labels: p.labels.clone(),
+                addresses: p.addresses.clone(),
+                host_if: None,
+                ports: p.ports.clone(),
+            });
+        }
+        for (host_if, local) in &self.local {
+            let cached = self
+                .pods
+                .get(&local.key)
+                .filter(|c| c.uid.is_empty() || local.uid.is_empty() || c.uid == local.uid);
+            let (labels, ports) = match cached {
+                Some(c) => (c.labels.clone(), c.ports.clone()),
+                None => (local.labels.clone(), local.ports.clone()),
+            };
+            pods.push(Pod {
+                namespace: local.key.0.clone(),
+                name: local.key.1.clone(),
+                labels,
+                addresses: local.addresses.clone(),
+                host_if: Some(host_if.clone()),
+                ports,
+            });
+        }
+        ModelInputs {
+            policies: self.policies.items().values().cloned().collect(),
+            namespaces: self
+                .namespaces
+                .items()
+                .iter()
+                .map(|((_, name), labels)| Namespace {
+                    name: name.clone(),
+                    labels: labels.clone(),
+                })
+                .collect(),
+            pods,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(ns: &str, name: &str) -> ObjectKey {
+        (ns.into(), name.into())
+    }
+
+    #[test]
+    fn a_relist_replaces_the_content_and_drops_what_was_deleted_meanwhile() {
+        let mut r: Relist<u32> = Relist::default();
+        assert!(!r.is_synced());
+        r.init();
+        r.init_apply(key("a", "1"), Some(1));
+        r.init_apply(key("a", "2"), Some(2));
+        r.init_apply(key("a", "skip"), None);
+        assert!(r.is_empty(), "a listing is not visible before it is done");
+        assert!(r.init_done(), "the first listing counts as a change");
+        assert!(r.is_synced());
+        assert_eq!(r.len(), 2);
+        assert!(!r.set(key("a", "1"), Some(1)), "same value: no change");
+        assert!(r.set(key("a", "1"), Some(10)));
+        assert!(r.set(key("a", "1"), None));
+        assert!(!r.set(key("a", "1"), None), "already gone");
+        // a relist after a watch outage: "a/2" was deleted meanwhile
+        r.init();
+        r.init_apply(key("a", "3"), Some(3));
+        assert!(r.init_done());
+        assert_eq!(r.items().keys().collect::<Vec<_>>(), [&key("a", "3")]);
+        r.init();
+        r.init_apply(key("a", "3"), Some(3));
+        assert!(!r.init_done(), "the same listing again changes nothing");
+    }
+
+    fn local(ns: &str, name: &str, uid: &str, labels: &[(&str, &str)]) -> LocalPod {
+        LocalPod {
+            key: key(ns, name),
+            uid: uid.into(),
+            addresses: vec!["2001:db8:1::5".parse().unwrap()],
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+            ports: vec![],
+        }
+    }
+
+    #[test]
+    fn local_pods_take_record_addresses_and_the_freshest_labels() {
+        let mut v = ClusterView::default();
+        v.local.insert(
+            "flock00000001".into(),
+            local("shop", "web", "u1", &[("app", "old")]),
+        );
+        v.local.insert(
+            "flock00000002".into(),
+            local("shop", "new", "u2", &[("app", "add-time")]),
+        );
+        v.pods.set(
+            key("shop", "web"),
+            Some(ClusterPod {
+                uid: "u1".into(),
+                node: "node-a".into(),
+                labels: [("app".into(), "relabelled".into())].into(),
+                addresses: vec!["2001:db8:1::99".parse().unwrap()],
+                ports: vec![],
+            }),
+        );
+        // a pod of the same name but another UID (the old one, not yet gone from the cache)
+        v.pods.set(
+            key("shop", "new"),
+            Some(ClusterPod {
+                uid: "older".into(),
+                labels: [("app".into(), "stale".into())].into(),
+                ..ClusterPod::default()
+            }),
+        );
+        v.pods.set(
+            key("ops", "probe"),
+            Some(ClusterPod {
+                addresses: vec!["2001:db8:2::7".parse().unwrap()],
+                ..ClusterPod::default()
+            }),
+        );
+        let inputs = v.inputs();
+        let by_name = |n: &str| {
+            inputs
+                .pods
+                .iter()
+                .find(|p| p.name == n)
+                .cloned()
+                .expect("pod")
+        };
+        assert_eq!(inputs.pods.len(), 3, "{:?}", inputs.pods);
+        let web = by_name("web");
+        assert_eq!(web.host_if.as_deref(), Some("flock00000001"));
+        assert_eq!(web.labels["app"], "relabelled");
+        assert_eq!(
+            web.addresses,
+            ["2001:db8:1::5".parse::<IpAddr>().unwrap()],
+            "the record's addresses"
+        );
+        assert_eq!(by_name("new").labels["app"], "add-time");
+        assert_eq!(by_name("probe").host_if, None);
+    }
+
+    #[test]
+    fn the_view_is_synced_only_when_every_cache_is() {
+        let mut v = ClusterView::default();
+        v.policies.init_done();
+        v.namespaces.init_done();
+        assert!(!v.is_synced());
+        v.pods.init_done();
+        assert!(v.is_synced());
+    }
+}

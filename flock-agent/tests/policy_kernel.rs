@@ -1,0 +1,237 @@
+//! NetworkPolicy enforcement by the agent on a real kernel (root): a stand-in node namespace,
+//! pods set up by the agent's own ADDs, the enforcer applying with real `nft -f` in that
+//! namespace, and real TCP over both families. Beside it, a kube-proxy stand-in table keeps
+//! working; `flock-agent cleanup` leaves no flock rule and nothing else touched.
+#![cfg(feature = "root-tests")]
+
+mod policy_support;
+
+use std::fs::File;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flock_agent::agent::{Agent, AgentParts};
+use flock_agent::kernel::NetnsKernel;
+use flock_agent::metrics::{Health, Metrics};
+use flock_agent::nodeconfig::NodeConfig;
+use flock_agent::policy::PolicyEnforcer;
+use flock_agent::policy::nft::{Nft, NftCommand};
+use flock_cni_proto::rpc::{Op, PROTOCOL_VERSION, Request};
+use flock_netns::{NodeNs, NsTarget};
+use flock_testkit::Netns;
+use kube::runtime::watcher::Event;
+use nix::sched::CloneFlags;
+use policy_support::*;
+use serde_json::json;
+
+const NODE: &str = "node-a";
+
+/// Runs `f` on a thread inside `ns`: sockets it creates live there.
+fn in_ns<T: Send>(ns: &Netns, f: impl FnOnce() -> T + Send) -> T {
+    let file = File::open(ns.path()).expect("open netns");
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("namespace thread")
+    })
+}
+
+fn connects(from: &Netns, to: IpAddr, port: u16) -> bool {
+    in_ns(from, || {
+        TcpStream::connect_timeout(&SocketAddr::new(to, port), Duration::from_millis(700)).is_ok()
+    })
+}
+
+struct TestPod {
+    ns: Netns,
+    v6: IpAddr,
+    v4: IpAddr,
+}
+
+async fn add(
+    agent: &Agent,
+    pods: &Directory,
+    cid: &str,
+    name: &str,
+    labels: serde_json::Value,
+) -> TestPod {
+    pods.insert(&pod("shop", name, NODE, labels, &[]));
+    let ns = Netns::new("pod");
+    let response = agent
+        .handle(Request {
+            v: PROTOCOL_VERSION,
+            op: Op::Add,
+            container_id: cid.into(),
+            netns: ns.path().to_string_lossy().into_owned(),
+            if_name: "eth0".into(),
+            args: format!("K8S_POD_NAMESPACE=shop;K8S_POD_NAME={name};K8S_POD_UID=uid-{name}"),
+            path: "/opt/cni/bin".into(),
+            config: json!({ "cniVersion": "1.1.0", "name": "flock", "type": "flock" }),
+        })
+        .await;
+    assert!(response.error.is_none(), "ADD {name}: {:?}", response.error);
+    let record = agent
+        .records()
+        .into_iter()
+        .find(|r| r.container_id == cid)
+        .expect("record");
+    TestPod {
+        ns,
+        v6: IpAddr::V6(record.ipv6.expect("v6")),
+        v4: IpAddr::V4(record.ipv4.expect("v4")),
+    }
+}
+
+/// kube-proxy's stand-in: its own table, with a rule counting forwarded packets.
+const KUBE_PROXY_STANDIN: &str = "table inet kube_proxy_standin {
+	chain forward {
+		type filter hook forward priority filter - 1; policy accept;
+		counter
+	}
+}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_enforces_policies_over_both_families_and_cleanup_leaves_no_rule() {
+    let node_ns = Netns::new("node");
+    let state = tempfile::tempdir().expect("tmp");
+    // Every nft of this test runs in the node's namespace, never the machine's.
+    let nft = NftCommand::new("nft", NsTarget::Path(node_ns.path()));
+    nft.apply(KUBE_PROXY_STANDIN.to_owned())
+        .await
+        .expect("the stand-in table");
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let enforcer = PolicyEnforcer::spawn(Arc::new(nft), metrics.clone(), health.clone());
+    let pods = Arc::new(Directory::default());
+    let settings = serde_json::from_value::<NodeConfig>(json!({
+        "apiVersion": "flock.fritzlab.net/v1alpha1", "kind": "NodeConfig",
+        "metadata": { "name": NODE },
+        "spec": { "cidr6": "2001:db8:51::/64", "cidr4": "10.251.0.0/24" }
+    }))
+    .unwrap()
+    .settings()
+    .unwrap();
+    let (agent, _) = Agent::start(AgentParts {
+        settings: Some(settings),
+        pods: Some(pods.clone()),
+        pod_wait: Duration::from_secs(10),
+        policy: Some(enforcer.clone()),
+        metrics: metrics.clone(),
+        health,
+        ..AgentParts::new(
+            Arc::new(NetnsKernel::new(NodeNs::at(node_ns.path()))),
+            state.path(),
+        )
+    })
+    .await
+    .expect("agent starts");
+    list_all(
+        &enforcer,
+        vec![server_policy()],
+        vec![namespace("shop", json!({}))],
+        vec![],
+    );
+
+    let server = add(&agent, &pods, "srv", "server", json!({ "app": "server" })).await;
+    let client = add(&agent, &pods, "cli", "client", json!({ "role": "client" })).await;
+    let other = add(&agent, &pods, "oth", "other", json!({ "role": "other" })).await;
+    let _http = in_ns(&server.ns, || TcpListener::bind("[::]:8080").unwrap());
+    let _admin = in_ns(&server.ns, || TcpListener::bind("[::]:9090").unwrap());
+    let _client_http = in_ns(&client.ns, || TcpListener::bind("[::]:8080").unwrap());
+
+    // Every ADD returned with its rules in place: no waiting here.
+    for (family, to) in [("IPv6", server.v6), ("IPv4", server.v4)] {
+        assert!(
+            connects(&client.ns, to, 8080),
+            "{family}: client → server:http is allowed"
+        );
+        assert!(
+            !connects(&client.ns, to, 9090),
+            "{family}: client → server:9090 is not in the rule"
+        );
+        assert!(
+            !connects(&other.ns, to, 8080),
+            "{family}: other → server:http is not a client"
+        );
+    }
+    for to in [client.v6, client.v4] {
+        assert!(
+            connects(&other.ns, to, 8080),
+            "{to}: the client is not isolated"
+        );
+        assert!(
+            connects(&server.ns, to, 8080),
+            "{to}: the server's egress is not isolated"
+        );
+    }
+
+    // "other" is relabelled into the selector: one element update, and it may connect.
+    enforcer.on_pod(Event::Apply(pod(
+        "shop",
+        "other",
+        NODE,
+        json!({ "role": "client" }),
+        &[&other.v6.to_string(), &other.v4.to_string()],
+    )));
+    let generation = enforcer.update(|_| false);
+    enforcer
+        .wait_applied(generation, Duration::from_secs(10))
+        .await
+        .expect("applied");
+    for to in [server.v6, server.v4] {
+        assert!(connects(&other.ns, to, 8080), "{to}: other is a client now");
+    }
+    assert!(
+        metrics
+            .encode()
+            // the client's ADD and this relabelling: set elements only
+            .contains("flock_policy_applies_total{kind=\"elements\"} 2"),
+        "{}",
+        metrics.encode()
+    );
+
+    // The last policy goes: no flock rule is left, kube-proxy's table stays.
+    enforcer.on_policy(Event::Delete(server_policy()));
+    let generation = enforcer.update(|_| false);
+    enforcer
+        .wait_applied(generation, Duration::from_secs(10))
+        .await
+        .expect("applied");
+    let listing = node_ns.ok(["nft", "list", "ruleset"]);
+    assert!(!listing.contains("flock_policy"), "{listing}");
+    assert!(listing.contains("kube_proxy_standin"), "{listing}");
+    for to in [server.v6, server.v4] {
+        assert!(
+            connects(&client.ns, to, 9090),
+            "{to}: everything flows again"
+        );
+    }
+
+    // A policy again, then the uninstall path: `flock-agent cleanup` on the node.
+    enforcer.on_policy(Event::Apply(server_policy()));
+    let generation = enforcer.update(|_| false);
+    enforcer
+        .wait_applied(generation, Duration::from_secs(10))
+        .await
+        .expect("applied");
+    assert!(
+        node_ns
+            .ok(["nft", "list", "ruleset"])
+            .contains("flock_policy")
+    );
+    assert!(!connects(&client.ns, server.v6, 9090));
+    for _ in 0..2 {
+        node_ns.ok([env!("CARGO_BIN_EXE_flock-agent"), "cleanup"]);
+    }
+    let listing = node_ns.ok(["nft", "list", "ruleset"]);
+    assert!(
+        !listing.contains("flock_policy") && listing.contains("kube_proxy_standin"),
+        "cleanup removes flock's table only: {listing}"
+    );
+    assert!(connects(&client.ns, server.v6, 9090));
+}
