@@ -165,6 +165,7 @@ fn parent(path: &str) -> String {
 #[test]
 fn daemonset_uses_one_image_and_the_code_defaults() {
     let ds: DaemonSet = typed(&documents("deploy/daemonset.yaml")[0]);
+    let ds_namespace = ds.metadata.namespace.clone();
     let pod = ds.spec.expect("spec").template.spec.expect("pod spec");
     assert_eq!(
         pod.host_network,
@@ -179,7 +180,7 @@ fn daemonset_uses_one_image_and_the_code_defaults() {
     );
     let init = pod.init_containers.clone().unwrap_or_default();
     let all: Vec<&Container> = init.iter().chain(pod.containers.iter()).collect();
-    assert_eq!(all.len(), 3, "install-cni, agent, bird");
+    assert_eq!(all.len(), 2, "install-cni, agent");
     for c in &all {
         assert_eq!(
             c.image.as_deref(),
@@ -278,11 +279,23 @@ fn daemonset_uses_one_image_and_the_code_defaults() {
         );
     }
 
-    let bird = pod
-        .containers
-        .iter()
-        .find(|c| c.name == "bird")
-        .expect("bird");
+    // BIRD: its own DaemonSet, so that an upgrade of the agent leaves it (and its sessions)
+    // running; same image, no API access.
+    let bird_ds: DaemonSet = typed(&documents("deploy/daemonset.yaml")[1]);
+    assert_eq!(bird_ds.metadata.name.as_deref(), Some("flock-bird"));
+    assert_eq!(bird_ds.metadata.namespace, ds_namespace);
+    let bird_pod = bird_ds
+        .spec
+        .expect("spec")
+        .template
+        .spec
+        .expect("pod spec");
+    assert_eq!(bird_pod.host_network, Some(true));
+    assert_eq!(bird_pod.automount_service_account_token, Some(false));
+    let [bird] = bird_pod.containers.as_slice() else {
+        panic!("one container in flock-bird");
+    };
+    assert_eq!(bird.image.as_deref(), Some(image.as_str()));
     let script = bird.args.clone().unwrap_or_default().join(" ");
     assert!(
         script.contains(&format!("-c {}", defaults::BIRD_CONFIG)),
@@ -294,19 +307,28 @@ fn daemonset_uses_one_image_and_the_code_defaults() {
     );
     let bird_mounts = mount_paths(bird);
     for dir in [parent(defaults::BIRD_SOCKET), parent(defaults::BIRD_CONFIG)] {
-        assert!(bird_mounts.contains(&dir), "the BIRD sidecar mounts {dir}");
+        assert!(bird_mounts.contains(&dir), "BIRD mounts {dir}");
     }
-    // The agent and BIRD share the config and control-socket directories (same volumes).
+    // The agent and BIRD share the config and control-socket directories: the same host
+    // paths, from two pods.
     for dir in [parent(defaults::BIRD_SOCKET), parent(defaults::BIRD_CONFIG)] {
-        let volume = |c: &Container| {
-            c.volume_mounts
+        let host_path = |c: &Container, volumes: &[k8s_openapi::api::core::v1::Volume]| {
+            let mount = c
+                .volume_mounts
                 .as_deref()
                 .unwrap_or_default()
                 .iter()
                 .find(|m| m.mount_path == dir)
-                .map(|m| m.name.clone())
+                .map(|m| m.name.clone())?;
+            volumes
+                .iter()
+                .find(|v| v.name == mount)
+                .and_then(|v| v.host_path.as_ref())
+                .map(|h| h.path.clone())
         };
-        assert_eq!(volume(agent), volume(bird), "{dir} is shared");
+        let a = host_path(agent, pod.volumes.as_deref().unwrap_or_default());
+        let b = host_path(bird, bird_pod.volumes.as_deref().unwrap_or_default());
+        assert!(a.is_some() && a == b, "{dir}: agent {a:?}, BIRD {b:?}");
     }
 }
 

@@ -123,15 +123,10 @@ pub fn install_flock(repo: &Path) -> Result<()> {
     let ds =
         std::fs::read_to_string(&ds_path).with_context(|| format!("read {}", ds_path.display()))?;
     kubectl_stdin(&["apply", "-f", "-"], &with_image(&ds, images::FLOCK)?)?;
-    kubectl(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "ds/flock",
-        "--timeout=180s",
-    ])
-    .context("wait for the flock DaemonSet's pods to be ready on every node")?;
+    for ds in ["ds/flock", "ds/flock-bird"] {
+        kubectl(&["-n", "kube-system", "rollout", "status", ds, "--timeout=180s"])
+            .with_context(|| format!("wait for {ds}'s pods to be ready on every node"))?;
+    }
     Ok(())
 }
 

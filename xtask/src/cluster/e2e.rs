@@ -30,6 +30,11 @@ pub const DEFAULT_FOCUS: &str =
     r"\[sig-network\] (Networking|Services) |\[sig-network\].*\[Conformance\]";
 /// Tags never run here: slow, serial, disruptive, flaky and feature-gated specs.
 pub const SKIP_TAGS: &str = r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:";
+/// `--suite networkpolicy`: the NetworkPolicy specs of 1.20 (all tagged
+/// `[Feature:NetworkPolicy]`: a CNI without policy fails them), run with their feature tag
+/// allowed. The SCTP ones are `[Disruptive]` too and stay skipped.
+pub const NETWORKPOLICY_FOCUS: &str = r"\[sig-network\] NetworkPolicy \[LinuxOnly\]";
+const NETWORKPOLICY_SKIP_TAGS: &str = r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]";
 /// The specs excluded for a reason outside flock, each with the reason.
 const EXCLUSIONS: &str = include_str!("e2e-exclusions.txt");
 /// The stub "internet" (see the module's docs): agnhost netexec in the control plane's
@@ -168,6 +173,7 @@ pub fn parse_junit(xml: &str) -> Vec<Spec> {
 pub fn run(args: &[String]) -> Result<()> {
     sys::require_root("cargo xtask cluster e2e")?;
     let mut focus = DEFAULT_FOCUS.to_owned();
+    let mut skip_tags = SKIP_TAGS;
     let mut extra_skip = None;
     let mut pods = Pods::Ipv6;
     let mut parallel = DEFAULT_PARALLEL;
@@ -175,6 +181,13 @@ pub fn run(args: &[String]) -> Result<()> {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--focus" => focus = it.next().context("--focus needs a regex")?.clone(),
+            "--suite" => match it.next().map(String::as_str) {
+                Some("network") => (focus, skip_tags) = (DEFAULT_FOCUS.to_owned(), SKIP_TAGS),
+                Some("networkpolicy") => {
+                    (focus, skip_tags) = (NETWORKPOLICY_FOCUS.to_owned(), NETWORKPOLICY_SKIP_TAGS)
+                }
+                other => bail!("--suite {other:?}: network or networkpolicy"),
+            },
             "--skip" => extra_skip = Some(it.next().context("--skip needs a regex")?.clone()),
             "--pods" => pods = Pods::parse(it.next().map_or("", String::as_str))?,
             "--parallel" => {
@@ -186,8 +199,8 @@ pub fn run(args: &[String]) -> Result<()> {
                     .with_context(|| format!("--parallel {v:?}: a number of processes, 1 to 16"))?;
             }
             other => bail!(
-                "unknown e2e argument {other:?} (--focus REGEX, --skip REGEX, --pods ipv6|dual, \
-                 --parallel N)"
+                "unknown e2e argument {other:?} (--suite network|networkpolicy, --focus REGEX, \
+                 --skip REGEX, --pods ipv6|dual, --parallel N)"
             ),
         }
     }
@@ -208,7 +221,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let images_took = started.elapsed();
 
-    let mut skip = SKIP_TAGS.to_owned();
+    let mut skip = skip_tags.to_owned();
     for e in &excluded {
         skip.push('|');
         skip.push_str(&regex_escape(&e.spec));
@@ -229,7 +242,7 @@ pub fn run(args: &[String]) -> Result<()> {
         e2e_command(&kube, &dry_dir)
             .arg("--ginkgo.dryRun")
             .arg(format!("--ginkgo.focus={focus}"))
-            .arg(format!("--ginkgo.skip={SKIP_TAGS}")),
+            .arg(format!("--ginkgo.skip={skip_tags}")),
     )?;
     let in_focus: Vec<String> = read_junit(&dry_dir)?
         .into_iter()
@@ -264,7 +277,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut out = String::new();
     out.push_str(&format!(
         "KUBERNETES E2E ({} e2e.test, --provider=local, from {CONTROL}, {parallel} processes; \
-         {} pods; focus {focus:?}; skipped tags {SKIP_TAGS:?})\n",
+         {} pods; focus {focus:?}; skipped tags {skip_tags:?})\n",
         kube::VERSION,
         pods.describe()
     ));

@@ -891,10 +891,26 @@ fn audit_use() -> Result<BTreeMap<(String, String), (usize, usize)>> {
 }
 
 /// What `deploy/rbac.yaml`'s ClusterRole grants, as (resource[/sub][.group], verb).
+/// (resource, verb) of every grant of flock's ClusterRole and of the Roles bound to its
+/// service account (the BGP passwords' Secret).
 fn granted() -> Result<BTreeSet<(String, String)>> {
-    let role = json(&["get", "clusterrole", "flock", "-o", "json"])?;
+    let mut roles = vec![json(&["get", "clusterrole", "flock", "-o", "json"])?];
+    let bindings = json(&["get", "rolebindings", "-A", "-o", "json"])?;
+    for b in bindings["items"].as_array().into_iter().flatten() {
+        let ours = b["subjects"].as_array().into_iter().flatten().any(|s| {
+            s["kind"] == "ServiceAccount" && s["name"] == "flock" && s["namespace"] == "kube-system"
+        });
+        if ours && b["roleRef"]["kind"] == "Role" {
+            let ns = b["metadata"]["namespace"].as_str().unwrap_or("default");
+            let name = b["roleRef"]["name"].as_str().unwrap_or("");
+            roles.push(json(&["-n", ns, "get", "role", name, "-o", "json"])?);
+        }
+    }
     let mut out = BTreeSet::new();
-    for rule in role["rules"].as_array().cloned().unwrap_or_default() {
+    for rule in roles
+        .iter()
+        .flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default())
+    {
         let groups: Vec<String> = rule["apiGroups"]
             .as_array()
             .into_iter()
@@ -1058,7 +1074,7 @@ spec:
     let mut keys: BTreeSet<(String, String)> = granted.clone();
     keys.extend(used.keys().cloned());
     r.text.push_str(
-        "FLOCK'S RBAC (deploy/rbac.yaml's ClusterRole versus the requests of kube-system/flock in the apiserver's audit log)\n",
+        "FLOCK'S RBAC (deploy/rbac.yaml's ClusterRole and Roles versus the requests of kube-system/flock in the apiserver's audit log)\n",
     );
     let mut rows = Vec::new();
     let mut unused = Vec::new();

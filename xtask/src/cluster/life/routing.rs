@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use super::{DEMO_NS, pods};
 use crate::cluster::deploy::PASSWORD_SECRET;
 use crate::cluster::proc::Place;
-use crate::cluster::{FLOCK_SERVICE_ACCOUNT, NODES, Node, ROUTER, kubectl, site};
+use crate::cluster::{FLOCK_SERVICE_ACCOUNT, NODES, Node, ROUTER, site};
 use crate::sys;
 
 /// The pid of `n`'s BIRD (flock's DaemonSet sidecar, in the node's network namespace).
@@ -94,19 +94,14 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
 
     // The agent may get its one Secret and nothing else of Secrets.
     let can_i = |args: &[&str]| -> String {
-        let mut a = vec!["auth", "can-i"];
-        a.extend_from_slice(args);
-        a.extend_from_slice(&["-n", "kube-system", "--as", FLOCK_SERVICE_ACCOUNT]);
-        // `can-i` exits 1 when the answer is no.
-        kubectl(&a)
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_else(|e| {
-                if format!("{e:#}").contains("\nno") || format!("{e:#}").contains(" no") {
-                    "no".into()
-                } else {
-                    format!("? ({e:#})")
-                }
-            })
+        // `can-i` prints yes or no, and exits 1 when the answer is no.
+        crate::cluster::kubectl_command()
+            .args(["auth", "can-i"])
+            .args(args)
+            .args(["-n", "kube-system", "--as", FLOCK_SERVICE_ACCOUNT])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_else(|e| format!("? ({e})"))
     };
     let secret = format!("secrets/{PASSWORD_SECRET}");
     let rbac = [
