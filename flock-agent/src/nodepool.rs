@@ -98,9 +98,9 @@ pub struct PoolBgpSpec {
 pub struct NodePoolStatus {
     /// Nodes holding prefixes of this pool.
     pub nodes: u64,
-    /// IPv6 node prefixes.
-    #[serde(default)]
-    pub ipv6: PrefixCounts,
+    /// IPv6 node prefixes (absent until the controller has counted them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<PrefixCounts>,
     /// IPv4 node prefixes, when the pool has IPv4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv4: Option<PrefixCounts>,

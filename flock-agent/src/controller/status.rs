@@ -127,7 +127,7 @@ pub fn pool_status(
     }
     let status = NodePoolStatus {
         nodes: report.map_or(0, |r| r.nodes as u64),
-        ipv6: report.map(|r| r.ipv6.into()).unwrap_or_default(),
+        ipv6: Some(report.map(|r| r.ipv6.into()).unwrap_or_default()),
         ipv4: report.and_then(|r| r.ipv4).map(Into::into),
         observed_generation: generation,
         conditions,

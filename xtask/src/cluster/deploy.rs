@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use crate::sys;
+
 use super::{ANYCAST4, ANYCAST6, NODES, Node, ROUTER_ASN, images, kubectl, kubectl_stdin};
 
 /// The namespace of the demo workloads.
@@ -37,39 +39,50 @@ pub fn with_image(manifest: &str, image: &str) -> Result<String> {
     Ok(out.join("\n") + "\n")
 }
 
-/// The NodeConfig of each node: its pod CIDRs, and the router as its BGP neighbor.
-pub fn nodeconfigs() -> String {
+/// One NodePool per rack (each node its own rack here, each rack its own link to the router):
+/// the rack's IPv6 /48 cut into /64s and an IPv4 /24 into /24s, the nodes labelled with the
+/// rack, and the router's end of the rack's link as the BGP neighbor. The pool controller
+/// writes each node's NodeConfig from it.
+pub fn nodepools() -> String {
     NODES
         .iter()
         .map(|node| {
+            let v6: ipnet::Ipv6Net = node.cidr6.parse().expect("a node's cidr6");
+            let pool6 = ipnet::Ipv6Net::new(v6.network(), 48)
+                .expect("a /48")
+                .trunc();
             format!(
                 "apiVersion: flock.fritzlab.net/v1alpha1
-kind: NodeConfig
+kind: NodePool
 metadata:
-  name: {name}
+  name: {rack}
 spec:
-  cidr6: {cidr6}
+  cidr6: {pool6}
+  nodePrefix6: 64
   cidr4: {cidr4}
+  nodePrefix4: 24
+  nodeSelector:
+    matchLabels: {{ {RACK_LABEL}: {rack} }}
   defaults: {{ ipv6: true, ipv4: true }}
   bgp:
     asn: {asn}
-    routerId: {router_id}
     neighbors:
       - {{ address: \"{gateway}\", asn: {ROUTER_ASN}{extra} }}
     timers: {{ hold: 6, keepalive: 2, connectRetry: 1 }}
 ",
                 extra = neighbor_options(node),
-                name = node.name,
-                cidr6 = node.cidr6,
+                rack = node.rack,
                 cidr4 = node.cidr4,
                 asn = node.asn,
-                router_id = node.router_id,
                 gateway = node.gateway,
             )
         })
         .collect::<Vec<_>>()
         .join("---\n")
 }
+
+/// The label a rack's pool selects its nodes by (the kubelets set it).
+pub const RACK_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// The Secret with the session passwords (`kube-system/flock-bgp-passwords`, one key per
 /// node whose session has one; the name `deploy/rbac.yaml` lets the agent get).
@@ -107,25 +120,69 @@ fn password_secret() -> Result<String> {
 /// waits until the DaemonSet's pods are ready on every node.
 pub fn install_flock(repo: &Path) -> Result<()> {
     let deploy = repo.join("deploy");
-    let crd = deploy.join("crds/nodeconfigs.flock.fritzlab.net.yaml");
-    kubectl(&["apply", "-f", &crd.to_string_lossy()])?;
-    kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/nodeconfigs.flock.fritzlab.net",
-        "--timeout=60s",
-    ])
-    .context("wait for the NodeConfig CRD to be served")?;
+    for crd in [
+        "nodeconfigs.flock.fritzlab.net",
+        "nodepools.flock.fritzlab.net",
+    ] {
+        let file = deploy.join(format!("crds/{crd}.yaml"));
+        kubectl(&["apply", "-f", &file.to_string_lossy()])?;
+        kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            &format!("crd/{crd}"),
+            "--timeout=60s",
+        ])
+        .with_context(|| format!("wait for the CRD {crd} to be served"))?;
+    }
     kubectl(&["apply", "-f", &deploy.join("rbac.yaml").to_string_lossy()])?;
     kubectl_stdin(&["apply", "-f", "-"], &password_secret()?)?;
-    kubectl_stdin(&["apply", "-f", "-"], &nodeconfigs())?;
+    // The pools, and the controller that writes each node's NodeConfig from its pool.
+    kubectl(&[
+        "apply",
+        "-f",
+        &deploy.join("controller-rbac.yaml").to_string_lossy(),
+    ])?;
+    kubectl_stdin(&["apply", "-f", "-"], &nodepools())?;
+    let controller_path = deploy.join("controller.yaml");
+    let controller = std::fs::read_to_string(&controller_path)
+        .with_context(|| format!("read {}", controller_path.display()))?;
+    kubectl_stdin(
+        &["apply", "-f", "-"],
+        &with_image(&controller, images::FLOCK)?,
+    )?;
+    for node in &NODES {
+        sys::wait_for(Duration::from_secs(120), || {
+            kubectl(&[
+                "get",
+                "nodeconfig",
+                node.name,
+                "-o",
+                "jsonpath={.spec.cidr6} {.spec.cidr4}",
+            ])
+            .is_ok_and(|got| got.trim() == format!("{} {}", node.cidr6, node.cidr4))
+        })
+        .with_context(|| {
+            format!(
+                "the pool controller wrote no NodeConfig {} with {} and {} (its log: \
+                 `cargo xtask cluster kubectl -n kube-system logs deploy/flock-controller`)",
+                node.name, node.cidr6, node.cidr4
+            )
+        })?;
+    }
     let ds_path = deploy.join("daemonset.yaml");
     let ds =
         std::fs::read_to_string(&ds_path).with_context(|| format!("read {}", ds_path.display()))?;
     kubectl_stdin(&["apply", "-f", "-"], &with_image(&ds, images::FLOCK)?)?;
     for ds in ["ds/flock", "ds/flock-bird"] {
-        kubectl(&["-n", "kube-system", "rollout", "status", ds, "--timeout=180s"])
-            .with_context(|| format!("wait for {ds}'s pods to be ready on every node"))?;
+        kubectl(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            ds,
+            "--timeout=180s",
+        ])
+        .with_context(|| format!("wait for {ds}'s pods to be ready on every node"))?;
     }
     Ok(())
 }
@@ -268,11 +325,15 @@ mod tests {
     }
 
     #[test]
-    fn nodeconfigs_peer_with_the_router() {
-        let text = nodeconfigs();
+    fn each_rack_pool_selects_its_node_and_peers_with_the_router() {
+        let text = nodepools();
         for node in &NODES {
-            assert!(text.contains(&format!("name: {}", node.name)));
+            assert!(text.contains(&format!("name: {}", node.rack)));
+            assert!(text.contains(&format!("{RACK_LABEL}: {}", node.rack)));
             assert!(text.contains(&format!("address: \"{}\", asn: {ROUTER_ASN}", node.gateway)));
+            // The lowest /64 of the rack's /48 is the node's.
+            let v6: ipnet::Ipv6Net = node.cidr6.parse().unwrap();
+            assert!(text.contains(&format!("cidr6: {}/48", v6.network())));
         }
     }
 }

@@ -388,9 +388,10 @@ impl Pods {
     }
 }
 
-/// The NodeConfigs' `spec.defaults.ipv4` set for the suite's pods, and put back when dropped.
+/// The pools' `spec.defaults.ipv4` set for the suite's pods (the pool controller passes it on
+/// to each node's NodeConfig), and put back when dropped.
 struct PodFamilies {
-    /// Each node's value before (`None`: unset).
+    /// Each rack's pool's value before (`None`: unset).
     previous: Vec<(&'static str, Option<bool>)>,
 }
 
@@ -402,13 +403,13 @@ impl PodFamilies {
         for n in &NODES {
             let before = super::kubectl(&[
                 "get",
-                "nodeconfig",
-                n.name,
+                "nodepool",
+                n.rack,
                 "-o",
                 "jsonpath={.spec.defaults.ipv4}",
             ])?;
-            previous.push((n.name, before.trim().parse::<bool>().ok()));
-            patch_ipv4(n.name, Some(pods.ipv4()))?;
+            previous.push((n.rack, before.trim().parse::<bool>().ok()));
+            patch_ipv4(n.rack, Some(pods.ipv4()))?;
         }
         let families = PodFamilies { previous };
         for n in &NODES {
@@ -417,7 +418,7 @@ impl PodFamilies {
             })
             .with_context(|| {
                 format!(
-                    "new pods on {} do not get {} addresses after the NodeConfig's \
+                    "new pods on {} do not get {} addresses after its NodePool's \
                      defaults.ipv4 became {}",
                     n.name,
                     pods.describe(),
@@ -431,20 +432,20 @@ impl PodFamilies {
 
 impl Drop for PodFamilies {
     fn drop(&mut self) {
-        for (node, before) in &self.previous {
-            if let Err(e) = patch_ipv4(node, *before) {
-                eprintln!("cluster: e2e: could not restore {node}'s defaults.ipv4: {e:#}");
+        for (pool, before) in &self.previous {
+            if let Err(e) = patch_ipv4(pool, *before) {
+                eprintln!("cluster: e2e: could not restore NodePool {pool}'s defaults.ipv4: {e:#}");
             }
         }
     }
 }
 
-fn patch_ipv4(node: &str, ipv4: Option<bool>) -> Result<()> {
+fn patch_ipv4(pool: &str, ipv4: Option<bool>) -> Result<()> {
     let value = ipv4.map_or("null".to_owned(), |v| v.to_string());
     super::kubectl(&[
         "patch",
-        "nodeconfig",
-        node,
+        "nodepool",
+        pool,
         "--type=merge",
         "-p",
         &format!("{{\"spec\":{{\"defaults\":{{\"ipv4\":{value}}}}}}}"),

@@ -101,6 +101,8 @@ pub struct Node {
     gateway: &'static str,
     /// The router's end of the link.
     router_if: &'static str,
+    /// Its rack (the label its NodePool selects it by).
+    rack: &'static str,
     /// Its session with the router runs BFD (fast failure detection).
     bfd: bool,
     /// Its session with the router has a TCP MD5 password, which flock's agent reads from
@@ -118,6 +120,7 @@ const NODES: [Node; 2] = [
         addr: "2001:db8:c0:1::2",
         gateway: "2001:db8:c0:1::1",
         router_if: "to-node1",
+        rack: "rack1",
         bfd: false,
         password: true,
     },
@@ -130,6 +133,7 @@ const NODES: [Node; 2] = [
         addr: "2001:db8:c0:2::2",
         gateway: "2001:db8:c0:2::1",
         router_if: "to-node2",
+        rack: "rack2",
         bfd: true,
         password: false,
     },

@@ -369,6 +369,8 @@ fn start_kubelet(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
             format!("--volume-plugin-dir={}", plugins.display()),
             format!("--node-ip={}", node.addr),
             format!("--hostname-override={}", node.name),
+            // Its rack: the label its NodePool selects it by.
+            format!("--node-labels={}={}", super::deploy::RACK_LABEL, node.rack),
             format!("--address={}", node.addr),
             "--healthz-bind-address=127.0.0.1".to_owned(),
             "--read-only-port=0".to_owned(),

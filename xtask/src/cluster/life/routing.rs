@@ -14,8 +14,7 @@ use anyhow::{Context, Result, bail};
 
 use super::{DEMO_NS, pods};
 use crate::cluster::deploy::PASSWORD_SECRET;
-use crate::cluster::proc::Place;
-use crate::cluster::{FLOCK_SERVICE_ACCOUNT, NODES, Node, ROUTER, site};
+use crate::cluster::{FLOCK_SERVICE_ACCOUNT, NODES, Node, site};
 use crate::sys;
 
 /// The pid of `n`'s BIRD (flock's DaemonSet sidecar, in the node's network namespace).
@@ -47,15 +46,19 @@ fn established(n: &Node) -> bool {
     session(n).1.starts_with("Established")
 }
 
-/// Pings `addr` from the router every 50 ms for `secs` seconds, in the background.
-fn ping_from_router(addr: &str, secs: u64) -> Result<std::process::Child> {
-    Place::Net(ROUTER.to_owned())
-        .command("ping")
-        .args(["-q", "-i", "0.05", "-w", &secs.to_string(), addr])
+/// Pings `addr` from pod `from` (demo namespace) every 20 ms for `secs` seconds, in the
+/// background.
+fn ping_from_pod(from: &str, addr: &str, secs: u64) -> Result<std::process::Child> {
+    crate::cluster::kubectl_command()
+        .args([
+            "-n", DEMO_NS, "exec", from, "--", "ping", "-q", "-i", "0.02", "-w",
+        ])
+        .arg(secs.to_string())
+        .arg(addr)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("spawn ping in the router")
+        .context("spawn ping in a pod")
 }
 
 /// (sent, received) of a finished ping.
@@ -84,11 +87,17 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
         NODES.iter().find(|n| n.bfd),
     ) {
         (Some(a), Some(b)) => (a, b),
-        _ => bail!("the cluster needs a node with a password and graceful restart, and one with BFD"),
+        _ => {
+            bail!("the cluster needs a node with a password and graceful restart, and one with BFD")
+        }
     };
     for n in &NODES {
         if sys::wait_for(Duration::from_secs(30), || established(n)).is_err() {
-            bail!("the router's session with {} is not Established: {:?}", n.name, session(n));
+            bail!(
+                "the router's session with {} is not Established: {:?}",
+                n.name,
+                session(n)
+            );
         }
     }
 
@@ -112,7 +121,11 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
             "no",
         ),
         ("list secrets".to_owned(), can_i(&["list", "secrets"]), "no"),
-        ("watch secrets".to_owned(), can_i(&["watch", "secrets"]), "no"),
+        (
+            "watch secrets".to_owned(),
+            can_i(&["watch", "secrets"]),
+            "no",
+        ),
     ];
     for (what, got, want) in &rbac {
         if got != want {
@@ -120,14 +133,20 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
         }
     }
 
-    // Graceful restart: node1's BIRD killed while the router pings a pod of node1.
-    let target = pods(DEMO_NS, "app=anycast")?
-        .into_iter()
+    // Graceful restart: node1's BIRD killed while a pod on the other node pings a pod of
+    // node1 every 20 ms.
+    let anycast = pods(DEMO_NS, "app=anycast")?;
+    let target = anycast
+        .iter()
         .find(|p| p.node == gr_node.name)
         .context("no anycast pod on the graceful-restart node")?;
+    let source = anycast
+        .iter()
+        .find(|p| p.node != gr_node.name)
+        .context("no anycast pod on another node")?;
     let mut pingers = Vec::new();
     for addr in &target.ips {
-        pingers.push((addr.clone(), ping_from_router(addr, 20)?));
+        pingers.push((addr.clone(), ping_from_pod(&source.name, addr, 20)?));
     }
     std::thread::sleep(Duration::from_secs(2));
     let old = bird_pid(gr_node)?;
@@ -150,12 +169,16 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
         let lost = sent.saturating_sub(got);
         if lost > 0 {
             failures.push(format!(
-                "graceful restart: {lost} of {sent} pings from the router to {addr} lost while {}'s BIRD restarted",
+                "graceful restart: {lost} of {sent} pings from {} to {addr} lost while {}'s BIRD restarted",
+                source.name,
                 gr_node.name
             ));
         }
         gr_rows.push(vec![
-            format!("router -> {} {addr}", target.name),
+            format!(
+                "{} ({}) -> {} {addr}",
+                source.name, source.node, target.name
+            ),
             sent.to_string(),
             lost.to_string(),
         ]);
@@ -198,6 +221,22 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
         ));
     }
 
+    // Without BFD the router notices a frozen BIRD at the hold time only (and, graceful
+    // restart being on, keeps the node's routes while it waits): the same freeze on node1.
+    std::thread::sleep(Duration::from_secs(1));
+    let frozen = bird_pid(gr_node)?;
+    signal(frozen, nix::sys::signal::Signal::SIGSTOP)?;
+    let hold_down = time_until(Duration::from_secs(20), || !established(gr_node));
+    let hold_kept = site::router_paths(gr_node.cidr6) > 0;
+    signal(frozen, nix::sys::signal::Signal::SIGCONT)?;
+    let hold_back = time_until(Duration::from_secs(60), || established(gr_node));
+    if hold_back.is_none() {
+        failures.push(format!(
+            "{}'s session did not come back within 60 s of its BIRD thawing",
+            gr_node.name
+        ));
+    }
+
     let fmt = |d: Option<Duration>| {
         d.map_or("never (limit)".to_owned(), |d| {
             format!("{:.0} ms", d.as_secs_f64() * 1000.0)
@@ -226,15 +265,42 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
         if routes_kept { "yes" } else { "NO" },
         back_after.as_secs_f64()
     );
-    sys::table(out, &["pings", "sent", "lost"], &gr_rows);
+    sys::table(out, &["pings every 20 ms", "sent", "lost"], &gr_rows);
     out.push('\n');
     let _ = writeln!(
         out,
-        "{}'s BIRD frozen (SIGSTOP): the router withdrew {} after {} (BFD; hold time 6 s), back {} after the thaw",
-        bfd_node.name,
-        bfd_node.cidr6,
-        fmt(bfd_down),
-        fmt(bfd_back)
+        "A BIRD frozen (SIGSTOP), as a node that hangs: when the router gives up on the node"
+    );
+    sys::table(
+        out,
+        &[
+            "node",
+            "session",
+            "router notices after",
+            "the node's routes at the router",
+            "Established again after the thaw",
+        ],
+        &[
+            vec![
+                bfd_node.name.to_owned(),
+                "BFD 100 ms x 3, hold 6 s".to_owned(),
+                fmt(bfd_down),
+                "withdrawn".to_owned(),
+                fmt(bfd_back),
+            ],
+            vec![
+                gr_node.name.to_owned(),
+                "no BFD, hold 6 s, graceful restart".to_owned(),
+                fmt(hold_down),
+                if hold_kept {
+                    "kept (stale, graceful restart)"
+                } else {
+                    "withdrawn"
+                }
+                .to_owned(),
+                fmt(hold_back),
+            ],
+        ],
     );
     out.push('\n');
     Ok(failures)
