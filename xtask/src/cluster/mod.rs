@@ -193,17 +193,19 @@ const USAGE: &str =
   up       build what is missing, (re)create the cluster, deploy flock and the workloads, check
            and print everything (a failed check leaves the cluster up for inspection)
   down     remove every namespace, process, mount and file of the cluster
-  check    up on the debug binaries, the checks, the life tests, then down whatever happened
-           (what `cargo xtask test` runs)
+  check    up on the debug binaries, the checks, the life tests, the e2e suites (network and
+           networkpolicy, IPv6-only pods), then down whatever happened (what `cargo xtask test`
+           runs)
   build    only build (or find in the cache) Kubernetes
-  e2e [--focus REGEX] [--skip REGEX] [--pods ipv6|dual] [--parallel N]
+  e2e [--suite network|networkpolicy] [--focus REGEX] [--skip REGEX] [--pods ipv6|dual] [--parallel N]
            Kubernetes' own e2e suite (e2e.test) against the cluster that is up: sig-network's
            Networking, Services and Conformance specs unless --focus; skips [Slow], [Serial],
            [Disruptive], [Flaky], [Feature:…] and the specs of xtask/src/cluster/e2e-exclusions.txt;
            pods IPv6-only unless --pods dual; 4 e2e.test processes unless --parallel
-  life [upgrade] [reboot] [startup]
-           against the cluster that is up (all three unless named): a rolling update of flock
-           under traffic, a node's reboot, 50 pods started at once with flock and with ptp
+  life [upgrade] [routing] [reboot] [startup]
+           against the cluster that is up (all four unless named): a rolling update of flock
+           under traffic, BGP failures (graceful restart, BFD), a node's reboot, 50 pods
+           started at once with flock and with ptp
   kubectl  run kubectl against the cluster as admin
   --bins DIR  take flock-agent and flock from DIR instead of `cargo build --release`";
 
@@ -270,28 +272,39 @@ pub fn check() -> Result<()> {
     ci(&crate::lab::debug_bins())
 }
 
-/// The cluster as a check: up with the binaries in `bins`, the life tests, the report
-/// printed, then down whatever happened.
+/// The cluster as a check: up with the binaries in `bins`, the report and the life tests
+/// printed, the e2e suites, then down whatever happened.
 pub fn ci(bins: &Path) -> Result<()> {
     let started = Instant::now();
-    let result = up(bins, started).and_then(|mut text| {
+    let result = (|| -> Result<()> {
+        let mut text = up(bins, started)?;
         let failures = life::tests(life::ALL, &mut text);
-        if failures.is_empty() {
-            Ok(text)
-        } else {
-            bail!("{text}\nlife tests failed:\n  {}", failures.join("\n  "))
+        print!("{text}");
+        if !failures.is_empty() {
+            bail!("life tests failed:\n  {}", failures.join("\n  "));
         }
-    });
+        for args in E2E_IN_CHECK {
+            let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+            e2e::run(&args).with_context(|| format!("cargo xtask cluster e2e {}", args.join(" ")))?;
+        }
+        Ok(())
+    })();
     let cleanup = down();
-    let report = result?;
-    print!("{report}");
+    result?;
     cleanup?;
     println!(
-        "cluster check passed in {:.0} s (up, checks, down)",
+        "cluster check passed in {:.0} s (up, checks, life tests, e2e suites, down)",
         started.elapsed().as_secs_f64()
     );
     Ok(())
 }
+
+/// The e2e runs of `cluster check`: sig-network's specs and the NetworkPolicy specs, over
+/// IPv6-only pods (the dual-stack runs are `cargo xtask cluster e2e --pods dual …`).
+const E2E_IN_CHECK: &[&[&str]] = &[
+    &["--suite", "network", "--pods", "ipv6"],
+    &["--suite", "networkpolicy", "--pods", "ipv6"],
+];
 
 /// Prints a step's name and, when it ends, how long it took.
 fn step<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {

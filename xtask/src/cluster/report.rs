@@ -1054,7 +1054,9 @@ spec:
         let log = kubectl(&["-n", "kube-system", "logs", pod, "-c", "agent"])?;
         refusals += log
             .lines()
-            .filter(|l| l.contains("403") || l.to_lowercase().contains("forbidden"))
+            // The apiserver's refusal reads "… is forbidden: …" (a bare "403" also matches
+            // timestamps).
+            .filter(|l| l.to_lowercase().contains("forbidden"))
             .count();
     }
     let refused_requests: usize = used.values().map(|(_, refused)| refused).sum();

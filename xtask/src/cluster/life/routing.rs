@@ -258,7 +258,7 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
     out.push('\n');
     let _ = writeln!(
         out,
-        "{}'s BIRD killed (-9) under ping every 50 ms: session down after {}, {} kept at the router: {}, BIRD back and Established after {:.1} s",
+        "{}'s BIRD killed (-9) under ping: session down after {}, {} kept at the router: {}, BIRD back and Established after {:.1} s",
         gr_node.name,
         fmt(down),
         gr_node.cidr6,
