@@ -284,12 +284,7 @@ fn daemonset_uses_one_image_and_the_code_defaults() {
     let bird_ds: DaemonSet = typed(&documents("deploy/daemonset.yaml")[1]);
     assert_eq!(bird_ds.metadata.name.as_deref(), Some("flock-bird"));
     assert_eq!(bird_ds.metadata.namespace, ds_namespace);
-    let bird_pod = bird_ds
-        .spec
-        .expect("spec")
-        .template
-        .spec
-        .expect("pod spec");
+    let bird_pod = bird_ds.spec.expect("spec").template.spec.expect("pod spec");
     assert_eq!(bird_pod.host_network, Some(true));
     assert_eq!(bird_pod.automount_service_account_token, Some(false));
     let [bird] = bird_pod.containers.as_slice() else {

@@ -285,7 +285,8 @@ pub fn ci(bins: &Path) -> Result<()> {
         }
         for args in E2E_IN_CHECK {
             let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-            e2e::run(&args).with_context(|| format!("cargo xtask cluster e2e {}", args.join(" ")))?;
+            e2e::run(&args)
+                .with_context(|| format!("cargo xtask cluster e2e {}", args.join(" ")))?;
         }
         Ok(())
     })();
@@ -303,7 +304,15 @@ pub fn ci(bins: &Path) -> Result<()> {
 /// IPv6-only pods (the dual-stack runs are `cargo xtask cluster e2e --pods dual …`).
 const E2E_IN_CHECK: &[&[&str]] = &[
     &["--suite", "network", "--pods", "ipv6"],
-    &["--suite", "networkpolicy", "--pods", "ipv6"],
+    // Most of a NetworkPolicy spec is waiting out connections that must fail: more processes.
+    &[
+        "--suite",
+        "networkpolicy",
+        "--pods",
+        "ipv6",
+        "--parallel",
+        "6",
+    ],
 ];
 
 /// Prints a step's name and, when it ends, how long it took.
