@@ -398,6 +398,10 @@ impl AgentLayout {
                 "type": "flock",
                 "agentSocket": self.socket,
                 "delQueueDir": self.del_queue_dir,
+                // The crash tests kill the agent under a burst and join every call before
+                // starting it again: a short wait keeps a call that missed the agent from
+                // holding a round for the default 30 s.
+                "agentWaitSeconds": 2,
                 "capabilities": { "io.kubernetes.cri.pod-annotations": true }
             }]
         })
