@@ -92,6 +92,10 @@ pub fn render(model: &ValidModel) -> String {
     out
 }
 
+/// BIRD's `error wait time` for every neighbor: the first and the longest wait, in seconds.
+const ERROR_WAIT_MIN: u32 = 5;
+const ERROR_WAIT_MAX: u32 = 60;
+
 fn render_family(out: &mut String, model: &ValidModel, family: Family) {
     let v = family.suffix();
     let cidrs = model.cidrs.iter().filter(|n| family.holds(n));
@@ -277,6 +281,11 @@ fn render_neighbor(out: &mut String, model: &ValidModel, n: &Neighbor, families:
             t.hold, t.keepalive, t.connect_retry, t.connect_delay
         );
     }
+    // After a session error (a hold timer that expired, a notification) BIRD waits this long
+    // before it connects again, doubling on repeated errors. Its default, 60 s to 300 s, kept
+    // a node's routes away from the fabric for a minute after a hiccup of a second; 5 s to
+    // 60 s still damps a flapping session.
+    let _ = writeln!(out, "  error wait time {ERROR_WAIT_MIN}, {ERROR_WAIT_MAX};");
     match n.graceful_restart {
         GracefulRestart::On {
             restart_time,
