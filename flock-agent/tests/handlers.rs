@@ -109,6 +109,39 @@ fn record_veths(agent: &Agent) -> BTreeSet<String> {
 }
 
 #[tokio::test]
+async fn an_add_waits_for_the_first_node_config_of_a_restarted_agent() {
+    // Kubernetes mode starts without settings: the NodeConfig watch has not answered yet.
+    let kernel = Arc::new(MemoryKernel::new(BOOT));
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, _) = Agent::start(AgentParts {
+        rng_seed: [7; 32],
+        ..AgentParts::new(kernel.clone(), dir.path())
+    })
+    .await
+    .expect("agent starts");
+    let late = agent.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        late.set_settings(Some(settings("2001:db8:7::/64", "10.77.0.0/24")))
+            .await;
+    });
+    let response = add(&agent, &kernel, "early", "eth0").await;
+    assert!(response.error.is_none(), "{:?}", response.error);
+
+    // Once the watch has said there is no NodeConfig, an ADD fails at once.
+    agent.set_settings(None).await;
+    let started = std::time::Instant::now();
+    let response = add(&agent, &kernel, "none", "eth0").await;
+    let error = response.error.expect("no NodeConfig");
+    assert_eq!(error.code, ErrorCode::TryAgainLater);
+    assert!(error.msg.contains("no NodeConfig"), "{}", error.msg);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "it did not wait for a NodeConfig the watch said is gone"
+    );
+}
+
+#[tokio::test]
 async fn two_attachments_of_one_container_keep_their_own_veths() {
     let (kernel, _dir, agent) = fresh().await;
     assert!(add(&agent, &kernel, "c1", "eth0").await.error.is_none());

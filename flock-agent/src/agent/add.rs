@@ -106,7 +106,10 @@ impl Agent {
         if req.netns.is_empty() {
             return Err(HandlerError::MissingNetns);
         }
-        let settings = self.settings().ok_or(HandlerError::NoNodeConfig)?;
+        let settings = self
+            .settings_for_add()
+            .await
+            .ok_or(HandlerError::NoNodeConfig)?;
         let args = CniArgs::parse(&req.args)?;
         let pod = self.resolve_pod(&args, &conf, &req.container_id).await?;
         let request =

@@ -61,6 +61,9 @@ pub struct Agent {
     store: Store,
     boot_id: String,
     settings: RwLock<Option<Arc<NodeSettings>>>,
+    /// Whether the agent has heard whether its node has a NodeConfig (false in Kubernetes mode
+    /// until the NodeConfig watch first answers).
+    settings_known: tokio::sync::watch::Sender<bool>,
     state: Arc<Mutex<NodeState>>,
     locks: Arc<ContainerLocks>,
     rng: Mutex<ChaCha12Rng>,
@@ -158,6 +161,7 @@ impl Agent {
             boot_id,
             kernel: parts.kernel,
             store,
+            settings_known: tokio::sync::watch::Sender::new(parts.settings.is_some()),
             settings: RwLock::new(parts.settings.map(Arc::new)),
             state: Arc::new(Mutex::new(NodeState::new(pools))),
             locks: Arc::default(),
@@ -239,6 +243,7 @@ impl Agent {
         }
         let before = self.node_cidrs();
         *self.settings.write().expect("settings lock") = settings.map(Arc::new);
+        self.settings_known.send_replace(true);
         let after = self.node_cidrs();
         // A CIDR the node no longer owns loses its blackhole (it is no longer announced
         // either); live pods in it keep working through their own /128 and /32 routes.
@@ -251,6 +256,17 @@ impl Agent {
         self.install_blackholes().await;
         self.refresh_metrics();
         self.refresh_bird();
+    }
+
+    /// The node's settings for an ADD. An agent that has not yet heard whether its node has
+    /// a NodeConfig — one just restarted, serving before its NodeConfig watch has answered —
+    /// waits for that answer up to the pod wait, rather than failing a pod for a moment's lag.
+    pub(super) async fn settings_for_add(&self) -> Option<Arc<NodeSettings>> {
+        if self.settings().is_none() && !*self.settings_known.borrow() {
+            let mut known = self.settings_known.subscribe();
+            let _ = tokio::time::timeout(self.pod_wait, known.wait_for(|k| *k)).await;
+        }
+        self.settings()
     }
 
     /// The node's current settings.
