@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use flock_agent::daemon::defaults;
 use flock_agent::install::{CONFLIST_NAME, DEFAULT_CNI_VERSION, InstallPlan, conflist, install};
@@ -13,27 +13,9 @@ use flock_cni_proto::{CniVersion, Conflist, FlockNetConf, NetConf};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use serde::Deserialize;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn read(rel: &str) -> String {
-    std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
-}
-
-/// Every YAML document of a file.
-fn documents(rel: &str) -> Vec<serde_yaml::Value> {
-    serde_yaml::Deserializer::from_str(&read(rel))
-        .map(|d| serde_yaml::Value::deserialize(d).unwrap_or_else(|e| panic!("{rel}: {e}")))
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
-fn typed<T: serde::de::DeserializeOwned>(v: &serde_yaml::Value) -> T {
-    serde_yaml::from_value(v.clone()).expect("a valid object of its kind")
-}
+mod deploy_support;
+use deploy_support::{documents, read, typed};
 
 #[test]
 fn committed_crd_is_what_flock_agent_crd_prints() {

@@ -2,31 +2,13 @@
 //! RBAC (exactly what the controller uses), and the example NodePool.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
-use serde::Deserialize;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn read(rel: &str) -> String {
-    std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
-}
-
-fn documents(rel: &str) -> Vec<serde_yaml::Value> {
-    serde_yaml::Deserializer::from_str(&read(rel))
-        .map(|d| serde_yaml::Value::deserialize(d).unwrap_or_else(|e| panic!("{rel}: {e}")))
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
-fn typed<T: serde::de::DeserializeOwned>(v: &serde_yaml::Value) -> T {
-    serde_yaml::from_value(v.clone()).expect("a valid object of its kind")
-}
+mod deploy_support;
+use deploy_support::{documents, read, typed};
 
 #[test]
 fn committed_nodepool_crd_is_what_flock_agent_crd_nodepools_prints() {
