@@ -121,17 +121,6 @@ const VOLATILE: &[&str] = &["run-flock", "run-netns", "run-containerd"];
 /// The disk stays: the kubelet's, containerd's and flock's state directories.
 pub fn power_off(node: &Node) -> Result<usize> {
     let killed = proc::kill_node(node.name, &node.ns())?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    for group in proc::tracked_cgroups() {
-        if group.components().any(|c| c.as_os_str() == node.name) {
-            while std::fs::remove_dir(&group).is_err() && group.exists() {
-                if std::time::Instant::now() > deadline {
-                    anyhow::bail!("cannot remove cgroup {}", group.display());
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
     for sub in VOLATILE {
         let d = dir(node).join("host").join(sub);
         if d.exists() {

@@ -217,7 +217,7 @@ fn cluster_pids() -> Vec<u32> {
 }
 
 /// Every cgroup directory at or under `flockcluster`, in every hierarchy, deepest first.
-pub fn tracked_cgroups() -> Vec<PathBuf> {
+fn tracked_cgroups() -> Vec<PathBuf> {
     let mut found = Vec::new();
     let Ok(hierarchies) = std::fs::read_dir(CGROUP_ROOT) else {
         return found;
@@ -264,9 +264,17 @@ pub fn namespaces() -> Vec<String> {
 /// removes the tracked cgroups. Bounded: fails after 20 s naming what survived.
 pub fn kill_all() -> Result<Vec<u32>> {
     let mut killed = kill_until_gone(cluster_pids)?;
+    remove_cgroups(tracked_cgroups())?;
+    killed.sort_unstable();
+    killed.dedup();
+    Ok(killed)
+}
+
+/// Removes `groups` (deepest first, as [`tracked_cgroups`] lists them), waiting up to 10 s
+/// for a task that just exited to let go of its cgroup.
+fn remove_cgroups(groups: Vec<PathBuf>) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
-    for group in tracked_cgroups() {
-        // A task that just exited may hold its cgroup for a moment.
+    for group in groups {
         while std::fs::remove_dir(&group).is_err() && group.exists() {
             if Instant::now() > deadline {
                 bail!("cannot remove cgroup {}", group.display());
@@ -274,9 +282,15 @@ pub fn kill_all() -> Result<Vec<u32>> {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    killed.sort_unstable();
-    killed.dedup();
-    Ok(killed)
+    Ok(())
+}
+
+/// The tracked cgroups of `node`'s pods (under `flockcluster/NODE`), deepest first.
+fn node_cgroups(node: &str) -> Vec<PathBuf> {
+    tracked_cgroups()
+        .into_iter()
+        .filter(|g| g.components().any(|c| c.as_os_str() == node))
+        .collect()
 }
 
 /// Kills what `pids` finds with SIGKILL until it finds nothing (20 s at most); returns
@@ -306,7 +320,7 @@ fn kill_until_gone(mut pids: impl FnMut() -> Vec<u32>) -> Result<Vec<u32>> {
 /// Kills every process of one node, as its power going off would: its daemons (recorded as
 /// `NODE-…`), whatever shares their mount namespace (containerd's shims), the members of its
 /// pods' cgroups and the processes in its network namespace (host-network pods). The other
-/// node and the control plane are untouched.
+/// node and the control plane are untouched. Then its pods' cgroups are removed.
 pub fn kill_node(node: &str, ns: &str) -> Result<Vec<u32>> {
     let mut mount_ns = None;
     let found = move || {
@@ -338,10 +352,8 @@ pub fn kill_node(node: &str, ns: &str) -> Result<Vec<u32>> {
                 }
             }
         }
-        for group in tracked_cgroups() {
-            if group.components().any(|c| c.as_os_str() == node)
-                && let Ok(text) = std::fs::read_to_string(group.join("cgroup.procs"))
-            {
+        for group in node_cgroups(node) {
+            if let Ok(text) = std::fs::read_to_string(group.join("cgroup.procs")) {
                 pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
             }
         }
@@ -353,5 +365,7 @@ pub fn kill_node(node: &str, ns: &str) -> Result<Vec<u32>> {
         pids.retain(|pid| *pid != std::process::id() && flock_testkit::is_alive(*pid));
         pids
     };
-    kill_until_gone(found)
+    let killed = kill_until_gone(found)?;
+    remove_cgroups(node_cgroups(node))?;
+    Ok(killed)
 }
