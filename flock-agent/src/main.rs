@@ -221,6 +221,9 @@ fn init_logs() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal: a container's log (kubectl logs, the
+        // node's log files) gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 

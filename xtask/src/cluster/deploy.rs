@@ -40,12 +40,12 @@ pub fn with_image(manifest: &str, image: &str) -> Result<String> {
 }
 
 /// One NodePool per rack (each node its own rack here, each rack its own link to the router):
-/// the rack's IPv6 /48 cut into /64s and an IPv4 /24 into /24s, the nodes labelled with the
+/// the rack's IPv6 /48 cut into /64s and its IPv4 pool into /24s, the nodes labelled with the
 /// rack, and the router's end of the rack's link as the BGP neighbor. The pool controller
-/// writes each node's NodeConfig from it.
+/// writes each node's NodeConfig from it. The third rack's pool waits for the node that
+/// joins in `life join`.
 pub fn nodepools() -> String {
-    NODES
-        .iter()
+    super::every_node()
         .map(|node| {
             let v6: ipnet::Ipv6Net = node.cidr6.parse().expect("a node's cidr6");
             let pool6 = ipnet::Ipv6Net::new(v6.network(), 48)
@@ -72,7 +72,7 @@ spec:
 ",
                 extra = neighbor_options(node),
                 rack = node.rack,
-                cidr4 = node.cidr4,
+                cidr4 = node.pool4,
                 asn = node.asn,
                 gateway = node.gateway,
             )
@@ -327,8 +327,11 @@ mod tests {
     #[test]
     fn each_rack_pool_selects_its_node_and_peers_with_the_router() {
         let text = nodepools();
-        for node in &NODES {
+        for node in crate::cluster::every_node() {
             assert!(text.contains(&format!("name: {}", node.rack)));
+            // The lowest /24 of the rack's IPv4 pool is the node's.
+            assert!(text.contains(&format!("cidr4: {}\n", node.pool4)));
+            assert!(node.cidr4.split('/').next() == node.pool4.split('/').next());
             assert!(text.contains(&format!("{RACK_LABEL}: {}", node.rack)));
             assert!(text.contains(&format!("address: \"{}\", asn: {ROUTER_ASN}", node.gateway)));
             // The lowest /64 of the rack's /48 is the node's.

@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use flock_e2e::{PauseImage, TarBuilder, oci_archive};
 
 use super::RUN_DIR;
@@ -70,6 +70,24 @@ fn podman() -> Command {
             "overlay",
         ]);
     cmd
+}
+
+/// The archives [`build_all`] made for this cluster (for a node that joins later).
+pub fn built() -> Result<Vec<PathBuf>> {
+    let mut archives: Vec<PathBuf> = std::fs::read_dir(dir())
+        .with_context(|| format!("read {}", dir().display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".oci.tar"))
+        .collect();
+    archives.sort();
+    if archives.len() < 3 {
+        bail!(
+            "{} lacks the cluster's image archives: {archives:?}",
+            dir().display()
+        );
+    }
+    Ok(archives)
 }
 
 /// Builds every image and returns the archives to import into each node.

@@ -93,9 +93,11 @@ pub struct Node {
     /// Its ASN and BGP router ID (also on its loopback, its IPv4 identity).
     asn: u32,
     router_id: &'static str,
-    /// Its pod CIDRs (its NodeConfig).
+    /// Its pod CIDRs (its NodeConfig, written by the pool controller).
     cidr6: &'static str,
     cidr4: &'static str,
+    /// Its rack pool's IPv4 CIDR, cut into /24s (the IPv6 one is the /48 of `cidr6`).
+    pool4: &'static str,
     /// Its address (the node IP) and its gateway, the router's end of the link.
     addr: &'static str,
     gateway: &'static str,
@@ -117,6 +119,7 @@ const NODES: [Node; 2] = [
         router_id: "10.200.255.11",
         cidr6: "2001:db8:c1::/64",
         cidr4: "10.201.1.0/24",
+        pool4: "10.201.1.0/24",
         addr: "2001:db8:c0:1::2",
         gateway: "2001:db8:c0:1::1",
         router_if: "to-node1",
@@ -130,6 +133,7 @@ const NODES: [Node; 2] = [
         router_id: "10.200.255.12",
         cidr6: "2001:db8:c2::/64",
         cidr4: "10.201.2.0/24",
+        pool4: "10.201.2.0/24",
         addr: "2001:db8:c0:2::2",
         gateway: "2001:db8:c0:2::1",
         router_if: "to-node2",
@@ -138,6 +142,29 @@ const NODES: [Node; 2] = [
         password: false,
     },
 ];
+
+/// A third node that is not part of the cluster `up` builds: `cargo xtask cluster life join`
+/// boots it into a rack of its own (its pool exists from the start, empty, room for 256
+/// nodes), checks that it gets its NodeConfig, runs pods and is routed, then removes it again.
+const JOINER: Node = Node {
+    name: "node3",
+    asn: 64703,
+    router_id: "10.200.255.13",
+    cidr6: "2001:db8:c7::/64",
+    cidr4: "10.202.0.0/24",
+    pool4: "10.202.0.0/16",
+    addr: "2001:db8:c0:3::2",
+    gateway: "2001:db8:c0:3::1",
+    router_if: "to-node3",
+    rack: "rack3",
+    bfd: false,
+    password: false,
+};
+
+/// Every node the cluster knows of: its two, then the one that joins in `life join`.
+fn every_node() -> impl Iterator<Item = &'static Node> {
+    NODES.iter().chain(std::iter::once(&JOINER))
+}
 
 /// `kubectl` as admin, from the control plane's namespace.
 fn kubectl_command() -> Command {
@@ -202,10 +229,11 @@ const USAGE: &str =
            Networking, Services and Conformance specs unless --focus; skips [Slow], [Serial],
            [Disruptive], [Flaky], [Feature:…] and the specs of xtask/src/cluster/e2e-exclusions.txt;
            pods IPv6-only unless --pods dual; 4 e2e.test processes unless --parallel
-  life [upgrade] [routing] [reboot] [startup]
-           against the cluster that is up (all four unless named): a rolling update of flock
-           under traffic, BGP failures (graceful restart, BFD), a node's reboot, 50 pods
-           started at once with flock and with ptp
+  life [upgrade] [routing] [reboot] [join] [startup]
+           against the cluster that is up (all unless named): a rolling update of flock under
+           traffic, BGP failures (graceful restart, BFD), a node's reboot (and one while its
+           Node is deleted), a third node joining and leaving (and the pool controller's
+           leader killed mid-assignment), 50 pods started at once with flock and with ptp
   kubectl  run kubectl against the cluster as admin
   --bins DIR  take flock-agent and flock from DIR instead of `cargo build --release`";
 

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use super::{CONTROL_ADDR, KUBERNETES_SERVICE_IP, NODES, RUN_DIR};
+use super::{CONTROL_ADDR, KUBERNETES_SERVICE_IP, RUN_DIR};
 use crate::sys;
 
 /// `RUN_DIR/pki`.
@@ -64,7 +64,7 @@ fn clients() -> Vec<Client> {
             org: Some("system:masters"),
         },
     ];
-    for node in &NODES {
+    for node in super::every_node() {
         all.push(Client {
             stem: format!("kubelet-{}", node.name),
             cn: format!("system:node:{}", node.name),

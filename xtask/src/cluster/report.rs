@@ -357,7 +357,7 @@ fn pods_and_matrix(r: &mut Report) -> Result<()> {
     Ok(())
 }
 
-fn in_prefix(addr: &str, prefix: &str) -> bool {
+pub(crate) fn in_prefix(addr: &str, prefix: &str) -> bool {
     let Some((net, len)) = prefix.split_once('/') else {
         return false;
     };
@@ -401,7 +401,7 @@ fn probe_script(targets: &[String]) -> String {
 /// `http ADDR` in a pod: GET / on port 80, the last line of the answer (the body). Not
 /// busybox's `wget`: it looks the port of `http` up through glibc's NSS, which a static
 /// busybox cannot load (it crashes); `nc` takes the port as a number.
-const HTTP_FN: &str =
+pub(crate) const HTTP_FN: &str =
     "http() { printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 \"$1\" 80 2>/dev/null | tail -n 1; }\n";
 
 fn url(addr: &str) -> String {

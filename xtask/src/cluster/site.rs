@@ -12,8 +12,8 @@ use anyhow::{Context, Result};
 
 use super::proc::{self, Place};
 use super::{
-    CONTROL, CONTROL_ADDR, CONTROL_ADDR4, CONTROL_GW, NODES, Node, ROUTER, ROUTER_ASN, ROUTER_LO4,
-    ROUTER_LO6, RUN_DIR,
+    CONTROL, CONTROL_ADDR, CONTROL_ADDR4, CONTROL_GW, JOINER, NODES, Node, ROUTER, ROUTER_ASN,
+    ROUTER_LO4, ROUTER_LO6, RUN_DIR,
 };
 use crate::sys;
 
@@ -137,8 +137,9 @@ pub fn build() -> Result<()> {
     start_router_bird()
 }
 
-/// The router's BIRD configuration; `passwords`: each node's session password, if it has one.
-fn router_bird_conf(passwords: &BTreeMap<&str, String>) -> String {
+/// The router's BIRD configuration: a session with each of `nodes`; `passwords`: each node's
+/// session password, if it has one.
+fn router_bird_conf(nodes: &[&Node], passwords: &BTreeMap<&str, String>) -> String {
     let mut conf = format!(
         "# BIRD 2 on the cluster's router (not a Kubernetes node): it learns each node's pod
 # prefixes and anycast addresses over BGP, installs them (equal-cost paths merged) and passes
@@ -171,10 +172,10 @@ template bgp flocknode {{
 }}
 "
     );
-    if NODES.iter().any(|n| n.bfd) {
+    if nodes.iter().any(|n| n.bfd) {
         conf.push_str("\nprotocol bfd { }\n");
     }
-    for node in &NODES {
+    for node in nodes {
         let _ = write!(
             conf,
             "\nprotocol bgp {} from flocknode {{\n  neighbor {} as {};\n",
@@ -215,29 +216,52 @@ pub fn password(node: &Node) -> Result<Option<String>> {
     Ok(Some(p))
 }
 
-fn start_router_bird() -> Result<()> {
+/// The nodes cabled to the router: the cluster's, and the joiner while it is in.
+fn cabled() -> Vec<&'static Node> {
+    let mut nodes: Vec<&'static Node> = NODES.iter().collect();
+    if joined_marker().exists() {
+        nodes.push(&JOINER);
+    }
+    nodes
+}
+
+/// Present while [`JOINER`] is cabled to the router.
+fn joined_marker() -> std::path::PathBuf {
+    Path::new(RUN_DIR)
+        .join("router")
+        .join(format!("joined-{}", JOINER.name))
+}
+
+/// Writes the router's configuration for the nodes cabled now and checks it with `bird -p`.
+fn write_router_conf() -> Result<String> {
     let dir = Path::new(RUN_DIR).join("router");
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let conf = dir.join("bird.conf");
+    let nodes = cabled();
     let mut passwords = BTreeMap::new();
-    for n in &NODES {
+    for n in &nodes {
         if let Some(p) = password(n)? {
             passwords.insert(n.name, p);
         }
     }
-    std::fs::write(&conf, router_bird_conf(&passwords))
+    std::fs::write(&conf, router_bird_conf(&nodes, &passwords))
         .with_context(|| format!("write {}", conf.display()))?;
-    let router = Place::Net(ROUTER.to_owned());
     let conf_s = conf.to_string_lossy().into_owned();
-    router
+    Place::Net(ROUTER.to_owned())
         .run(&["bird", "-p", "-c", &conf_s])
         .with_context(|| format!("check {conf_s}"))?;
+    Ok(conf_s)
+}
+
+fn start_router_bird() -> Result<()> {
+    let conf = write_router_conf()?;
+    let router = Place::Net(ROUTER.to_owned());
     let ctl = router_ctl();
     proc::spawn(
         "router-bird",
         &router,
         "bird",
-        &["-f", "-c", &conf_s, "-s", &ctl],
+        &["-f", "-c", &conf, "-s", &ctl],
         &[],
     )?;
     proc::wait_daemon(
@@ -246,6 +270,37 @@ fn start_router_bird() -> Result<()> {
         Duration::from_secs(10),
         || Path::new(&ctl).exists(),
     )?;
+    Ok(())
+}
+
+/// Cables [`JOINER`] to the router, as a new server in a new rack: its network namespace and
+/// link, and a session for it in the router's BIRD (`birdc configure`).
+pub fn join() -> Result<()> {
+    node_net(&JOINER)?;
+    std::fs::write(joined_marker(), "").context("mark the joiner as cabled")?;
+    reconfigure_router()
+}
+
+/// Takes [`JOINER`]'s session out of the router's BIRD and deletes its link (the node is
+/// powered off by then; its namespace is gone, and the router's end of the link with it).
+pub fn unplug() -> Result<()> {
+    if joined_marker().exists() {
+        std::fs::remove_file(joined_marker()).context("unmark the joiner")?;
+    }
+    reconfigure_router()?;
+    // The route to its IPv4 identity went with the link; the namespace may still be there.
+    if Path::new("/run/netns").join(JOINER.ns()).exists() {
+        sys::output(std::process::Command::new("ip").args(["netns", "del", &JOINER.ns()]))?;
+    }
+    Ok(())
+}
+
+fn reconfigure_router() -> Result<()> {
+    write_router_conf()?;
+    let out = Place::Net(ROUTER.to_owned()).run(&["birdc", "-s", &router_ctl(), "configure"])?;
+    if !out.contains("Reconfigured") && !out.contains("Reconfiguration in progress") {
+        anyhow::bail!("the router's BIRD did not take its new configuration: {out}");
+    }
     Ok(())
 }
 
@@ -298,8 +353,9 @@ mod tests {
     #[test]
     fn router_peers_with_every_node_and_passes_documentation_addresses_only() {
         let passwords = BTreeMap::from([("node1", "s3cret".to_owned())]);
-        let conf = router_bird_conf(&passwords);
-        for node in &NODES {
+        let nodes: Vec<&Node> = crate::cluster::every_node().collect();
+        let conf = router_bird_conf(&nodes, &passwords);
+        for node in &nodes {
             assert!(conf.contains(&format!("neighbor {} as {}", node.addr, node.asn)));
         }
         assert!(conf.contains("password \"s3cret\";") && conf.contains("bfd on;"));

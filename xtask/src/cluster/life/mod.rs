@@ -12,6 +12,13 @@
 //!   network namespace deleted) and booted again. Goal: its agent releases what it held at
 //!   start-up, its pods come back with addresses, the router relearns its routes, and no
 //!   allocation or interface is left behind.
+//! - **reboot**, again, with the node's Node object deleted while it is off, for longer than
+//!   the agents' leak grace period (its pods are gone from the API when it boots). Goal: its
+//!   NodeConfig and prefixes are the same after (its status still held allocations, so the
+//!   pool controller kept them), nothing of before comes back on it, and its allocations
+//!   are exactly the pods it runs now.
+//! - **join**: a third node joins a rack of its own and leaves it again, and the pool
+//!   controller's leader is killed in the middle of a wave of new nodes (see [`join`]).
 //! - **startup**: a Deployment scaled from 0 to 50 pods on one node with flock, then on the
 //!   other with the reference `ptp` + `host-local` plugins (a conflist put first for the
 //!   run): time to all Ready, and each pod's `RunPodSandbox` from containerd's log.
@@ -24,6 +31,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+mod join;
 mod routing;
 
 use super::deploy::DEMO_NS;
@@ -34,7 +42,7 @@ use crate::sys;
 /// The ping and GET interval of the upgrade's probes.
 const PROBE_INTERVAL: &str = "0.05";
 /// Every life test, in the order they run.
-pub const ALL: &[&str] = &["upgrade", "routing", "reboot", "startup"];
+pub const ALL: &[&str] = &["upgrade", "routing", "reboot", "join", "startup"];
 /// Pods per node in the start-up run.
 const BURST: usize = 50;
 
@@ -48,7 +56,7 @@ pub fn run(args: &[String]) -> Result<()> {
     for a in args {
         match a.as_str() {
             a if ALL.contains(&a) => which.push(a),
-            other => bail!("unknown life test {other:?} (upgrade, reboot, startup)"),
+            other => bail!("unknown life test {other:?} ({})", ALL.join(", ")),
         }
     }
     if which.is_empty() {
@@ -72,7 +80,11 @@ pub fn tests(which: &[&str], out: &mut String) -> Vec<String> {
         eprintln!("cluster: life: {name} …");
         let result = match *name {
             "upgrade" => upgrade(out),
-            "reboot" => reboot(out, &NODES[1]),
+            "reboot" => reboot(out, &NODES[1], false).and_then(|mut f| {
+                f.extend(reboot(out, &NODES[1], true)?);
+                Ok(f)
+            }),
+            "join" => join::join(out),
             "routing" => routing::routing(out),
             "startup" => startup(out),
             _ => Ok(vec![format!("no life test {name:?}")]),
@@ -478,12 +490,15 @@ fn wait_node_pods(n: &Node, since: &str, limit: Duration) -> Result<Vec<PodView>
     Ok(last)
 }
 
-fn reboot(out: &mut String, n: &Node) -> Result<Vec<String>> {
+/// Reboots `n`; `forgotten`: its Node is deleted while it is off, and stays deleted for longer
+/// than the agents' leak grace period.
+fn reboot(out: &mut String, n: &Node, forgotten: bool) -> Result<Vec<String>> {
     let mut failures = Vec::new();
     let kube = kube::ensure_built()?;
     let pods_before = wait_node_pods(n, "", Duration::from_secs(60))?;
     let (held_before, veths_before) = holdings(n);
     let routes_before = router_routes(n);
+    let config_before = node_config(n);
 
     let off_at = cluster_now()?;
     let t = Instant::now();
@@ -491,10 +506,47 @@ fn reboot(out: &mut String, n: &Node) -> Result<Vec<String>> {
     // The router notices the session (and the link) gone.
     std::thread::sleep(Duration::from_secs(2));
     let routes_off = router_routes(n);
+    let mut forgotten_for = Duration::ZERO;
+    if forgotten {
+        kubectl(&["delete", "node", n.name])?;
+        let deleted = Instant::now();
+        // The pod garbage collector deletes the pods bound to a Node that is gone.
+        sys::wait_for(Duration::from_secs(150), || {
+            kubectl(&[
+                "get",
+                "pods",
+                "-A",
+                "--field-selector",
+                &format!("spec.nodeName={}", n.name),
+                "-o",
+                "name",
+            ])
+            .is_ok_and(|p| p.trim().is_empty())
+        })
+        .with_context(|| format!("the pods bound to {} outlived its Node", n.name))?;
+        let grace = parse_seconds(join::LEAK_GRACE);
+        std::thread::sleep(grace.saturating_sub(deleted.elapsed()) + Duration::from_secs(5));
+        forgotten_for = deleted.elapsed();
+        // The pool controller kept its NodeConfig: its status still holds the allocations.
+        if node_config(n) != config_before {
+            failures.push(format!(
+                "{}'s NodeConfig changed while its Node was deleted: {:?}, was {config_before:?}",
+                n.name,
+                node_config(n)
+            ));
+        }
+    }
     node::boot(n, &kube).with_context(|| format!("boot {} again", n.name))?;
     let booted = t.elapsed();
     let pods_after = wait_node_pods(n, &off_at, Duration::from_secs(180))?;
     let all_back = t.elapsed();
+    if forgotten && node_config(n) != config_before {
+        failures.push(format!(
+            "{} came back with NodeConfig {:?}, had {config_before:?}",
+            n.name,
+            node_config(n)
+        ));
+    }
     let mut routes_after = Vec::new();
     let relearned = sys::wait_for(Duration::from_secs(60), || {
         routes_after = router_routes(n);
@@ -507,17 +559,24 @@ fn reboot(out: &mut String, n: &Node) -> Result<Vec<String>> {
             n.name
         ));
     }
-    // The agent writes its status at most every 10 s; the counts settle after that.
+    // The agent writes its status at most every 10 s; the counts settle after that. A node
+    // that was forgotten comes back with its DaemonSets' pods only (the Deployment's went to
+    // the other node): one allocation of each family and one veth per pod.
+    let (held_want, veths_want) = if forgotten {
+        (format!("{0}/{0}", pods_after.len()), pods_after.len())
+    } else {
+        (held_before.clone(), veths_before)
+    };
     let mut held_after = String::new();
     let mut veths_after = 0;
     let settled = sys::wait_for(Duration::from_secs(30), || {
         (held_after, veths_after) = holdings(n);
-        held_after == held_before && veths_after == veths_before
+        held_after == held_want && veths_after == veths_want
     });
     if settled.is_err() {
         failures.push(format!(
             "after the reboot {} holds {held_after} allocations and {veths_after} veths for {} pods, \
-             before {held_before} and {veths_before}",
+             want {held_want} and {veths_want}",
             n.name,
             pods_after.len()
         ));
@@ -538,8 +597,17 @@ fn reboot(out: &mut String, n: &Node) -> Result<Vec<String>> {
 
     let _ = writeln!(
         out,
-        "REBOOT ({}: {killed} processes killed at once, /run emptied, its network namespace deleted; then booted)",
-        n.name
+        "REBOOT ({}: {killed} processes killed at once, /run emptied, its network namespace deleted; {}then booted)",
+        n.name,
+        if forgotten {
+            format!(
+                "its Node deleted for {:.0} s (leak grace {}), its pods gone from the API; ",
+                forgotten_for.as_secs_f64(),
+                join::LEAK_GRACE
+            )
+        } else {
+            String::new()
+        }
     );
     let rows = vec![
         vec![
@@ -586,10 +654,32 @@ fn reboot(out: &mut String, n: &Node) -> Result<Vec<String>> {
             format!("{:.1} s", routes_back.as_secs_f64()),
         ],
         vec!["agent at start-up".to_owned(), released],
+        vec![
+            "NodeConfig before and after".to_owned(),
+            format!("{config_before} / {}", node_config(n)),
+        ],
     ];
     sys::table(out, &["since power off", ""], &timing);
     out.push('\n');
     Ok(failures)
+}
+
+/// `n`'s NodeConfig's CIDRs.
+fn node_config(n: &Node) -> String {
+    kubectl(&[
+        "get",
+        "nodeconfig",
+        n.name,
+        "-o",
+        "jsonpath={.spec.cidr6} {.spec.cidr4}",
+    ])
+    .map(|s| s.trim().to_owned())
+    .unwrap_or_else(|e| format!("? ({e:#})"))
+}
+
+/// `20s` → 20 s (the test's own constants).
+fn parse_seconds(s: &str) -> Duration {
+    Duration::from_secs(s.trim_end_matches('s').parse().unwrap_or(0))
 }
 
 /// The log of `n`'s flock agent since it started (the container running now).
