@@ -380,6 +380,8 @@ fn start_kubelet(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
             "--oom-score-adj=0".to_owned(),
             format!("--pod-infra-container-image={}", images::PAUSE),
             "--node-status-update-frequency=4s".to_owned(),
+            // 100 pods of the policy benchmark besides the demo's: more than the default 110.
+            "--max-pods=250".to_owned(),
             "--feature-gates=IPv6DualStack=true".to_owned(),
         ],
         &[],

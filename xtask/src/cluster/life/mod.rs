@@ -19,6 +19,9 @@
 //!   are exactly the pods it runs now.
 //! - **join**: a third node joins a rack of its own and leaves it again, and the pool
 //!   controller's leader is killed in the middle of a wave of new nodes (see [`join`]).
+//! - **policy**: NetworkPolicy changes to enforcement in a node's nftables, p50/p99, with 100
+//!   isolated pods, and the agents' memory with 10,000 pods and 1,000 policies in the
+//!   cluster (see [`policy`]).
 //! - **startup**: a Deployment scaled from 0 to 50 pods on one node with flock, then on the
 //!   other with the reference `ptp` + `host-local` plugins (a conflist put first for the
 //!   run): time to all Ready, and each pod's `RunPodSandbox` from containerd's log.
@@ -32,6 +35,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 mod join;
+mod policy;
 mod routing;
 
 use super::deploy::DEMO_NS;
@@ -42,7 +46,7 @@ use crate::sys;
 /// The ping and GET interval of the upgrade's probes.
 const PROBE_INTERVAL: &str = "0.05";
 /// Every life test, in the order they run.
-pub const ALL: &[&str] = &["upgrade", "routing", "reboot", "join", "startup"];
+pub const ALL: &[&str] = &["upgrade", "routing", "reboot", "join", "startup", "policy"];
 /// Pods per node in the start-up run.
 const BURST: usize = 50;
 
@@ -85,6 +89,7 @@ pub fn tests(which: &[&str], out: &mut String) -> Vec<String> {
                 Ok(f)
             }),
             "join" => join::join(out),
+            "policy" => policy::policy(out),
             "routing" => routing::routing(out),
             "startup" => startup(out),
             _ => Ok(vec![format!("no life test {name:?}")]),

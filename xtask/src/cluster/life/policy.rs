@@ -1,0 +1,555 @@
+//! `cargo xtask cluster life policy`: how fast a NetworkPolicy change reaches a node's
+//! nftables, and what the agents' memory costs with a cluster of 10,000 pods and 1,000
+//! policies.
+//!
+//! - **Enforcement latency.** 100 pods on node1, isolated by a policy that admits an
+//!   `ipBlock` and the pods labelled `role=client`; a client pod on node2. Each round changes
+//!   either the policy (its `ipBlock`, a rule of the pods' chains: the whole table is
+//!   replaced) or the client's label (its address joins or leaves a selector's set: set
+//!   elements only), by one request to the apiserver (`curl`, so no `kubectl` start-up is
+//!   counted). `nft monitor`, running in node1's network namespace, prints the kernel's
+//!   change as it is committed; the time from sending the request to that line is the
+//!   round's latency. Goal (issue 15): p50 and p99 ≤ 100 ms. A change never seen within
+//!   5 s fails the test.
+//! - **Memory at scale.** A Node with no machine behind it (tainted, nothing runs) gets
+//!   10,000 pods in 100 namespaces, and those namespaces get 1,000 policies; every agent
+//!   watches all of them. Each agent's resident memory (VmRSS of its process) before and
+//!   after. Goal: ≤ 64 MiB. Everything is deleted again.
+
+use std::fmt::Write as _;
+use std::io::BufRead as _;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::{percentile, pods};
+use crate::cluster::proc::Place;
+use crate::cluster::{CONTROL, CONTROL_ADDR, NODES, Node, images, kubectl, kubectl_stdin, pki};
+use crate::sys;
+
+const NS: &str = "policy-bench";
+/// Pods of the enforcement run, all on node1.
+const TARGETS: usize = 100;
+/// Rounds of each kind.
+const ROUNDS: usize = 40;
+/// The memory run: namespaces, pods per namespace, policies per namespace.
+const SCALE_NAMESPACES: usize = 100;
+const SCALE_PODS: usize = 100;
+const SCALE_POLICIES: usize = 10;
+const SCALE_NODE: &str = "policy-scale";
+
+pub fn policy(out: &mut String) -> Result<Vec<String>> {
+    let mut failures = Vec::new();
+    let result = (|| -> Result<()> {
+        latency(out, &mut failures)?;
+        memory(out, &mut failures)
+    })();
+    let _ = kubectl(&[
+        "delete",
+        "namespace",
+        NS,
+        "--ignore-not-found",
+        "--wait=false",
+    ]);
+    let _ = kubectl(&[
+        "delete",
+        "namespaces",
+        "-l",
+        "flock.fritzlab.net/life-test=policy-scale",
+        "--wait=false",
+    ]);
+    let _ = kubectl(&[
+        "delete",
+        "node",
+        SCALE_NODE,
+        "--ignore-not-found",
+        "--wait=false",
+    ]);
+    result?;
+    out.push('\n');
+    Ok(failures)
+}
+
+// ---------------------------------------------------------------------------------------
+// enforcement latency
+
+fn targets_manifest() -> String {
+    format!(
+        "apiVersion: v1
+kind: Namespace
+metadata: {{ name: {NS} }}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{ name: target, namespace: {NS} }}
+spec:
+  replicas: {TARGETS}
+  selector: {{ matchLabels: {{ app: target }} }}
+  template:
+    metadata: {{ labels: {{ app: target }} }}
+    spec:
+      nodeSelector: {{ kubernetes.io/hostname: {node1} }}
+      terminationGracePeriodSeconds: 1
+      containers:
+        - {{ name: web, image: {image}, imagePullPolicy: Never }}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{ name: client, namespace: {NS}, labels: {{ app: client }} }}
+spec:
+  nodeName: {node2}
+  terminationGracePeriodSeconds: 1
+  containers:
+    - {{ name: web, image: {image}, imagePullPolicy: Never }}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{ name: bench, namespace: {NS} }}
+spec:
+  podSelector: {{ matchLabels: {{ app: target }} }}
+  policyTypes: [Ingress]
+  ingress:
+    - from:
+        - ipBlock: {{ cidr: \"{block}\" }}
+        - podSelector: {{ matchLabels: {{ role: client }} }}
+",
+        node1 = NODES[0].name,
+        node2 = NODES[1].name,
+        image = images::NET,
+        block = block(0),
+    )
+}
+
+/// The `ipBlock` of round `i`: an address no other round uses, printed by `nft` as written.
+fn block(i: usize) -> String {
+    format!("2001:db8:c9:{i:x}::1/128")
+}
+
+/// What `nft monitor` prints for the block of round `i` (no prefix length for a /128).
+fn block_seen(i: usize) -> String {
+    format!(":c9:{i:x}::1 ")
+}
+
+/// `nft monitor` in a node's network namespace: every line, stamped as it arrives.
+struct Monitor {
+    child: Child,
+    lines: Arc<Mutex<Vec<(Instant, String)>>>,
+}
+
+impl Monitor {
+    fn start(n: &Node) -> Result<Monitor> {
+        let mut cmd = Place::Net(n.ns()).command("nft");
+        cmd.arg("monitor")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().context("spawn nft monitor")?;
+        let stdout = child.stdout.take().context("nft monitor's stdout")?;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                sink.lock()
+                    .expect("monitor lock")
+                    .push((Instant::now(), line + " "));
+            }
+        });
+        Ok(Monitor { child, lines })
+    }
+
+    /// The first line after `since` containing `needle`, and when it came.
+    fn wait(&self, since: Instant, needle: &str, limit: Duration) -> Option<Instant> {
+        let mut found = None;
+        let _ = sys::wait_for(limit, || {
+            found = self
+                .lines
+                .lock()
+                .expect("monitor lock")
+                .iter()
+                .find(|(t, l)| *t >= since && l.contains(needle))
+                .map(|(t, _)| *t);
+            found.is_some()
+        });
+        found
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One request to the apiserver as admin, with `curl` from the control plane's namespace.
+fn api(method: &str, path: &str, content_type: &str, body: &str) -> Result<String> {
+    Place::Net(CONTROL.to_owned()).run(&[
+        "curl",
+        "-sS",
+        "--fail",
+        "--cacert",
+        &pki::file("ca.crt"),
+        "--cert",
+        &pki::file("admin.crt"),
+        "--key",
+        &pki::file("admin.key"),
+        "-X",
+        method,
+        "-H",
+        &format!("Content-Type: {content_type}"),
+        "--data",
+        body,
+        &format!("https://[{CONTROL_ADDR}]:6443{path}"),
+    ])
+}
+
+fn latency(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
+    kubectl_stdin(&["apply", "-f", "-"], &targets_manifest())?;
+    let ready = sys::wait_for(Duration::from_secs(300), || {
+        pods(NS, "app in (target, client)")
+            .is_ok_and(|p| p.len() == TARGETS + 1 && p.iter().all(|p| p.ready && p.ips.len() == 2))
+    });
+    ready.with_context(|| format!("{TARGETS} target pods and the client Ready in {NS}"))?;
+    let client = pods(NS, "app=client")?
+        .into_iter()
+        .next()
+        .context("the client pod")?;
+    let client6 = client
+        .ips
+        .iter()
+        .find(|ip| ip.contains(':'))
+        .context("the client's IPv6 address")?
+        .clone();
+    let monitor = Monitor::start(&NODES[0])?;
+    // Let the monitor attach before the first round.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut rule = Vec::new();
+    let mut member = Vec::new();
+    for i in 1..=ROUNDS {
+        // The policy: its ipBlock replaced (a rule of every target's chain).
+        let patch = format!(
+            r#"{{"spec":{{"ingress":[{{"from":[{{"ipBlock":{{"cidr":"{}"}}}},{{"podSelector":{{"matchLabels":{{"role":"client"}}}}}}]}}]}}}}"#,
+            block(i)
+        );
+        let t = Instant::now();
+        api(
+            "PATCH",
+            &format!("/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/bench"),
+            "application/merge-patch+json",
+            &patch,
+        )?;
+        match monitor.wait(t, &block_seen(i), Duration::from_secs(5)) {
+            Some(seen) => rule.push(seen - t),
+            None => failures.push(format!(
+                "policy: round {i}: {} not enforced in 5 s",
+                block(i)
+            )),
+        }
+        // The client's label: its address joins (odd rounds) or leaves the selector's set.
+        let joins = i % 2 == 1;
+        let label = if joins { r#""client""# } else { "null" };
+        let t = Instant::now();
+        api(
+            "PATCH",
+            &format!("/api/v1/namespaces/{NS}/pods/client"),
+            "application/merge-patch+json",
+            &format!(r#"{{"metadata":{{"labels":{{"role":{label}}}}}}}"#),
+        )?;
+        let verb = if joins {
+            "add element"
+        } else {
+            "delete element"
+        };
+        let seen = monitor.wait(t, &format!("{client6} "), Duration::from_secs(5));
+        let line_ok = seen.is_some_and(|s| {
+            monitor
+                .lines
+                .lock()
+                .expect("monitor lock")
+                .iter()
+                .any(|(at, l)| *at == s && l.contains(verb))
+        });
+        match seen {
+            Some(s) if line_ok => member.push(s - t),
+            Some(s) => {
+                // Seen, but not as a set element: a whole table was applied instead.
+                member.push(s - t);
+                failures.push(format!(
+                    "policy: round {i}: the client's label change was applied as a whole table, not as a set element ({verb})"
+                ));
+            }
+            None => failures.push(format!(
+                "policy: round {i}: the client's {client6} not {verb}ed in 5 s"
+            )),
+        }
+    }
+    drop(monitor);
+    let mut rows = Vec::new();
+    for (what, mut samples) in [
+        ("policy changed (ipBlock: the rules, whole table)", rule),
+        (
+            "pod label changed (selector membership: set elements)",
+            member,
+        ),
+    ] {
+        samples.sort();
+        rows.push(vec![
+            what.to_owned(),
+            samples.len().to_string(),
+            fmt_ms(percentile(&samples, 0.5)),
+            fmt_ms(percentile(&samples, 0.99)),
+            fmt_ms(samples.last().copied().unwrap_or_default()),
+        ]);
+    }
+    let _ = writeln!(
+        out,
+        "POLICY → ENFORCEMENT ({TARGETS} isolated pods on {}; from the request to the apiserver to \
+         `nft monitor` in the node's namespace printing the change)",
+        NODES[0].name
+    );
+    sys::table(out, &["change", "rounds", "p50", "p99", "max"], &rows);
+    Ok(())
+}
+
+fn fmt_ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+// ---------------------------------------------------------------------------------------
+// memory at scale
+
+fn scale_manifests(ns: usize) -> String {
+    let name = format!("scale-{ns:03}");
+    let mut m = format!(
+        "apiVersion: v1
+kind: Namespace
+metadata: {{ name: {name}, labels: {{ flock.fritzlab.net/life-test: policy-scale, team: t{team} }} }}
+",
+        team = ns % 10
+    );
+    for p in 0..SCALE_PODS {
+        let _ = write!(
+            m,
+            "---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: p{p:03}
+  namespace: {name}
+  labels: {{ app: a{app}, tier: t{tier}, shard: s{p} }}
+spec:
+  nodeName: {SCALE_NODE}
+  tolerations: [{{ operator: Exists }}]
+  containers:
+    - {{ name: c, image: {image}, ports: [{{ name: http, containerPort: 80 }}] }}
+",
+            app = p % 10,
+            tier = p % 3,
+            image = images::NET,
+        );
+    }
+    for q in 0..SCALE_POLICIES {
+        let _ = write!(
+            m,
+            "---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{ name: np{q}, namespace: {name} }}
+spec:
+  podSelector: {{ matchLabels: {{ app: a{q} }} }}
+  policyTypes: [Ingress, Egress]
+  ingress:
+    - from:
+        - podSelector: {{ matchLabels: {{ tier: t{tier} }} }}
+        - namespaceSelector: {{ matchLabels: {{ team: t{q} }} }}
+          podSelector: {{ matchLabels: {{ app: a{q} }} }}
+        - ipBlock: {{ cidr: 2001:db8:ca::/48, except: [\"2001:db8:ca:{q:x}::/64\"] }}
+      ports: [{{ port: http, protocol: TCP }}, {{ port: 53, protocol: UDP }}]
+  egress:
+    - to:
+        - namespaceSelector: {{}}
+      ports: [{{ port: 443, endPort: 8443, protocol: TCP }}]
+",
+            tier = q % 3,
+        );
+    }
+    m
+}
+
+/// Each node's agent: its resident memory (KiB), read from its process.
+fn agent_rss() -> Vec<(String, u64)> {
+    let mut found = Vec::new();
+    for n in &NODES {
+        let Ok(net) = std::fs::metadata(format!("/run/netns/{}", n.ns())) else {
+            continue;
+        };
+        let wanted = format!("net:[{}]", std::os::unix::fs::MetadataExt::ino(&net));
+        for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let path = p.path();
+            let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+            let mut args = cmdline.split(|b| *b == 0);
+            let is_agent = args.next().is_some_and(|a| a.ends_with(b"flock-agent"))
+                && !args.any(|a| a == b"controller" || a == b"install-cni");
+            if !is_agent
+                || std::fs::read_link(path.join("ns/net"))
+                    .map(|l| l.to_string_lossy() != wanted)
+                    .unwrap_or(true)
+            {
+                continue;
+            }
+            let status = std::fs::read_to_string(path.join("status")).unwrap_or_default();
+            if let Some(kib) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            {
+                found.push((n.name.to_owned(), kib));
+            }
+        }
+    }
+    found
+}
+
+/// The agent's count of pods it knows cluster-wide, from its metrics, if it exports one.
+fn cluster_pods_seen(n: &Node) -> Option<u64> {
+    let metrics = Place::Net(n.ns())
+        .run(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "2",
+            "http://127.0.0.1:9641/metrics",
+        ])
+        .ok()?;
+    metrics
+        .lines()
+        .find(|l| l.starts_with("flock_policy_cluster_pods "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+fn memory(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
+    let before = agent_rss();
+    if before.len() != NODES.len() {
+        bail!(
+            "found {} flock agents' processes, want {}",
+            before.len(),
+            NODES.len()
+        );
+    }
+    kubectl_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            "apiVersion: v1
+kind: Node
+metadata: {{ name: {SCALE_NODE}, labels: {{ flock.fritzlab.net/life-test: policy-scale }} }}
+spec:
+  taints: [{{ key: flock.fritzlab.net/no-machine, effect: NoSchedule }}]
+"
+        ),
+    )?;
+    let t = Instant::now();
+    // Four writers at once; each namespace is one `kubectl apply` of its 111 objects.
+    let next = Arc::new(Mutex::new(0usize));
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let next = Arc::clone(&next);
+                s.spawn(move || {
+                    let mut errors = Vec::new();
+                    loop {
+                        let ns = {
+                            let mut n = next.lock().expect("next");
+                            let ns = *n;
+                            *n += 1;
+                            ns
+                        };
+                        if ns >= SCALE_NAMESPACES {
+                            break errors;
+                        }
+                        if let Err(e) = kubectl_stdin(&["apply", "-f", "-"], &scale_manifests(ns)) {
+                            errors.push(format!("{e:#}"));
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    if let Some(e) = errors.first() {
+        bail!("creating the scale run's objects: {e}");
+    }
+    let created = t.elapsed();
+    let total = SCALE_NAMESPACES * SCALE_PODS;
+    // The agents have them when their count says so (or, without that metric, after a
+    // settling pause); then their memory is read.
+    let counted = sys::wait_for(Duration::from_secs(120), || {
+        NODES
+            .iter()
+            .all(|n| cluster_pods_seen(n).is_none_or(|c| c as usize >= total))
+    });
+    if counted.is_err() {
+        failures.push(format!(
+            "policy: the agents did not count {total} cluster pods in 120 s: {:?}",
+            NODES.iter().map(cluster_pods_seen).collect::<Vec<_>>()
+        ));
+    }
+    std::thread::sleep(Duration::from_secs(10));
+    let after = agent_rss();
+    let mut rows = Vec::new();
+    for (node, kib) in &after {
+        let was = before
+            .iter()
+            .find(|(n, _)| n == node)
+            .map_or(0, |(_, k)| *k);
+        rows.push(vec![
+            node.clone(),
+            format!("{:.1} MiB", was as f64 / 1024.0),
+            format!("{:.1} MiB", *kib as f64 / 1024.0),
+        ]);
+    }
+    let _ = writeln!(
+        out,
+        "AGENT MEMORY ({total} pods in {SCALE_NAMESPACES} namespaces bound to a Node with no machine, \
+         {} NetworkPolicies; created in {:.0} s; VmRSS of each agent)",
+        SCALE_NAMESPACES * SCALE_POLICIES,
+        created.as_secs_f64()
+    );
+    sys::table(out, &["agent", "before", "with them"], &rows);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_round_has_an_address_of_its_own() {
+        let seen: Vec<String> = (0..=ROUNDS).map(block_seen).collect();
+        for (i, s) in seen.iter().enumerate() {
+            for (j, t) in seen.iter().enumerate() {
+                assert!(
+                    i == j || !format!("2001:db8{t}").contains(s.as_str()),
+                    "{s} in {t}"
+                );
+            }
+        }
+        assert_eq!(block(10), "2001:db8:c9:a::1/128");
+    }
+
+    #[test]
+    fn a_scale_namespace_has_its_pods_and_policies() {
+        let m = scale_manifests(7);
+        assert_eq!(m.matches("kind: Pod\n").count(), SCALE_PODS);
+        assert_eq!(m.matches("kind: NetworkPolicy").count(), SCALE_POLICIES);
+        assert!(m.contains("name: scale-007") && m.contains(&format!("nodeName: {SCALE_NODE}")));
+    }
+}
