@@ -21,6 +21,7 @@ pub mod nodepool;
 pub mod pods;
 pub mod policy;
 pub mod server;
+pub mod services;
 pub mod store;
 pub mod trace;
 

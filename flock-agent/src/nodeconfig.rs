@@ -53,6 +53,84 @@ pub struct NodeConfigSpec {
     /// BGP: the node's ASN, router ID and neighbors. Absent: no BIRD configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bgp: Option<BgpSpec>,
+    /// Which Service addresses the node may announce (docs/services.md). Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<ServicesSpec>,
+}
+
+/// `spec.services` of a NodeConfig or a NodePool: the ranges Service addresses may come
+/// from. Each list holds CIDRs of either family.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ServicesSpec {
+    /// Where LoadBalancer addresses lie: the controller hands them out from here (IPv6
+    /// first), and a node announces `status.loadBalancer.ingress` IPs only inside them.
+    #[serde(
+        rename = "loadBalancerCIDRs",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub load_balancer_cidrs: Vec<String>,
+    /// Where `spec.externalIPs` may lie; others are refused (an event on the Service).
+    #[serde(
+        rename = "externalIPCIDRs",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub external_ip_cidrs: Vec<String>,
+    /// The cluster's Service (cluster IP) ranges to announce, each as one aggregate from
+    /// every node; a Service with `internalTrafficPolicy: Local` also gets host routes from
+    /// the nodes with a ready endpoint.
+    #[serde(
+        rename = "clusterIPCIDRs",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub cluster_ip_cidrs: Vec<String>,
+}
+
+impl ServicesSpec {
+    /// The ranges as `flock-ipam` reads them; every error names the field (under `at`,
+    /// e.g. `spec.services`) and the value.
+    pub fn ranges(&self, at: &str) -> Result<flock_ipam::ServiceRanges> {
+        let parse = |field: &str, list: &[String]| {
+            list.iter()
+                .enumerate()
+                .map(|(i, text)| {
+                    let field = format!("{at}.{field}[{i}]");
+                    let net: ipnet::IpNet = text.trim().parse().map_err(|_| {
+                        invalid(
+                            &field,
+                            text,
+                            "not a CIDR such as 2001:db8:5::/112 or 203.0.113.0/28",
+                        )
+                    })?;
+                    if net.trunc() != net {
+                        return Err(invalid(
+                            &field,
+                            text,
+                            &format!("host bits set; did you mean {}?", net.trunc()),
+                        ));
+                    }
+                    if net.prefix_len() == 0 {
+                        return Err(invalid(
+                            &field,
+                            text,
+                            "a default route is not a Service range",
+                        ));
+                    }
+                    if let Some(reason) = flock_ipam::unroutable(net.network()) {
+                        return Err(invalid(&field, text, &format!("{reason} is never routed")));
+                    }
+                    Ok(net)
+                })
+                .collect::<Result<Vec<_>>>()
+        };
+        Ok(flock_ipam::ServiceRanges {
+            load_balancer: parse("loadBalancerCIDRs", &self.load_balancer_cidrs)?,
+            external_ips: parse("externalIPCIDRs", &self.external_ip_cidrs)?,
+            cluster_ips: parse("clusterIPCIDRs", &self.cluster_ip_cidrs)?,
+        })
+    }
 }
 
 /// Family defaults for pods (`spec.defaults`).
@@ -249,6 +327,8 @@ pub struct NodeSettings {
     /// Passwords from files are already in it (standalone); those from Secrets are filled in
     /// by the Kubernetes watcher from [`password_secrets`](Self::password_secrets).
     pub bgp: Option<flock_bird::BirdModel>,
+    /// The Service ranges the node may announce (`spec.services`; empty when absent).
+    pub services: flock_ipam::ServiceRanges,
     /// The neighbors (index in `bgp.neighbors`) whose password is in a Secret.
     pub password_secrets: Vec<(usize, SecretKeyRef)>,
     /// The neighbors (index in `bgp.neighbors`) whose password is in a file (standalone).
@@ -346,7 +426,14 @@ impl NodeConfig {
                 Ok::<_, Error>(algo)
             })
             .transpose()?;
+        let services = spec
+            .services
+            .as_ref()
+            .map(|s| s.ranges("spec.services"))
+            .transpose()?
+            .unwrap_or_default();
         Ok(NodeSettings {
+            services,
             node,
             cidr6,
             cidr4,

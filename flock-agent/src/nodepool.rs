@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::nodeconfig::{
     BgpSpec, BgpTimers, FamilyDefaults, IP_ALGO_ANNOTATION, NeighborSpec, NodeConfig,
-    NodeConfigSpec,
+    NodeConfigSpec, ServicesSpec,
 };
 use crate::{Error, Result};
 
@@ -68,6 +68,10 @@ pub struct NodePoolSpec {
     /// ID, which is the node's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bgp: Option<PoolBgpSpec>,
+    /// Service addresses (docs/services.md): the LoadBalancer addresses the controller hands
+    /// out, and what the pool's nodes may announce; copied into each NodeConfig.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<ServicesSpec>,
 }
 
 /// `spec.bgp` of a pool: NodeConfig's BGP settings but the router ID, which each node gets
@@ -247,6 +251,7 @@ impl NodePool {
                 timers: b.timers.clone(),
                 graceful_shutdown: b.graceful_shutdown,
             }),
+            services: self.spec.services.clone(),
         }
     }
 

@@ -351,6 +351,13 @@ fn rbac_grants_exactly_what_the_agent_uses() {
         "flock.fritzlab.net/nodeconfigs:list",
         "flock.fritzlab.net/nodeconfigs:watch",
         "flock.fritzlab.net/nodeconfigs/status:patch",
+        // Service announcing: Services, their EndpointSlices, events on refused addresses.
+        "/services:list",
+        "/services:watch",
+        "discovery.k8s.io/endpointslices:list",
+        "discovery.k8s.io/endpointslices:watch",
+        "events.k8s.io/events:create",
+        "events.k8s.io/events:patch",
     ]
     .into_iter()
     .map(String::from)

@@ -137,6 +137,11 @@ fn controller_rbac_grants_exactly_what_it_uses() {
             "flock.fritzlab.net/nodeconfigs:create",
             "flock.fritzlab.net/nodeconfigs:update",
             "flock.fritzlab.net/nodeconfigs:delete",
+            "/services:list",
+            "/services:watch",
+            "/services/status:patch",
+            "events.k8s.io/events:create",
+            "events.k8s.io/events:patch",
         ])
     );
     let lease: Role = typed(&docs[3]);

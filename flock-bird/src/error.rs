@@ -157,6 +157,14 @@ pub enum Error {
         /// The network it probably meant.
         truncated: IpNet,
     },
+    /// A Service route with host bits set.
+    #[error("service route {value} has host bits set; did you mean {truncated}?")]
+    ServiceRouteHostBits {
+        /// The route as given.
+        value: IpNet,
+        /// The network it probably meant.
+        truncated: IpNet,
+    },
     /// A node CIDR or an announced address BGP must never carry.
     #[error("{field} {value} cannot be announced: {reason}")]
     Unannounceable {

@@ -34,6 +34,11 @@ pub struct BirdModel {
     /// /32 (even inside a node CIDR, so that traffic spreads over every node
     /// that hosts one) and never accepted back from a peer.
     pub anycast: Vec<IpAddr>,
+    /// Service routes (LoadBalancer and external IPs as /128 and /32, cluster-IP ranges as
+    /// aggregates), announced by their own `protocol static flock_services6/4` to the same
+    /// neighbors as the pod routes, whether or not a node CIDR covers them: each node
+    /// announces exactly the Service routes it was given.
+    pub services: Vec<IpNet>,
     /// Communities attached to every route flock announces.
     pub communities: Vec<Community>,
     /// Accept a default route (`::/0`, `0.0.0.0/0`) from neighbors.
@@ -277,6 +282,8 @@ pub struct ValidModel {
     /// Host routes announced individually: addresses outside the CIDRs and
     /// every anycast address, as /128 or /32.
     pub(crate) host_routes: Vec<IpNet>,
+    /// Service routes, sorted.
+    pub(crate) services: Vec<IpNet>,
     pub(crate) communities: Vec<Community>,
     pub(crate) import_default: bool,
     pub(crate) graceful_shutdown: bool,
@@ -307,6 +314,10 @@ impl ValidModel {
     /// The /128 and /32 routes announced individually, sorted.
     pub fn host_routes(&self) -> &[IpNet] {
         &self.host_routes
+    }
+    /// The Service routes, sorted.
+    pub fn services(&self) -> &[IpNet] {
+        &self.services
     }
 }
 
@@ -365,7 +376,21 @@ impl BirdModel {
             check_announceable("anycast", net)?;
             host_routes.insert(net);
         }
-        let announced = cidrs.iter().chain(host_routes.iter());
+        let mut services = BTreeSet::new();
+        for &net in &self.services {
+            if net.trunc() != net {
+                return Err(Error::ServiceRouteHostBits {
+                    value: net,
+                    truncated: net.trunc(),
+                });
+            }
+            check_announceable("services", net)?;
+            services.insert(net);
+        }
+        let announced = cidrs
+            .iter()
+            .chain(host_routes.iter())
+            .chain(services.iter());
         let (mut ipv6, mut ipv4) = (false, false);
         for net in announced {
             match net {
@@ -419,6 +444,7 @@ impl BirdModel {
             families,
             cidrs: cidrs.into_iter().collect(),
             host_routes: host_routes.into_iter().collect(),
+            services: services.into_iter().collect(),
             communities: communities.into_iter().collect(),
             import_default: self.import_default,
             graceful_shutdown: self.graceful_shutdown,

@@ -56,7 +56,7 @@ impl Family {
 /// configuration: BIRD takes it as `-s PATH` on its command line.
 pub fn render(model: &ValidModel) -> String {
     // About 40 bytes per route, twice (own-prefix set and static route).
-    let routes = model.cidrs.len() + model.host_routes.len();
+    let routes = model.cidrs.len() + model.host_routes.len() + model.services.len();
     let mut out = String::with_capacity(4096 + 1024 * model.neighbors.len() + 80 * routes);
     let families: Vec<Family> = [
         (Family::V6, model.families.ipv6),
@@ -100,12 +100,14 @@ fn render_family(out: &mut String, model: &ValidModel, family: Family) {
     let v = family.suffix();
     let cidrs = model.cidrs.iter().filter(|n| family.holds(n));
     let hosts = model.host_routes.iter().filter(|n| family.holds(n));
+    let services = model.services.iter().filter(|n| family.holds(n));
 
     let _ = write!(
         out,
         "\n# ---- {ch} ----\n\n\
-         # flock's own {ch} prefixes (node CIDRs and everything inside them, and\n\
-         # the routes announced individually): never accepted back from a peer.\n\
+         # flock's own {ch} prefixes (node CIDRs and everything inside them, the\n\
+         # routes announced individually and the Service routes): never accepted\n\
+         # back from a peer.\n\
          define FLOCK_OWN{v} = [",
         ch = family.channel(),
     );
@@ -115,10 +117,13 @@ fn render_family(out: &mut String, model: &ValidModel, family: Family) {
         first = false;
         let _ = write!(out, "{net}+");
     }
-    for net in hosts.clone() {
+    for net in hosts.clone().chain(services.clone()) {
         out.push_str(if first { "\n  " } else { ",\n  " });
         first = false;
         let _ = write!(out, "{net}");
+        if !is_host(net) {
+            out.push('+');
+        }
     }
     out.push_str(if first { "];\n" } else { "\n];\n" });
 
@@ -149,12 +154,13 @@ fn render_family(out: &mut String, model: &ValidModel, family: Family) {
 
     let _ = write!(
         out,
-        "\n# Exactly what we announce: the node CIDRs, the addresses outside them and\n\
-         # the anycast addresses; never a pod's host route that a CIDR covers.\n\
+        "\n# Exactly what we announce: the node CIDRs, the addresses outside them, the\n\
+         # anycast addresses and the Service routes; never a pod's host route that a\n\
+         # CIDR covers.\n\
          define FLOCK_EXPORT{v} = ["
     );
     let mut first = true;
-    for net in cidrs.clone().chain(hosts.clone()) {
+    for net in cidrs.clone().chain(hosts.clone()).chain(services.clone()) {
         out.push_str(if first { "\n  " } else { ",\n  " });
         first = false;
         let _ = write!(out, "{net}");
@@ -162,10 +168,10 @@ fn render_family(out: &mut String, model: &ValidModel, family: Family) {
     out.push_str(if first { "];\n" } else { "\n];\n" });
     let _ = write!(
         out,
-        "\n# What we announce: only flock's own routes (protocol flock_routes{v}),\n\
-         # never a route learned from another peer.\n\
+        "\n# What we announce: only flock's own routes (protocols flock_routes{v} and\n\
+         # flock_services{v}), never a route learned from another peer.\n\
          filter flock_export{v} {{\n\
-         \x20 if proto != \"flock_routes{v}\" then reject;\n\
+         \x20 if proto != \"flock_routes{v}\" && proto != \"flock_services{v}\" then reject;\n\
          \x20 if ! (net ~ FLOCK_EXPORT{v}) then reject;\n"
     );
     if model.graceful_shutdown {
@@ -202,6 +208,20 @@ fn render_family(out: &mut String, model: &ValidModel, family: Family) {
 
     let _ = write!(
         out,
+        "\n# Service routes: LoadBalancer and external IPs (host routes) and cluster-IP\n\
+         # ranges (aggregates) this node announces. Announced only: kube-proxy takes\n\
+         # the traffic on arrival (DNAT in PREROUTING), so the kernel needs no route.\n\
+         protocol static flock_services{v} {{\n\
+         \x20 {ch} {{ import all; export none; }};\n",
+        ch = family.channel(),
+    );
+    for net in services {
+        let _ = writeln!(out, "  route {net} blackhole;");
+    }
+    out.push_str("}\n");
+
+    let _ = write!(
+        out,
         "\n# Routes learned over BGP into the kernel, equal-cost paths merged into one\n\
          # multipath route, kept in the kernel when BIRD stops or restarts.\n\
          protocol kernel flock_kernel{v} {{\n\
@@ -221,6 +241,11 @@ fn render_family(out: &mut String, model: &ValidModel, family: Family) {
         out.push_str("  graceful restart on;\n");
     }
     out.push_str("}\n");
+}
+
+/// A /128 or /32.
+fn is_host(net: &IpNet) -> bool {
+    net.prefix_len() == net.max_prefix_len()
 }
 
 fn render_neighbor(out: &mut String, model: &ValidModel, n: &Neighbor, families: &[Family]) {

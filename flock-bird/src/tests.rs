@@ -203,6 +203,22 @@ fn prefixes_are_checked_and_addresses_inside_cidrs_dropped() {
     ));
 
     let mut m = base();
+    m.services.push("2001:db8:5::1/120".parse().unwrap());
+    assert_eq!(
+        err(&m).1,
+        "service route 2001:db8:5::1/120 has host bits set; did you mean 2001:db8:5::/120?"
+    );
+    let mut m = base();
+    m.services.push("ff02::1/128".parse().unwrap());
+    assert!(matches!(
+        err(&m).0,
+        Error::Unannounceable {
+            field: "services",
+            ..
+        }
+    ));
+
+    let mut m = base();
     let inside: IpAddr = "2001:db8:0:1::5".parse().unwrap();
     let outside: IpAddr = "2001:db8:ff::5".parse().unwrap();
     m.addresses = vec![inside, outside, outside];
@@ -590,10 +606,11 @@ proptest! {
                 asn: 64512,
                 neighbors: n.clone(),
                 graceful_restart,
-                cidrs: c,
+                cidrs: c.clone(),
                 addresses: a.clone(),
                 anycast: y.clone(),
                 communities: m.clone(),
+                services: a.iter().map(|&x| IpNet::from(x)).chain(c.iter().copied()).collect(),
                 import_default,
                 graceful_shutdown: import_default,
             }

@@ -312,3 +312,46 @@ fn ten_thousand_routes_parse() {
     };
     bird_parses(&render(&model.validate().unwrap()));
 }
+
+#[test]
+fn service_routes_lb_external_and_cluster_ip_range() {
+    golden(
+        "service_routes_lb_external_and_cluster_ip_range",
+        BirdModel {
+            router_id: "10.0.0.4".into(),
+            asn: 64512,
+            neighbors: vec![neighbor("2001:db8::fe", 65000)],
+            cidrs: vec![
+                "2001:db8:0:4::/64".parse().unwrap(),
+                "10.244.4.0/24".parse().unwrap(),
+            ],
+            // In any order, with a repeat: LoadBalancer addresses of both families, an
+            // external IP and the cluster-IP range as one aggregate.
+            services: vec![
+                "203.0.113.1/32".parse().unwrap(),
+                "2001:db8:5::1/128".parse().unwrap(),
+                "fd97::/108".parse().unwrap(),
+                "2001:db8:e::7/128".parse().unwrap(),
+                "2001:db8:5::1/128".parse().unwrap(),
+            ],
+            ..Default::default()
+        },
+    );
+}
+
+#[test]
+fn service_routes_only_an_ipv4_service_on_an_ipv6_node() {
+    // The node has no IPv4 CIDR; an IPv4 LoadBalancer address brings the IPv4 channel
+    // (extended next hop over the IPv6 session).
+    golden(
+        "service_routes_only_an_ipv4_service_on_an_ipv6_node",
+        BirdModel {
+            router_id: "10.0.0.5".into(),
+            asn: 64512,
+            neighbors: vec![neighbor("2001:db8::fe", 65000)],
+            cidrs: vec!["2001:db8:0:5::/64".parse().unwrap()],
+            services: vec!["203.0.113.9/32".parse().unwrap()],
+            ..Default::default()
+        },
+    );
+}

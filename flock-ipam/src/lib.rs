@@ -14,6 +14,9 @@
 //! - [`NodeCidrs`] ([`validate_node_cidr6`], [`validate_node_cidr4`]): which pod CIDRs a
 //!   node may have; [`Pools::stats`] and [`Pools::exhausted`]: how full its pools are.
 //!
+//! - [`assign_lb_addresses`] and [`service_routes`]: Service addresses — which
+//!   LoadBalancer address each Service gets, and which Service routes a node announces.
+//!
 //! Pure: no I/O, no clock, no global RNG — randomness comes in as a `rand_core::Rng`.
 
 mod annotations;
@@ -23,6 +26,7 @@ mod cluster;
 mod node_cidr;
 mod pools;
 mod reserved;
+mod services;
 
 pub use annotations::{
     ANNOTATION_PREFIX, AlgoSource, KEY_ADDRESSES, KEY_ANYCAST, KEY_CIDR4, KEY_CIDR6, KEY_IP_ALGO,
@@ -40,6 +44,10 @@ pub use node_cidr::{
 };
 pub use pools::{Allocation, MAX_RANDOM_TRIES, MIN_PREFIX4, PoolStats, Pools};
 pub use reserved::{is_forbidden4, is_forbidden6};
+pub use services::{
+    Announcement, EndpointFacts, LbPlan, LbProblem, LbRequest, Refusal, ServiceFacts, ServiceKey,
+    ServiceRanges, ServiceType, TrafficPolicy, assign_lb_addresses, service_routes, unroutable,
+};
 
 use std::fmt;
 use std::net::IpAddr;

@@ -68,6 +68,7 @@ pub struct Agent {
     locks: Arc<ContainerLocks>,
     rng: Mutex<ChaCha12Rng>,
     bird: RwLock<Option<BirdHandle>>,
+    services: RwLock<Option<Arc<crate::services::ServiceState>>>,
     pods: Option<Arc<dyn PodDirectory>>,
     pod_wait: Duration,
     policy: Option<Arc<PolicyEnforcer>>,
@@ -167,6 +168,7 @@ impl Agent {
             locks: Arc::default(),
             rng: Mutex::new(ChaCha12Rng::from_seed(parts.rng_seed)),
             bird: RwLock::new(None),
+            services: RwLock::new(None),
             pods: parts.pods,
             pod_wait: parts.pod_wait,
             policy: parts.policy,
@@ -279,6 +281,17 @@ impl Agent {
         *self.bird.write().expect("bird lock") = Some(handle);
     }
 
+    /// Connects the Service state (Kubernetes mode): its routes join BIRD's configuration.
+    pub fn set_services(&self, state: Arc<crate::services::ServiceState>) {
+        *self.services.write().expect("services lock") = Some(state);
+        self.refresh_bird();
+    }
+
+    /// Services or their endpoints changed: re-render BIRD soon.
+    pub fn announcements_changed(&self) {
+        self.refresh_bird();
+    }
+
     fn refresh_bird(&self) {
         if let Some(b) = self.bird.read().expect("bird lock").as_ref() {
             b.refresh();
@@ -309,7 +322,12 @@ impl Agent {
         let model = announce::bird_model(&settings, self.state().records());
         match model {
             None => Ok(None),
-            Some(model) => {
+            Some(mut model) => {
+                let services = self.services.read().expect("services lock").clone();
+                if let Some(state) = services {
+                    let announcement = state.announcement(&settings.node, &settings.services);
+                    model.services.extend(announcement.routes);
+                }
                 let valid = model.validate().map_err(|e| e.to_string())?;
                 Ok(Some(flock_bird::render(&valid)))
             }

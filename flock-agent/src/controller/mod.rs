@@ -13,11 +13,15 @@
 //! - What a reconcile does is decided by [`decide::decide`] over plain data; [`apply`] writes
 //!   it, checking before each write that the lease is still held.
 //!
+//! - LoadBalancer addresses ([`lb`]): from the pools' `spec.services.loadBalancerCIDRs` to
+//!   each flock LoadBalancer Service's status.
+//!
 //! Runs as its own Deployment (`deploy/controller.yaml`) with its own ServiceAccount: the
 //! per-node agents keep read-only access to NodeConfigs.
 
 pub mod apply;
 pub mod decide;
+pub mod lb;
 pub mod lease;
 pub mod run;
 pub mod status;

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::runtime::events::{Recorder, Reporter};
@@ -157,10 +157,12 @@ pub async fn run(options: ControllerOptions) -> Result<()> {
     let nodes = reflect(Api::<Node>::all(client.clone()), changed.clone());
     let pools = reflect(Api::<NodePool>::all(client.clone()), changed.clone());
     let configs = reflect(Api::<NodeConfig>::all(client.clone()), changed.clone());
+    let services = reflect(Api::<Service>::all(client.clone()), changed.clone());
     for (what, ready) in [
         ("Nodes", nodes.wait_until_ready().await.is_ok()),
         ("NodePools", pools.wait_until_ready().await.is_ok()),
         ("NodeConfigs", configs.wait_until_ready().await.is_ok()),
+        ("Services", services.wait_until_ready().await.is_ok()),
     ] {
         if !ready {
             return Err(Error::KubeMode {
@@ -176,6 +178,7 @@ pub async fn run(options: ControllerOptions) -> Result<()> {
         },
     );
     let mut overlay = Overlay::default();
+    let mut lb_reported = super::lb::ReportedProblems::default();
     info!("watches synced: reconciling");
     loop {
         if renewer.is_finished() || !leads() {
@@ -206,6 +209,41 @@ pub async fn run(options: ControllerOptions) -> Result<()> {
         .await?;
         for f in failures {
             warn!(error = %crate::agent::error::cause_chain(&f), "reconcile");
+        }
+        // LoadBalancer addresses: the Services' statuses are the record (read back after a
+        // restart), so only changed ones are written, each while the lease is held.
+        let service_list: Vec<Service> = services.state().iter().map(|s| (**s).clone()).collect();
+        let lb = super::lb::decide_lb(&pool_list, &service_list);
+        for write in &lb.writes {
+            if !leads() {
+                break;
+            }
+            match super::lb::apply_lb(&client, write).await {
+                Ok(()) => {
+                    info!(service = %write.service, ips = ?write.ips, "LoadBalancer status written")
+                }
+                Err(e) => warn!(error = %crate::agent::error::cause_chain(&e), "LoadBalancer"),
+            }
+        }
+        for (service, note) in lb_reported.fresh(&lb.problems) {
+            warn!(%service, "{note}");
+            let event = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: "LoadBalancerAddress".into(),
+                note: Some(note),
+                action: "Assign".into(),
+                secondary: None,
+            };
+            let reference = k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Service".into()),
+                namespace: Some(service.namespace.clone()),
+                name: Some(service.name.clone()),
+                ..Default::default()
+            };
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                warn!(%service, error = %e, "could not record event LoadBalancerAddress");
+            }
         }
         tokio::select! {
             _ = changed.notified() => {
