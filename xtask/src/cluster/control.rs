@@ -13,7 +13,9 @@ use anyhow::{Context, Result};
 
 use super::kube::KubeBuild;
 use super::proc::{self, Place};
-use super::{CONTROL, CONTROL_ADDR, FLOCK_SERVICE_ACCOUNT, RUN_DIR, SERVICE_CIDR, pki};
+use super::{
+    CONTROL, CONTROL_ADDR, FLOCK_SERVICE_ACCOUNT, RUN_DIR, SERVICE_CIDR, SERVICE_CIDR4, pki,
+};
 
 /// How long a control-plane component may take to answer.
 const START_LIMIT: Duration = Duration::from_secs(90);
@@ -105,7 +107,7 @@ fn start_apiserver(kube: &KubeBuild) -> Result<()> {
             "--bind-address=::".to_owned(),
             "--secure-port=6443".to_owned(),
             format!("--advertise-address={CONTROL_ADDR}"),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={SERVICE_CIDR},{SERVICE_CIDR4}"),
             format!("--tls-cert-file={}", f("apiserver.crt")),
             format!("--tls-private-key-file={}", f("apiserver.key")),
             format!("--client-ca-file={}", f("ca.crt")),
@@ -157,7 +159,7 @@ fn start_controller_manager(kube: &KubeBuild) -> Result<()> {
             format!("--root-ca-file={}", pki::file("ca.crt")),
             format!("--service-account-private-key-file={}", pki::file("sa.key")),
             "--use-service-account-credentials=true".to_owned(),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={SERVICE_CIDR},{SERVICE_CIDR4}"),
             "--feature-gates=IPv6DualStack=true".to_owned(),
             "--profiling=false".to_owned(),
         ],

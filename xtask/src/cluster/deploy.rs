@@ -8,7 +8,10 @@ use anyhow::{Context, Result, bail};
 
 use crate::sys;
 
-use super::{ANYCAST4, ANYCAST6, NODES, Node, ROUTER_ASN, images, kubectl, kubectl_stdin};
+use super::{
+    ANYCAST4, ANYCAST6, EXTERNAL_CIDR6, LB_CIDR4, LB_CIDR6, NODES, Node, ROUTER_ASN, SERVICE_CIDR,
+    SERVICE_CIDR4, images, kubectl, kubectl_stdin,
+};
 
 /// The namespace of the demo workloads.
 pub const DEMO_NS: &str = "demo";
@@ -69,6 +72,10 @@ spec:
     neighbors:
       - {{ address: \"{gateway}\", asn: {ROUTER_ASN}{extra} }}
     timers: {{ hold: 6, keepalive: 2, connectRetry: 1 }}
+  services:
+    loadBalancerCIDRs: [\"{LB_CIDR6}\", \"{LB_CIDR4}\"]
+    externalIPCIDRs: [\"{EXTERNAL_CIDR6}\"]
+    clusterIPCIDRs: [\"{SERVICE_CIDR}\", \"{SERVICE_CIDR4}\"]
 ",
                 extra = neighbor_options(node),
                 rack = node.rack,

@@ -13,7 +13,8 @@
 //! ```
 //!
 //! Kubernetes 1.20.2 is built from Debian's source package once ([`kube`]); the services are
-//! IPv6 (`2001:db8:c5::/108`), every node address is IPv6, pods are dual-stack. flock's image
+//! IPv6 (`2001:db8:c5::/108`; IPv4 `10.205.0.0/16` for a dual-stack Service), every node
+//! address is IPv6, pods are dual-stack. flock's image
 //! is built from `deploy/Dockerfile` by podman and the manifests of `deploy/` are applied with
 //! only the image reference changed ([`deploy`]). `up` removes a cluster that is up, builds
 //! everything, checks it and prints a report ([`report`]); a failed check fails the command
@@ -76,8 +77,15 @@ const CONTROL_ADDR: &str = "2001:db8:c0:10::2";
 const CONTROL_GW: &str = "2001:db8:c0:10::1";
 /// The control plane's IPv4 address (on its loopback), its source towards IPv4 pods.
 const CONTROL_ADDR4: &str = "10.200.255.10";
-/// Services: IPv6 only (kube-apiserver 1.20 allows at most 20 host bits).
+/// Services: IPv6 first (kube-apiserver 1.20 allows at most 20 host bits), IPv4 for a
+/// Service that asks for both families.
 const SERVICE_CIDR: &str = "2001:db8:c5::/108";
+const SERVICE_CIDR4: &str = "10.205.0.0/16";
+/// The pools' `spec.services`: LoadBalancer addresses flock hands out, the external IPs it
+/// announces, and the cluster IP ranges, announced as aggregates from every node.
+const LB_CIDR6: &str = "2001:db8:c8::/112";
+const LB_CIDR4: &str = "10.204.0.0/24";
+const EXTERNAL_CIDR6: &str = "2001:db8:c8:e::/112";
 /// The first service address: `kubernetes.default`.
 const KUBERNETES_SERVICE_IP: &str = "2001:db8:c5::1";
 /// The anycast addresses the demo DaemonSet's pods share.

@@ -8,6 +8,8 @@
 //! - **routing**: the BGP session options on the cluster (see [`routing`]): a BIRD killed
 //!   under ping (graceful restart: no loss), a BIRD frozen (BFD: routes withdrawn in under a
 //!   second), the agent's RBAC on Secrets.
+//! - **services**: Service addresses over BGP: a LoadBalancer Service's addresses at the router
+//!   through every node, then only through the nodes with an endpoint (see [`services`]).
 //! - **reboot**: one node powered off (every process killed at once, `/run` emptied, its
 //!   network namespace deleted) and booted again. Goal: its agent releases what it held at
 //!   start-up, its pods come back with addresses, the router relearns its routes, and no
@@ -37,6 +39,7 @@ use serde_json::Value;
 mod join;
 mod policy;
 mod routing;
+mod services;
 
 use super::deploy::DEMO_NS;
 use super::proc::{self, Place};
@@ -46,7 +49,9 @@ use crate::sys;
 /// The ping and GET interval of the upgrade's probes.
 const PROBE_INTERVAL: &str = "0.05";
 /// Every life test, in the order they run.
-pub const ALL: &[&str] = &["upgrade", "routing", "reboot", "join", "startup", "policy"];
+pub const ALL: &[&str] = &[
+    "upgrade", "routing", "services", "reboot", "join", "startup", "policy",
+];
 /// Pods per node in the start-up run.
 const BURST: usize = 50;
 
@@ -90,6 +95,7 @@ pub fn tests(which: &[&str], out: &mut String) -> Vec<String> {
             }),
             "join" => join::join(out),
             "policy" => policy::policy(out),
+            "services" => services::services(out),
             "routing" => routing::routing(out),
             "startup" => startup(out),
             _ => Ok(vec![format!("no life test {name:?}")]),
