@@ -862,7 +862,15 @@ fn audit_use() -> Result<BTreeMap<(String, String), (usize, usize)>> {
             continue;
         }
         let o = &e["objectRef"];
-        let mut resource = o["resource"].as_str().unwrap_or("?").to_owned();
+        let mut resource = match o["resource"].as_str() {
+            Some(r) => r.to_owned(),
+            // A request without an object: API discovery (`/apis/discovery.k8s.io/v1`), which
+            // Kubernetes' own `system:discovery` role lets every user make.
+            None => e["requestURI"]
+                .as_str()
+                .map_or("?", |u| u.split('?').next().unwrap_or(u))
+                .to_owned(),
+        };
         if let Some(sub) = o["subresource"].as_str() {
             resource = format!("{resource}/{sub}");
         }
@@ -888,6 +896,18 @@ fn audit_use() -> Result<BTreeMap<(String, String), (usize, usize)>> {
         }
     }
     Ok(used)
+}
+
+/// A GET of the API's discovery documents (`/api`, `/apis…`, `/version`): granted to every
+/// authenticated user by Kubernetes' `system:discovery` ClusterRole, not by flock's RBAC.
+fn is_discovery(resource: &str, verb: &str) -> bool {
+    verb == "get"
+        && (resource == "/api"
+            || resource.starts_with("/api/")
+            || resource == "/apis"
+            || resource.starts_with("/apis/")
+            || resource == "/version")
+        && !resource.contains("/namespaces/")
 }
 
 /// What `deploy/rbac.yaml`'s ClusterRole grants, as (resource[/sub][.group], verb).
@@ -1082,7 +1102,7 @@ spec:
     let mut unused = Vec::new();
     for key in &keys {
         let (n, refused) = used.get(key).copied().unwrap_or((0, 0));
-        let is_granted = granted.contains(key);
+        let is_granted = granted.contains(key) || is_discovery(&key.0, &key.1);
         if is_granted && n == 0 {
             unused.push(format!("{} {}", key.1, key.0));
         }
@@ -1095,7 +1115,14 @@ spec:
         rows.push(vec![
             key.0.clone(),
             key.1.clone(),
-            (if is_granted { "yes" } else { "no" }).to_owned(),
+            (if granted.contains(key) {
+                "yes"
+            } else if is_granted {
+                "system:discovery"
+            } else {
+                "no"
+            })
+            .to_owned(),
             n.to_string(),
             refused.to_string(),
         ]);

@@ -372,7 +372,7 @@ spec:
   egress:
     - to:
         - namespaceSelector: {{}}
-      ports: [{{ port: 443, endPort: 8443, protocol: TCP }}]
+      ports: [{{ port: 443, protocol: TCP }}]
 ",
             tier = q % 3,
         );
