@@ -91,6 +91,16 @@ pub struct Applied {
     pub at: Option<std::time::SystemTime>,
 }
 
+/// Where enforcement stands: what was applied last, and the error of a newer apply that
+/// failed (it is retried).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyStatus {
+    /// The last successful apply.
+    pub applied: Applied,
+    /// Why the newest apply failed, when it is newer than the last success.
+    pub failed: Option<String>,
+}
+
 /// Pod changes not applied yet: each the model's pods of one key before and after.
 #[derive(Debug, Default)]
 struct Pending {
@@ -380,6 +390,18 @@ impl PolicyEnforcer {
     /// What the last successful apply held, and when it was.
     pub fn applied(&self) -> Applied {
         self.applied.lock().expect("applied lock").clone()
+    }
+
+    /// Where enforcement stands, for the NodeConfig status.
+    pub fn status(&self) -> PolicyStatus {
+        let progress = self.progress();
+        PolicyStatus {
+            applied: self.applied(),
+            failed: progress
+                .failed
+                .filter(|(generation, _)| *generation > progress.applied)
+                .map(|(_, why)| why),
+        }
     }
 
     /// The model's inputs as of now (for tests and debugging).
