@@ -298,7 +298,8 @@ async fn incremental_applies_leave_the_table_a_full_apply_of_the_same_model_leav
     // Every kind of change a node sees, each applied on its own: the first isolated pod
     // (the whole table), a replica (map elements), pods joining and leaving selectors here
     // and elsewhere, a relabelling, a DEL.
-    let steps: Vec<Box<dyn Fn(&PolicyEnforcer)>> = vec![
+    type Change = Box<dyn Fn(&PolicyEnforcer)>;
+    let steps: Vec<Change> = vec![
         Box::new(|e| {
             e.restore(
                 "flock00000001".into(),

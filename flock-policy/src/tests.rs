@@ -399,7 +399,7 @@ fn hand_built_rulesets_render_what_verdict_evaluates() {
     let script = r.render();
     let chain: Vec<&str> = script
         .lines()
-        .skip_while(|l| !(l.contains("chain ingress_") && !l.contains("ingress_pods")))
+        .skip_while(|l| !l.contains("chain ingress_") || l.contains("ingress_pods"))
         .skip(1)
         .take(3)
         .map(str::trim)
