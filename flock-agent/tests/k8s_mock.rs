@@ -12,6 +12,7 @@ use flock_agent::k8s::pods::{PodWatcher, Presence};
 use flock_agent::k8s::status::{StatusInputs, build_status, write_status};
 use flock_agent::nodeconfig::NodeConfig;
 use flock_agent::pods::{PodDirectory, PodInfo};
+use flock_agent::policy::{Applied, PolicyStatus};
 use flock_agent::store::{AllocationRecord, PodRef, RecordState, STORE_FORMAT};
 use flock_cni_proto::ErrorCode;
 use k8s_openapi::api::core::v1::Pod;
@@ -236,6 +237,7 @@ async fn status_patch_is_a_merge_patch_of_counts_sessions_and_conditions() {
         protocols: Some(Ok(protocols)),
         problems: BTreeMap::new(),
         serving: true,
+        policy: None,
     };
     let now = Timestamp::from_second(1_800_000_000).expect("time");
     let status = build_status(&inputs, None, now);
@@ -262,6 +264,85 @@ async fn status_patch_is_a_merge_patch_of_counts_sessions_and_conditions() {
     answer["status"] = body["status"].clone();
     reply_json(reply, &answer);
     write.await.expect("task").expect("patch accepted");
+}
+
+#[tokio::test]
+async fn the_status_patch_carries_a_network_policy_condition_that_names_a_failed_apply() {
+    let applied_at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+    let mut inputs = StatusInputs {
+        settings: Some(Arc::new(node_config().settings().expect("valid"))),
+        serving: true,
+        policy: Some(PolicyStatus {
+            applied: Applied {
+                policies: 12,
+                invalid: 1,
+                isolated_pods: 7,
+                at: Some(applied_at),
+            },
+            failed: None,
+        }),
+        ..StatusInputs::default()
+    };
+    let now = Timestamp::from_second(1_800_000_060).expect("time");
+    let condition = |status: &flock_agent::nodeconfig::NodeConfigStatus| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "NetworkPolicy")
+            .cloned()
+            .expect("a NetworkPolicy condition")
+    };
+    let ok = build_status(&inputs, None, now);
+    let c = condition(&ok);
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Applied"));
+    assert!(
+        c.message
+            .starts_with("12 policies in the cluster (1 invalid"),
+        "{}",
+        c.message
+    );
+    assert!(
+        c.message
+            .ends_with("7 isolated pods on this node, last applied at 2027-01-15T08:00:00Z"),
+        "{}",
+        c.message
+    );
+
+    let refused = "nft -f - in the current namespace exited with exit status: 1: Error: Could not process rule: No such file or directory";
+    inputs.policy.as_mut().expect("policy").failed = Some(refused.into());
+    let failed = build_status(&inputs, Some(&ok), now);
+
+    // what the writer PATCHes
+    let (client, mut api) = mock_client();
+    let write = tokio::spawn(async move { write_status(&client, NODE, &failed).await });
+    let (req, reply) = next_request(&mut api).await;
+    assert_eq!(req.method(), http::Method::PATCH);
+    let body = req.into_body().collect_bytes().await.expect("body");
+    let body: Value = serde_json::from_slice(&body).expect("json body");
+    let conditions = body["status"]["conditions"].as_array().expect("conditions");
+    let np = conditions
+        .iter()
+        .find(|c| c["type"] == "NetworkPolicy")
+        .expect("the condition is in the PATCH");
+    assert_eq!(np["status"], "False");
+    assert_eq!(np["reason"], "ApplyFailed");
+    let message = np["message"].as_str().expect("message");
+    assert!(message.contains(refused), "the error nft gave: {message}");
+    assert!(message.contains("in force: 12 policies"), "{message}");
+    assert_eq!(np["lastTransitionTime"], "2027-01-15T08:01:00Z");
+    let mut answer = serde_json::to_value(node_config()).expect("json");
+    answer["status"] = body["status"].clone();
+    reply_json(reply, &answer);
+    write.await.expect("task").expect("patch accepted");
+
+    // off: no condition at all
+    inputs.policy = None;
+    assert!(
+        build_status(&inputs, None, now)
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "NetworkPolicy")
+    );
 }
 
 fn pod(value: Value) -> Pod {

@@ -235,3 +235,149 @@ async fn the_agent_enforces_policies_over_both_families_and_cleanup_leaves_no_ru
     );
     assert!(connects(&client.ns, server.v6, 9090));
 }
+
+/// A local pod of this node for the enforcer (no kernel pod: the table only names its veth).
+fn local(name: &str, last: u16, labels: &[(&str, &str)]) -> flock_agent::policy::view::LocalPod {
+    flock_agent::policy::view::LocalPod {
+        key: ("shop".into(), name.into()),
+        uid: format!("uid-{name}"),
+        addresses: vec![
+            format!("2001:db8:52::{last:x}").parse().unwrap(),
+            format!("10.252.0.{last}").parse().unwrap(),
+        ],
+        labels: labels
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect(),
+        ports: vec![flock_policy::NamedPort {
+            name: "http".into(),
+            protocol: flock_policy::Protocol::Tcp,
+            port: 8080,
+        }],
+    }
+}
+
+async fn applied(enforcer: &PolicyEnforcer) {
+    let generation = enforcer.update(|_| false);
+    enforcer
+        .wait_applied(generation, Duration::from_secs(10))
+        .await
+        .expect("applied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incremental_applies_leave_the_table_a_full_apply_of_the_same_model_leaves() {
+    let node_ns = Netns::new("incr");
+    let fresh_ns = Netns::new("full");
+    let metrics = Arc::new(Metrics::new());
+    let nft = NftCommand::new("nft", NsTarget::Path(node_ns.path()));
+    let enforcer =
+        PolicyEnforcer::spawn(Arc::new(nft), metrics.clone(), Arc::new(Health::default()));
+    let egress = policy(
+        "clients-egress",
+        json!({
+            "podSelector": { "matchLabels": { "role": "client" } },
+            "policyTypes": ["Egress"],
+            "egress": [{ "to": [{ "podSelector": { "matchLabels": { "app": "server" } } }],
+                         "ports": [{ "port": "http" }] }]
+        }),
+    );
+    list_all(
+        &enforcer,
+        vec![server_policy(), egress],
+        vec![namespace("shop", json!({}))],
+        vec![pod(
+            "shop",
+            "far-client",
+            "node-b",
+            json!({ "role": "client" }),
+            &["2001:db8:53::1"],
+        )],
+    );
+    applied(&enforcer).await;
+    // Every kind of change a node sees, each applied on its own: the first isolated pod
+    // (the whole table), a replica (map elements), pods joining and leaving selectors here
+    // and elsewhere, a relabelling, a DEL.
+    type Change = Box<dyn Fn(&PolicyEnforcer)>;
+    let steps: Vec<Change> = vec![
+        Box::new(|e| {
+            e.restore(
+                "flock00000001".into(),
+                local("server-1", 1, &[("app", "server")]),
+            );
+        }),
+        Box::new(|e| {
+            e.restore(
+                "flock00000002".into(),
+                local("server-2", 2, &[("app", "server")]),
+            );
+        }),
+        Box::new(|e| {
+            e.restore(
+                "flock00000003".into(),
+                local("client-1", 3, &[("role", "client")]),
+            );
+        }),
+        Box::new(|e| {
+            e.on_pod(Event::Apply(pod(
+                "shop",
+                "far-server",
+                "node-b",
+                json!({ "app": "server" }),
+                &["2001:db8:53::2", "10.253.0.2"],
+            )))
+        }),
+        Box::new(|e| {
+            e.on_pod(Event::Apply(pod(
+                "shop",
+                "far-client-2",
+                "node-c",
+                json!({ "role": "client" }),
+                &["2001:db8:53::3"],
+            )))
+        }),
+        Box::new(|e| {
+            e.on_pod(Event::Apply(pod(
+                "shop",
+                "far-client",
+                "node-b",
+                json!({ "role": "former" }),
+                &["2001:db8:53::1"],
+            )))
+        }),
+        Box::new(|e| {
+            e.on_pod(Event::Delete(pod(
+                "shop",
+                "far-server",
+                "node-b",
+                json!({}),
+                &[],
+            )))
+        }),
+        Box::new(|e| e.forget("flock00000002")),
+        Box::new(|e| {
+            e.restore(
+                "flock00000004".into(),
+                local("client-2", 4, &[("role", "client")]),
+            );
+        }),
+        Box::new(|e| e.forget("flock00000003")),
+    ];
+    for (i, step) in steps.iter().enumerate() {
+        step(&enforcer);
+        applied(&enforcer).await;
+        let ruleset = enforcer.applied_ruleset().expect("known");
+        fresh_ns.ok(["nft", "flush", "ruleset"]);
+        NftCommand::new("nft", NsTarget::Path(fresh_ns.path()))
+            .apply(ruleset.render())
+            .await
+            .expect("full apply");
+        let list = |ns: &Netns| ns.ok(["nft", "list", "table", "inet", "flock_policy"]);
+        assert_eq!(list(&node_ns), list(&fresh_ns), "after step {i}");
+    }
+    let encoded = metrics.encode();
+    assert!(
+        encoded.contains("flock_policy_applies_total{kind=\"elements\"}"),
+        "the element path over netlink ran: {encoded}"
+    );
+}

@@ -137,9 +137,10 @@ pub use input::{
     PolicyTypes, Port, PortSpec, Protocol, Requirement, Rule,
 };
 pub use model::{
-    AddrSet, Allow, Direction, Elements, Hop, Packet, Ports, Ruleset, Transport, Verdict, build,
+    AddrSet, Allow, ChainChange, Delta, Direction, Elements, Hop, Member, Model, Packet, Ports,
+    Ruleset, Transport, Verdict, build,
 };
-pub use render::{REMOVE_SCRIPT, TABLE};
+pub use render::{Element, ElementOp, REMOVE_SCRIPT, TABLE, Update};
 
 #[cfg(test)]
 mod tests;

@@ -43,6 +43,39 @@ pub struct AddrSet {
 }
 
 impl AddrSet {
+    /// Whether `member` is an element (ranges are never members).
+    pub fn has(&self, member: Member) -> bool {
+        match (&self.elements, member) {
+            (Elements::Addrs(a), Member::Addr(m)) => a.contains(&m),
+            (Elements::AddrPorts(a), Member::AddrPort(m, p)) => a.contains(&(m, p)),
+            _ => false,
+        }
+    }
+
+    fn insert(&mut self, member: Member) {
+        match (&mut self.elements, member) {
+            (Elements::Addrs(a), Member::Addr(m)) => {
+                a.insert(m);
+            }
+            (Elements::AddrPorts(a), Member::AddrPort(m, p)) => {
+                a.insert((m, p));
+            }
+            _ => {}
+        }
+    }
+
+    fn remove(&mut self, member: Member) {
+        match (&mut self.elements, member) {
+            (Elements::Addrs(a), Member::Addr(m)) => {
+                a.remove(&m);
+            }
+            (Elements::AddrPorts(a), Member::AddrPort(m, p)) => {
+                a.remove(&(m, p));
+            }
+            _ => {}
+        }
+    }
+
     fn contains(&self, addr: IpAddr) -> bool {
         match &self.elements {
             Elements::Addrs(a) => a.contains(&addr),
@@ -198,6 +231,21 @@ pub enum Verdict {
 }
 
 impl Ruleset {
+    /// The chains of one direction, by host veth.
+    pub fn chains(&self, direction: Direction) -> &BTreeMap<String, Vec<Allow>> {
+        match direction {
+            Direction::Ingress => &self.ingress,
+            Direction::Egress => &self.egress,
+        }
+    }
+
+    fn chains_mut(&mut self, direction: Direction) -> &mut BTreeMap<String, Vec<Allow>> {
+        match direction {
+            Direction::Ingress => &mut self.ingress,
+            Direction::Egress => &mut self.egress,
+        }
+    }
+
     /// Whether no local pod is isolated: the table is not needed at all.
     pub fn is_empty(&self) -> bool {
         self.ingress.is_empty() && self.egress.is_empty()
@@ -312,124 +360,521 @@ enum PortPart {
 /// gives the labels namespace selectors see (a pod's namespace missing from it has only the
 /// [`NAMESPACE_NAME_LABEL`](crate::NAMESPACE_NAME_LABEL) label). Fails on the first invalid
 /// policy or pod: check policies one by one with [`Policy::validate`](crate::Policy::validate)
-/// to leave out only the bad ones.
+/// to leave out only the bad ones. [`Model::new`] builds the same and keeps what it needs to
+/// follow pods joining and leaving without a rebuild.
 pub fn build(
     policies: &[crate::Policy],
     namespaces: &[Namespace],
     pods: &[Pod],
 ) -> Result<Ruleset> {
-    let mut local: BTreeMap<&str, &Pod> = BTreeMap::new();
-    for pod in pods {
+    Model::new(policies, namespaces, pods).map(Model::into_ruleset)
+}
+
+/// One element of a selector set: a pod address, or (egress named ports) a pod address and
+/// the number its port name has on that pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Member {
+    /// An address (sets of [`Elements::Addrs`]).
+    Addr(IpAddr),
+    /// An address and a port (sets of [`Elements::AddrPorts`]).
+    AddrPort(IpAddr, u16),
+}
+
+/// A local pod's chain of one direction before and after a change (`None`: not isolated).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainChange {
+    /// Which chain.
+    pub direction: Direction,
+    /// The pod's host veth.
+    pub host_if: String,
+    /// Its allow rules before (`None`: the pod was not isolated for `direction`).
+    pub before: Option<Vec<Allow>>,
+    /// Its allow rules after.
+    pub after: Option<Vec<Allow>>,
+}
+
+/// What changed in a [`Model`] since the last [`Model::take_delta`]: set elements that came
+/// (`true`) or went (`false`), and local pods' chains. Sets themselves never change in a
+/// delta: a change that would add or remove a set makes [`Model::add_pod`] or
+/// [`Model::remove_pod`] ask for a rebuild.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Delta {
+    /// `(set, element, added)`, sorted by set and element.
+    pub elements: Vec<(String, Member, bool)>,
+    /// Chains that differ, sorted by direction and host veth.
+    pub chains: Vec<ChainChange>,
+}
+
+impl Delta {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.elements.is_empty() && self.chains.is_empty()
+    }
+}
+
+/// What a [`Model`] changed since the last delta: each touched element's and chain's state
+/// before.
+#[derive(Debug, Clone, Default)]
+struct Journal {
+    elements: BTreeMap<(String, Member), bool>,
+    chains: BTreeMap<(Direction, String), Option<Vec<Allow>>>,
+}
+
+/// The rule model of a node, kept up to date pod by pod: [`add_pod`](Model::add_pod) and
+/// [`remove_pod`](Model::remove_pod) change set members and local pods' chains in time
+/// proportional to the pod (not the cluster), and leave the model equal to what
+/// [`Model::new`] would build from the new inputs. A change of policies or namespace labels
+/// needs a new model.
+#[derive(Debug, Clone)]
+pub struct Model {
+    policies: Vec<CheckedPolicy>,
+    /// Effective labels of the listed namespaces.
+    ns_labels: BTreeMap<String, Labels>,
+    names: BTreeMap<SetKey, String>,
+    /// Sets whose members are pods: `(name, key)`.
+    member_sets: Vec<(String, SetKey)>,
+    /// Indices into `member_sets` of the sets of pods of one named namespace.
+    scoped: BTreeMap<String, Vec<usize>>,
+    /// Indices of the other member sets (namespace selectors, named ports).
+    unscoped: Vec<usize>,
+    /// Per set, how many pods hold each element (an anycast address may be several pods').
+    counts: BTreeMap<String, BTreeMap<Member, u32>>,
+    /// Per set, how many local chains name it.
+    set_users: BTreeMap<String, usize>,
+    /// Local pods by host veth: their `namespace/name`.
+    local: BTreeMap<String, String>,
+    ruleset: Ruleset,
+    journal: Journal,
+}
+
+const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
+
+impl Model {
+    /// Builds the model (see [`build`]).
+    pub fn new(
+        policies: &[crate::Policy],
+        namespaces: &[Namespace],
+        pods: &[Pod],
+    ) -> Result<Model> {
+        let mut local: BTreeMap<String, String> = BTreeMap::new();
+        for pod in pods {
+            pod.validate()?;
+            if let Some(h) = &pod.host_if
+                && let Some(first) = local.insert(h.clone(), pod.id())
+            {
+                return Err(Error::DuplicateHostIf {
+                    host_if: h.clone(),
+                    first,
+                    second: pod.id(),
+                });
+            }
+        }
+        let policies = policies
+            .iter()
+            .map(crate::Policy::checked)
+            .collect::<Result<Vec<_>>>()?;
+        let mut keyed: Vec<(Direction, &str, BTreeSet<KeyedAllow>)> = Vec::new();
+        for pod in pods {
+            let Some(h) = &pod.host_if else { continue };
+            for direction in DIRECTIONS {
+                if let Some(allows) = pod_allows(&policies, pod, direction) {
+                    keyed.push((direction, h, allows));
+                }
+            }
+        }
+        let mut model = Model {
+            policies,
+            ns_labels: namespaces
+                .iter()
+                .map(|n| (n.name.clone(), n.effective_labels()))
+                .collect(),
+            names: BTreeMap::new(),
+            member_sets: Vec::new(),
+            scoped: BTreeMap::new(),
+            unscoped: Vec::new(),
+            counts: BTreeMap::new(),
+            set_users: BTreeMap::new(),
+            local,
+            ruleset: Ruleset::default(),
+            journal: Journal::default(),
+        };
+
+        // name the sets in the order of their keys
+        let mut keys = BTreeSet::new();
+        for (_, _, allows) in &keyed {
+            for a in allows {
+                keys.extend(a.peer.clone());
+                if let KeyedPorts::Named(k) = &a.ports {
+                    keys.insert(k.clone());
+                }
+            }
+        }
+        let mut counters: BTreeMap<(&str, Family), usize> = BTreeMap::new();
+        for key in keys {
+            let (kind, family) = match &key {
+                SetKey::Pods(_, f) => ("pods", *f),
+                SetKey::Block(f, _) => ("block", *f),
+                SetKey::NamedPort(_, _, f) => ("port", *f),
+            };
+            let n = counters.entry((kind, family)).or_default();
+            let name = format!("{kind}{n}_{}", family_suffix(family));
+            *n += 1;
+            model.ruleset.sets.insert(name.clone(), empty_set(&key));
+            match &key {
+                SetKey::Pods(
+                    PodsKey {
+                        namespaces: NsScope::Named(ns),
+                        ..
+                    },
+                    _,
+                ) => model
+                    .scoped
+                    .entry(ns.clone())
+                    .or_default()
+                    .push(model.member_sets.len()),
+                SetKey::Block(..) => {}
+                _ => model.unscoped.push(model.member_sets.len()),
+            }
+            if !matches!(key, SetKey::Block(..)) {
+                model.member_sets.push((name.clone(), key.clone()));
+            }
+            model.names.insert(key, name);
+        }
+        for (direction, host_if, allows) in keyed {
+            let allows = model.name_allows(&allows).unwrap_or_default();
+            for set in referenced(&allows) {
+                *model.set_users.entry(set.to_owned()).or_default() += 1;
+            }
+            model
+                .ruleset
+                .chains_mut(direction)
+                .insert(host_if.to_owned(), allows);
+        }
+        for pod in pods {
+            model.join(pod);
+        }
+        model.journal = Journal::default();
+        Ok(model)
+    }
+
+    /// The model as a ruleset.
+    pub fn ruleset(&self) -> &Ruleset {
+        &self.ruleset
+    }
+
+    /// The ruleset, without what the model keeps to follow changes.
+    pub fn into_ruleset(self) -> Ruleset {
+        self.ruleset
+    }
+
+    /// A pod joins (a local one with its `host_if`). `Ok(false)`: the model cannot follow
+    /// without a set it lacks (a local pod selected by a policy that no other local pod is);
+    /// build a new one — this one is unchanged. An invalid pod, or a second pod of the same
+    /// host veth, is an error, as for [`build`].
+    pub fn add_pod(&mut self, pod: &Pod) -> Result<bool> {
         pod.validate()?;
-        if let Some(h) = &pod.host_if
-            && let Some(other) = local.insert(h, pod)
+        if let Some(h) = &pod.host_if {
+            if let Some(first) = self.local.get(h) {
+                return Err(Error::DuplicateHostIf {
+                    host_if: h.clone(),
+                    first: first.clone(),
+                    second: pod.id(),
+                });
+            }
+            let mut chains = Vec::new();
+            for direction in DIRECTIONS {
+                if let Some(allows) = pod_allows(&self.policies, pod, direction) {
+                    match self.name_allows(&allows) {
+                        Some(named) => chains.push((direction, named)),
+                        None => return Ok(false),
+                    }
+                }
+            }
+            self.local.insert(h.clone(), pod.id());
+            for (direction, allows) in chains {
+                for set in referenced(&allows) {
+                    *self.set_users.entry(set.to_owned()).or_default() += 1;
+                }
+                self.note_chain(direction, h);
+                self.ruleset.chains_mut(direction).insert(h.clone(), allows);
+            }
+        }
+        self.join(pod);
+        Ok(true)
+    }
+
+    /// A pod leaves; `pod` must be the value it joined with. `false`: the model cannot
+    /// follow (a set would go unused, or `pod` is not what joined); build a new one — this
+    /// one is then in no defined state.
+    pub fn remove_pod(&mut self, pod: &Pod) -> bool {
+        if let Some(h) = &pod.host_if {
+            if self.local.get(h) != Some(&pod.id()) {
+                return false;
+            }
+            self.local.remove(h);
+            for direction in DIRECTIONS {
+                self.note_chain(direction, h);
+                let Some(allows) = self.ruleset.chains_mut(direction).remove(h) else {
+                    continue;
+                };
+                for set in referenced(&allows) {
+                    match self.set_users.get_mut(set) {
+                        Some(n) if *n > 1 => *n -= 1,
+                        _ => return false,
+                    }
+                }
+            }
+        }
+        self.leave(pod)
+    }
+
+    /// What changed since the last call (or since the model was built).
+    pub fn take_delta(&mut self) -> Delta {
+        let journal = std::mem::take(&mut self.journal);
+        let elements = journal
+            .elements
+            .into_iter()
+            .filter_map(|((set, member), before)| {
+                let now = self
+                    .counts
+                    .get(&set)
+                    .is_some_and(|c| c.contains_key(&member));
+                (now != before).then_some((set, member, now))
+            })
+            .collect();
+        let chains = journal
+            .chains
+            .into_iter()
+            .filter_map(|((direction, host_if), before)| {
+                let after = self.ruleset.chains(direction).get(&host_if).cloned();
+                (after != before).then_some(ChainChange {
+                    direction,
+                    host_if,
+                    before,
+                    after,
+                })
+            })
+            .collect();
+        Delta { elements, chains }
+    }
+
+    fn note_chain(&mut self, direction: Direction, host_if: &str) {
+        if !self
+            .journal
+            .chains
+            .contains_key(&(direction, host_if.to_owned()))
         {
-            return Err(Error::DuplicateHostIf {
-                host_if: h.clone(),
-                first: other.id(),
-                second: pod.id(),
+            let before = self.ruleset.chains(direction).get(host_if).cloned();
+            self.journal
+                .chains
+                .insert((direction, host_if.to_owned()), before);
+        }
+    }
+
+    /// The allow rules with their sets named; `None` when a set is not in the model.
+    fn name_allows(&self, allows: &BTreeSet<KeyedAllow>) -> Option<Vec<Allow>> {
+        let name = |k: &SetKey| self.names.get(k).cloned();
+        let mut out = BTreeSet::new();
+        for a in allows {
+            out.insert(Allow {
+                family: a.family,
+                peer: match &a.peer {
+                    Some(k) => Some(name(k)?),
+                    None => None,
+                },
+                ports: match &a.ports {
+                    KeyedPorts::Any => Ports::Any,
+                    KeyedPorts::Listed(protocol, ranges) => Ports::Listed {
+                        protocol: *protocol,
+                        ranges: ranges.clone(),
+                    },
+                    KeyedPorts::Named(k) => Ports::Named {
+                        protocol: match k {
+                            SetKey::NamedPort(_, p, _) => *p,
+                            _ => Protocol::Tcp,
+                        },
+                        set: name(k)?,
+                    },
+                },
             });
         }
-    }
-    let policies = policies
-        .iter()
-        .map(crate::Policy::checked)
-        .collect::<Result<Vec<_>>>()?;
-    let cluster = Cluster::new(namespaces, pods);
-
-    let mut keyed: [BTreeMap<String, BTreeSet<KeyedAllow>>; 2] = Default::default();
-    for (host_if, pod) in &local {
-        for (d, direction) in [Direction::Ingress, Direction::Egress]
-            .into_iter()
-            .enumerate()
-        {
-            let mut isolated = false;
-            let mut allows = BTreeSet::new();
-            for p in &policies {
-                let rules = match direction {
-                    Direction::Ingress => &p.ingress,
-                    Direction::Egress => &p.egress,
-                };
-                let Some(rules) = rules else { continue };
-                if p.namespace != pod.namespace || !p.pod_selector.matches(&pod.labels) {
-                    continue;
-                }
-                isolated = true;
-                for rule in rules {
-                    allows.extend(rule_allows(p, rule, direction, pod));
-                }
-            }
-            if isolated {
-                let everything = KeyedAllow {
-                    family: None,
-                    peer: None,
-                    ports: KeyedPorts::Any,
-                };
-                if allows.contains(&everything) {
-                    allows = BTreeSet::from([everything]);
-                }
-                keyed[d].insert((*host_if).to_owned(), allows);
-            }
-        }
+        Some(out.into_iter().collect())
     }
 
-    // name the sets in the order of their keys
-    let mut keys = BTreeSet::new();
-    for a in keyed.iter().flat_map(|m| m.values()).flatten() {
-        keys.extend(a.peer.clone());
-        if let KeyedPorts::Named(k) = &a.ports {
-            keys.insert(k.clone());
-        }
-    }
-    let mut names: BTreeMap<SetKey, String> = BTreeMap::new();
-    let mut ruleset = Ruleset::default();
-    let mut counters: BTreeMap<(&str, Family), usize> = BTreeMap::new();
-    for key in keys {
-        let (kind, family) = match &key {
-            SetKey::Pods(_, f) => ("pods", *f),
-            SetKey::Block(f, _) => ("block", *f),
-            SetKey::NamedPort(_, _, f) => ("port", *f),
+    /// The member sets `pod` is in, and the elements it gives each.
+    fn memberships(&self, pod: &Pod) -> Vec<(String, Vec<Member>)> {
+        let unlisted;
+        let ns_labels = match self.ns_labels.get(&pod.namespace) {
+            Some(l) => l,
+            None => {
+                unlisted = Namespace {
+                    name: pod.namespace.clone(),
+                    labels: Labels::new(),
+                }
+                .effective_labels();
+                &unlisted
+            }
         };
-        let n = counters.entry((kind, family)).or_default();
-        let name = format!("{kind}{n}_{}", family_suffix(family));
-        *n += 1;
-        ruleset.sets.insert(name.clone(), cluster.set(&key));
-        names.insert(key, name);
+        let mut addresses = pod.addresses.clone();
+        addresses.sort();
+        addresses.dedup();
+        let of = |f: Family| addresses.iter().filter(move |a| Family::of(a) == f);
+        let mut out = Vec::new();
+        let scoped = self.scoped.get(&pod.namespace).into_iter().flatten();
+        for i in scoped.chain(&self.unscoped) {
+            let (name, key) = &self.member_sets[*i];
+            let members: Vec<Member> = match key {
+                SetKey::Pods(k, f) => {
+                    let in_scope = match &k.namespaces {
+                        NsScope::Named(n) => *n == pod.namespace,
+                        NsScope::Selector(s) => s.matches(ns_labels),
+                    };
+                    if !in_scope || !k.pods.as_ref().is_none_or(|s| s.matches(&pod.labels)) {
+                        continue;
+                    }
+                    of(*f).map(|a| Member::Addr(*a)).collect()
+                }
+                SetKey::NamedPort(port, protocol, f) => match pod.named_port(port, *protocol) {
+                    Some(n) => of(*f).map(|a| Member::AddrPort(*a, n)).collect(),
+                    None => continue,
+                },
+                SetKey::Block(..) => continue,
+            };
+            if !members.is_empty() {
+                out.push((name.clone(), members));
+            }
+        }
+        out
     }
-    let name = |k: &SetKey| names.get(k).cloned().unwrap_or_default();
-    let [ingress, egress] = keyed;
-    let finish = |m: BTreeMap<String, BTreeSet<KeyedAllow>>| {
-        m.into_iter()
-            .map(|(h, allows)| {
-                let allows = allows
-                    .into_iter()
-                    .map(|a| Allow {
-                        family: a.family,
-                        peer: a.peer.as_ref().map(name),
-                        ports: match a.ports {
-                            KeyedPorts::Any => Ports::Any,
-                            KeyedPorts::Listed(protocol, ranges) => {
-                                Ports::Listed { protocol, ranges }
-                            }
-                            KeyedPorts::Named(k) => Ports::Named {
-                                protocol: match &k {
-                                    SetKey::NamedPort(_, p, _) => *p,
-                                    _ => Protocol::Tcp,
-                                },
-                                set: name(&k),
-                            },
-                        },
-                    })
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
-                    .collect();
-                (h, allows)
-            })
-            .collect()
+
+    /// Adds `pod`'s elements to the sets it is in.
+    fn join(&mut self, pod: &Pod) {
+        for (set, members) in self.memberships(pod) {
+            for m in members {
+                let count = self
+                    .counts
+                    .entry(set.clone())
+                    .or_default()
+                    .entry(m)
+                    .or_default();
+                *count += 1;
+                if *count == 1 {
+                    self.journal
+                        .elements
+                        .entry((set.clone(), m))
+                        .or_insert(false);
+                    if let Some(s) = self.ruleset.sets.get_mut(&set) {
+                        s.insert(m);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes `pod`'s elements out of the sets it is in; `false` when one is not there.
+    fn leave(&mut self, pod: &Pod) -> bool {
+        for (set, members) in self.memberships(pod) {
+            for m in members {
+                let Some(counts) = self.counts.get_mut(&set) else {
+                    return false;
+                };
+                match counts.get_mut(&m) {
+                    Some(n) if *n > 1 => *n -= 1,
+                    Some(_) => {
+                        counts.remove(&m);
+                        self.journal
+                            .elements
+                            .entry((set.clone(), m))
+                            .or_insert(true);
+                        if let Some(s) = self.ruleset.sets.get_mut(&set) {
+                            s.remove(m);
+                        }
+                    }
+                    None => return false,
+                }
+            }
+        }
+        true
+    }
+}
+
+/// The sets an allow list names, each once.
+fn referenced(allows: &[Allow]) -> BTreeSet<&str> {
+    let mut out = BTreeSet::new();
+    for a in allows {
+        if let Some(p) = &a.peer {
+            out.insert(p.as_str());
+        }
+        if let Ports::Named { set, .. } = &a.ports {
+            out.insert(set.as_str());
+        }
+    }
+    out
+}
+
+/// What the policies that select `pod` allow it in `direction`; `None` when none does (the
+/// pod is not isolated for it).
+fn pod_allows(
+    policies: &[CheckedPolicy],
+    pod: &Pod,
+    direction: Direction,
+) -> Option<BTreeSet<KeyedAllow>> {
+    let mut isolated = false;
+    let mut allows = BTreeSet::new();
+    for p in policies {
+        let rules = match direction {
+            Direction::Ingress => &p.ingress,
+            Direction::Egress => &p.egress,
+        };
+        let Some(rules) = rules else { continue };
+        if p.namespace != pod.namespace || !p.pod_selector.matches(&pod.labels) {
+            continue;
+        }
+        isolated = true;
+        for rule in rules {
+            allows.extend(rule_allows(p, rule, direction, pod));
+        }
+    }
+    if !isolated {
+        return None;
+    }
+    let everything = KeyedAllow {
+        family: None,
+        peer: None,
+        ports: KeyedPorts::Any,
     };
-    ruleset.ingress = finish(ingress);
-    ruleset.egress = finish(egress);
-    Ok(ruleset)
+    if allows.contains(&everything) {
+        allows = BTreeSet::from([everything]);
+    }
+    Some(allows)
+}
+
+/// A set before any pod joined it.
+fn empty_set(key: &SetKey) -> AddrSet {
+    match key {
+        SetKey::Pods(k, f) => AddrSet {
+            family: *f,
+            about: format!(
+                "pods of {} matching {}",
+                match &k.namespaces {
+                    NsScope::Named(n) => format!("namespace {n}"),
+                    NsScope::Selector(s) => format!("namespaces matching {s}"),
+                },
+                k.pods.clone().unwrap_or_default()
+            ),
+            elements: Elements::Addrs(BTreeSet::new()),
+        },
+        SetKey::Block(f, ranges) => AddrSet {
+            family: *f,
+            about: "ipBlock minus its excepts".to_owned(),
+            elements: Elements::Ranges(ranges.clone()),
+        },
+        SetKey::NamedPort(name, protocol, f) => AddrSet {
+            family: *f,
+            about: format!("pods with a {} port named {name}", protocol.as_str()),
+            elements: Elements::AddrPorts(BTreeSet::new()),
+        },
+    }
 }
 
 pub(crate) fn family_suffix(f: Family) -> &'static str {
@@ -556,92 +1001,4 @@ pub(crate) fn merge(mut ranges: Vec<(u16, u16)>) -> Vec<(u16, u16)> {
         }
     }
     out
-}
-
-struct Cluster<'a> {
-    /// Every namespace's effective labels: the listed ones and those only pods name.
-    ns_labels: BTreeMap<&'a str, Labels>,
-    /// Pods by namespace.
-    by_ns: BTreeMap<&'a str, Vec<&'a Pod>>,
-    pods: &'a [Pod],
-}
-
-impl<'a> Cluster<'a> {
-    fn new(namespaces: &'a [Namespace], pods: &'a [Pod]) -> Cluster<'a> {
-        let mut ns_labels: BTreeMap<&str, Labels> = namespaces
-            .iter()
-            .map(|n| (n.name.as_str(), n.effective_labels()))
-            .collect();
-        let mut by_ns: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
-        for pod in pods {
-            by_ns.entry(&pod.namespace).or_default().push(pod);
-            ns_labels.entry(&pod.namespace).or_insert_with(|| {
-                Namespace {
-                    name: pod.namespace.clone(),
-                    labels: Labels::new(),
-                }
-                .effective_labels()
-            });
-        }
-        Cluster {
-            ns_labels,
-            by_ns,
-            pods,
-        }
-    }
-
-    /// The pods a `Pods` peer stands for.
-    fn members<'s>(&'s self, key: &'s PodsKey) -> impl Iterator<Item = &'a Pod> + 's {
-        self.by_ns
-            .iter()
-            .filter(move |(ns, _)| match &key.namespaces {
-                NsScope::Named(n) => n == *ns,
-                NsScope::Selector(s) => self.ns_labels.get(*ns).is_some_and(|l| s.matches(l)),
-            })
-            .flat_map(|(_, pods)| pods.iter().copied())
-            .filter(move |p| key.pods.as_ref().is_none_or(|s| s.matches(&p.labels)))
-    }
-
-    fn set(&self, key: &SetKey) -> AddrSet {
-        let of_family = |f: Family| move |a: &&IpAddr| Family::of(a) == f;
-        match key {
-            SetKey::Pods(k, f) => AddrSet {
-                family: *f,
-                about: format!(
-                    "pods of {} matching {}",
-                    match &k.namespaces {
-                        NsScope::Named(n) => format!("namespace {n}"),
-                        NsScope::Selector(s) => format!("namespaces matching {s}"),
-                    },
-                    k.pods.clone().unwrap_or_default()
-                ),
-                elements: Elements::Addrs(
-                    self.members(k)
-                        .flat_map(|p| p.addresses.iter().filter(of_family(*f)).copied())
-                        .collect(),
-                ),
-            },
-            SetKey::Block(f, ranges) => AddrSet {
-                family: *f,
-                about: "ipBlock minus its excepts".to_owned(),
-                elements: Elements::Ranges(ranges.clone()),
-            },
-            SetKey::NamedPort(name, protocol, f) => AddrSet {
-                family: *f,
-                about: format!("pods with a {} port named {name}", protocol.as_str()),
-                elements: Elements::AddrPorts(
-                    self.pods
-                        .iter()
-                        .filter_map(|p| p.named_port(name, *protocol).map(|n| (p, n)))
-                        .flat_map(|(p, n)| {
-                            p.addresses
-                                .iter()
-                                .filter(of_family(*f))
-                                .map(move |a| (*a, n))
-                        })
-                        .collect(),
-                ),
-            },
-        }
-    }
 }

@@ -1,11 +1,13 @@
 //! The [`Ruleset`] as an nftables script: one table, replaced in one transaction.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use crate::addr::{AddrRange, Family};
-use crate::model::{ALWAYS_ICMPV6, AddrSet, Allow, Direction, Elements, Ports, Ruleset};
+use crate::model::{
+    ALWAYS_ICMPV6, AddrSet, Allow, ChainChange, Delta, Direction, Elements, Member, Ports, Ruleset,
+};
 
 /// The nftables table flock's policies live in (family `inet`, in the node's namespace).
 pub const TABLE: &str = "flock_policy";
@@ -31,13 +33,14 @@ impl Ruleset {
         for (name, set) in &self.sets {
             render_set(&mut out, name, set);
         }
-        for direction in [Direction::Ingress, Direction::Egress] {
-            let (map, chains) = names(direction);
+        let classes = [Direction::Ingress, Direction::Egress].map(|d| self.classes(d));
+        for (direction, class) in [Direction::Ingress, Direction::Egress].iter().zip(&classes) {
+            let map = names(*direction).0;
             let _ = writeln!(out, "\tmap {map} {{\n\t\ttype ifname : verdict");
             let elements: Vec<String> = self
-                .chains(direction)
-                .keys()
-                .map(|h| format!("\"{h}\" : jump {chains}{h}"))
+                .chains(*direction)
+                .iter()
+                .map(|(h, allows)| format!("\"{h}\" : jump {}", class[allows].0))
                 .collect();
             render_elements(&mut out, &elements);
             out.push_str("\t}\n");
@@ -57,82 +60,304 @@ impl Ruleset {
             names(Direction::Egress).0,
             names(Direction::Ingress).0,
         );
-        for direction in [Direction::Ingress, Direction::Egress] {
-            let prefix = names(direction).1;
-            let verdict = match direction {
-                // egress returns to the forward chain, where the receiver's ingress follows
-                Direction::Egress => "return",
-                Direction::Ingress => "accept",
-            };
-            for (host_if, allows) in self.chains(direction) {
-                let _ = writeln!(out, "\tchain {prefix}{host_if} {{");
-                for allow in allows {
-                    let Some(m) = matches(allow, direction, &self.sets) else {
-                        continue;
-                    };
-                    if m.is_empty() {
-                        let _ = writeln!(out, "\t\t{verdict}");
-                    } else {
-                        let _ = writeln!(out, "\t\t{m} {verdict}");
-                    }
-                }
-                out.push_str("\t\tdrop\n\t}\n");
+        // one chain per distinct allow list: replicas of a workload share theirs
+        for class in &classes {
+            let mut chains: Vec<&(String, String)> = class.values().collect();
+            chains.sort();
+            for (name, body) in chains {
+                let _ = writeln!(out, "\tchain {name} {{\n{body}\t}}");
             }
         }
         out.push_str("}\n");
         out
     }
 
-    /// The commands that turn `old`'s applied table into this one when only set members
-    /// changed (a pod joined or left a selector, got or lost an address): deletes, then adds,
-    /// applied by one `nft -f` as one transaction. `None` when anything else changed (a
-    /// policy, an isolated pod): apply [`render`](Self::render) instead. `Some("")` when
-    /// nothing changed.
+    /// The commands that turn `old`'s applied table into this one without replacing it
+    /// (the same sets, only their members, isolated pods or their rules changed), as one
+    /// `nft -f` script; `None` when a set came or went (or either table is empty): apply
+    /// [`render`](Self::render) instead. `Some("")` when nothing changed.
     pub fn update_from(&self, old: &Ruleset) -> Option<String> {
-        if self.is_empty()
-            || self.ingress != old.ingress
-            || self.egress != old.egress
-            || self.sets.len() != old.sets.len()
-        {
+        self.delta_from(old).map(|d| self.update(&d).script())
+    }
+
+    /// What changed from `old` to this ruleset, as a [`Delta`]; `None` when the sets
+    /// themselves differ (names, families, what they stand for, ranges) or either ruleset is
+    /// empty (no table to change, or one to remove).
+    pub fn delta_from(&self, old: &Ruleset) -> Option<Delta> {
+        if self.is_empty() || old.is_empty() || self.sets.len() != old.sets.len() {
             return None;
         }
-        let mut deletes = String::new();
-        let mut adds = String::new();
+        let mut elements = Vec::new();
         for ((name, new), (old_name, old)) in self.sets.iter().zip(&old.sets) {
             if name != old_name || new.family != old.family || new.about != old.about {
                 return None;
             }
-            let (gone, came): (Vec<String>, Vec<String>) = match (&old.elements, &new.elements) {
-                (Elements::Addrs(o), Elements::Addrs(n)) => (
-                    o.difference(n).map(IpAddr::to_string).collect(),
-                    n.difference(o).map(IpAddr::to_string).collect(),
-                ),
-                (Elements::AddrPorts(o), Elements::AddrPorts(n)) => (
-                    o.difference(n).map(|(a, p)| format!("{a} . {p}")).collect(),
-                    n.difference(o).map(|(a, p)| format!("{a} . {p}")).collect(),
-                ),
-                (o, n) if o == n => (Vec::new(), Vec::new()),
-                _ => return None,
+            let mut diff = |gone: Vec<Member>, came: Vec<Member>| {
+                elements.extend(gone.into_iter().map(|m| (name.clone(), m, false)));
+                elements.extend(came.into_iter().map(|m| (name.clone(), m, true)));
             };
-            for (list, verb, out) in [(gone, "delete", &mut deletes), (came, "add", &mut adds)] {
-                if !list.is_empty() {
-                    let _ = writeln!(
-                        out,
-                        "{verb} element inet {TABLE} {name} {{ {} }}",
-                        list.join(", ")
-                    );
+            match (&old.elements, &new.elements) {
+                (Elements::Addrs(o), Elements::Addrs(n)) => diff(
+                    o.difference(n).map(|a| Member::Addr(*a)).collect(),
+                    n.difference(o).map(|a| Member::Addr(*a)).collect(),
+                ),
+                (Elements::AddrPorts(o), Elements::AddrPorts(n)) => diff(
+                    o.difference(n)
+                        .map(|(a, p)| Member::AddrPort(*a, *p))
+                        .collect(),
+                    n.difference(o)
+                        .map(|(a, p)| Member::AddrPort(*a, *p))
+                        .collect(),
+                ),
+                (o, n) if o == n => {}
+                _ => return None,
+            }
+        }
+        elements.sort();
+        let mut chains = Vec::new();
+        for direction in [Direction::Ingress, Direction::Egress] {
+            let (old, new) = (old.chains(direction), self.chains(direction));
+            let hosts: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+            for h in hosts {
+                let (before, after) = (old.get(h), new.get(h));
+                if before != after {
+                    chains.push(ChainChange {
+                        direction,
+                        host_if: h.clone(),
+                        before: before.cloned(),
+                        after: after.cloned(),
+                    });
                 }
             }
         }
-        Some(deletes + &adds)
+        Some(Delta { elements, chains })
     }
 
-    fn chains(&self, direction: Direction) -> &BTreeMap<String, Vec<Allow>> {
-        match direction {
-            Direction::Ingress => &self.ingress,
-            Direction::Egress => &self.egress,
+    /// The [`Update`] that brings the table of the ruleset `delta` was taken from (before
+    /// it) to this one: chains that come, elements, chains that go.
+    pub fn update(&self, delta: &Delta) -> Update {
+        let mut update = Update::default();
+        for direction in [Direction::Ingress, Direction::Egress] {
+            let changes: Vec<&ChainChange> = delta
+                .chains
+                .iter()
+                .filter(|c| c.direction == direction)
+                .collect();
+            if changes.is_empty() {
+                continue;
+            }
+            // how many veths use each allow list the delta touches, before and after
+            let mut uses: BTreeMap<&Vec<Allow>, (isize, isize)> = BTreeMap::new();
+            for c in &changes {
+                for (allows, before) in [(&c.before, 1), (&c.after, -1)] {
+                    if let Some(a) = allows {
+                        uses.entry(a).or_default().0 += before;
+                    }
+                }
+            }
+            for (allows, (before, after)) in &mut uses {
+                let now = self
+                    .chains(direction)
+                    .values()
+                    .filter(|a| a == allows)
+                    .count();
+                *after = now as isize;
+                *before += now as isize;
+            }
+            let mut named: BTreeMap<&Vec<Allow>, (String, String)> = BTreeMap::new();
+            for (allows, (before, after)) in &uses {
+                let (name, body) = chain(direction, allows, &self.sets);
+                if *before <= 0 && *after > 0 {
+                    update.new_chains.push((name.clone(), body.clone()));
+                } else if *before > 0 && *after <= 0 {
+                    update.gone_chains.push(name.clone());
+                }
+                named.insert(allows, (name, body));
+            }
+            let map = names(direction).0;
+            for c in changes {
+                let target = |a: &Option<Vec<Allow>>| {
+                    a.as_ref()
+                        .and_then(|a| named.get(a))
+                        .map(|(n, _)| n.clone())
+                };
+                let (before, after) = (target(&c.before), target(&c.after));
+                if before == after {
+                    continue;
+                }
+                if before.is_some() {
+                    update.elements.push(ElementOp {
+                        add: false,
+                        set: map.to_owned(),
+                        element: Element::Jump {
+                            host_if: c.host_if.clone(),
+                            chain: String::new(),
+                        },
+                    });
+                }
+                if let Some(chain) = after {
+                    update.elements.push(ElementOp {
+                        add: true,
+                        set: map.to_owned(),
+                        element: Element::Jump {
+                            host_if: c.host_if.clone(),
+                            chain,
+                        },
+                    });
+                }
+            }
+        }
+        update.new_chains.sort();
+        update.gone_chains.sort();
+        for (set, member, add) in &delta.elements {
+            update.elements.push(ElementOp {
+                add: *add,
+                set: set.clone(),
+                element: Element::Member(*member),
+            });
+        }
+        // deletes first: a veth moving to another chain is a delete and an add
+        update.elements.sort_by_key(|op| op.add);
+        update
+    }
+
+    /// The chain of each distinct allow list of `direction`: its name and body.
+    fn classes(&self, direction: Direction) -> BTreeMap<&Vec<Allow>, (String, String)> {
+        let mut out = BTreeMap::new();
+        for allows in self.chains(direction).values() {
+            if !out.contains_key(allows) {
+                out.insert(allows, chain(direction, allows, &self.sets));
+            }
+        }
+        out
+    }
+}
+
+/// One element to add to or delete from a set or a verdict map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElementOp {
+    /// Add (`true`) or delete.
+    pub add: bool,
+    /// The set or map.
+    pub set: String,
+    /// The element.
+    pub element: Element,
+}
+
+/// An element of one of flock's sets or verdict maps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Element {
+    /// A selector set's member.
+    Member(Member),
+    /// A verdict map's element: the host veth and the chain it jumps to (empty in a delete,
+    /// which names the key only).
+    Jump {
+        /// The host veth.
+        host_if: String,
+        /// The chain.
+        chain: String,
+    },
+}
+
+impl Element {
+    fn render(&self, add: bool) -> String {
+        match self {
+            Element::Member(Member::Addr(a)) => a.to_string(),
+            Element::Member(Member::AddrPort(a, p)) => format!("{a} . {p}"),
+            Element::Jump { host_if, chain } if add => format!("\"{host_if}\" : jump {chain}"),
+            Element::Jump { host_if, .. } => format!("\"{host_if}\""),
         }
     }
+}
+
+/// A change of flock's table that leaves its sets in place: chains that come (name and
+/// body), set and map elements deleted and added (deletes first), chains that go. Applied
+/// as one transaction, it leaves the same table as [`Ruleset::render`] of the new ruleset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Update {
+    /// Chains to create before anything jumps to them: `(name, rules)`.
+    pub new_chains: Vec<(String, String)>,
+    /// Elements, deletes first.
+    pub elements: Vec<ElementOp>,
+    /// Chains nothing jumps to any more.
+    pub gone_chains: Vec<String>,
+}
+
+impl Update {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.new_chains.is_empty() && self.elements.is_empty() && self.gone_chains.is_empty()
+    }
+
+    /// Whether it only adds and deletes elements (no chain comes or goes).
+    pub fn elements_only(&self) -> bool {
+        self.new_chains.is_empty() && self.gone_chains.is_empty()
+    }
+
+    /// The update as an `nft -f` script (one transaction); empty when it changes nothing.
+    pub fn script(&self) -> String {
+        let mut out = String::new();
+        for (name, body) in &self.new_chains {
+            let _ = writeln!(
+                out,
+                "table inet {TABLE} {{\n\tchain {name} {{\n{body}\t}}\n}}"
+            );
+        }
+        let mut i = 0;
+        while i < self.elements.len() {
+            let first = &self.elements[i];
+            let mut list = Vec::new();
+            while i < self.elements.len()
+                && self.elements[i].add == first.add
+                && self.elements[i].set == first.set
+            {
+                list.push(self.elements[i].element.render(first.add));
+                i += 1;
+            }
+            let verb = if first.add { "add" } else { "delete" };
+            let _ = writeln!(
+                out,
+                "{verb} element inet {TABLE} {} {{ {} }}",
+                first.set,
+                list.join(", ")
+            );
+        }
+        for name in &self.gone_chains {
+            let _ = writeln!(out, "delete chain inet {TABLE} {name}");
+        }
+        out
+    }
+}
+
+/// A chain's name (from its rules, so equal allow lists share one chain, and the name is
+/// the same whoever computes it) and its rules.
+fn chain(
+    direction: Direction,
+    allows: &[Allow],
+    sets: &BTreeMap<String, AddrSet>,
+) -> (String, String) {
+    let verdict = match direction {
+        // egress returns to the forward chain, where the receiver's ingress follows
+        Direction::Egress => "return",
+        Direction::Ingress => "accept",
+    };
+    let mut body = String::new();
+    for allow in allows {
+        let Some(m) = matches(allow, direction, sets) else {
+            continue;
+        };
+        if m.is_empty() {
+            let _ = writeln!(body, "\t\t{verdict}");
+        } else {
+            let _ = writeln!(body, "\t\t{m} {verdict}");
+        }
+    }
+    body.push_str("\t\tdrop\n");
+    // FNV-1a 64: stable across processes and releases (a chain's name is kernel state)
+    let hash = body.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (format!("{}{hash:016x}", names(direction).1), body)
 }
 
 /// The verdict map's name and the prefix of the per-pod chains.

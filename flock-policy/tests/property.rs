@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use flock_policy::{
-    Hop, LabelSelector, NamedPort, Namespace, Operator, Packet, Peer, Pod, Policy, PolicyTypes,
-    Port, PortSpec, Protocol, Requirement, Rule, Transport, Verdict, build,
+    Hop, LabelSelector, Model, NamedPort, Namespace, Operator, Packet, Peer, Pod, Policy,
+    PolicyTypes, Port, PortSpec, Protocol, Requirement, Rule, Transport, Verdict, build,
 };
 use ipnet::IpNet;
 use proptest::prelude::*;
@@ -542,5 +542,45 @@ proptest! {
             }
         }
         prop_assert_eq!(one, build(&policies, &namespaces, &pods).unwrap().render());
+    }
+
+    /// The incremental path: a model that a pod joins or leaves equals the model built
+    /// with or without it, and the delta it kept is the one a diff of the two finds.
+    #[test]
+    fn a_model_follows_a_pod_joining_and_leaving_as_a_rebuild_would(
+        namespaces in namespaces(),
+        pods in pods(),
+        policies in proptest::collection::vec(policy(), 0..4),
+        which in any::<proptest::sample::Index>(),
+    ) {
+        prop_assume!(!pods.is_empty());
+        let mut rest = pods.clone();
+        let pod = rest.remove(which.index(pods.len()));
+        let with = Model::new(&policies, &namespaces, &pods).unwrap();
+        let without = Model::new(&policies, &namespaces, &rest).unwrap();
+
+        let mut joined = without.clone();
+        if joined.add_pod(&pod).unwrap() {
+            prop_assert_eq!(joined.ruleset(), with.ruleset());
+            let delta = joined.take_delta();
+            if let Some(diff) = with.ruleset().delta_from(without.ruleset()) {
+                prop_assert_eq!(&delta, &diff);
+            }
+            prop_assert!(joined.take_delta().is_empty(), "a delta is taken once");
+        } else {
+            prop_assert!(pod.host_if.is_some(), "only a local pod can need a new set");
+            prop_assert_eq!(joined.ruleset(), without.ruleset(), "refused: unchanged");
+        }
+
+        let mut left = with.clone();
+        if left.remove_pod(&pod) {
+            prop_assert_eq!(left.ruleset(), without.ruleset());
+            let delta = left.take_delta();
+            if let Some(diff) = without.ruleset().delta_from(with.ruleset()) {
+                prop_assert_eq!(&delta, &diff);
+            }
+        } else {
+            prop_assert!(pod.host_if.is_some(), "only a local pod's chain can free a set");
+        }
     }
 }

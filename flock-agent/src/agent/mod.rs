@@ -303,6 +303,11 @@ impl Agent {
         self.state().records().cloned().collect()
     }
 
+    /// The NetworkPolicy enforcer, when enforcement is on.
+    pub fn policy(&self) -> Option<&Arc<PolicyEnforcer>> {
+        self.policy.as_ref()
+    }
+
     /// The health of the agent's components.
     pub fn health(&self) -> &Arc<Health> {
         &self.health

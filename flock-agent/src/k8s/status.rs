@@ -16,6 +16,7 @@ use crate::agent::Agent;
 use crate::bird::BirdTarget;
 use crate::metrics::Health;
 use crate::nodeconfig::{NeighborStatus, NodeConfig, NodeConfigStatus, NodeSettings};
+use crate::policy::PolicyStatus;
 use crate::store::AllocationRecord;
 use crate::{Error, Result};
 
@@ -38,6 +39,8 @@ pub struct StatusInputs {
     pub problems: BTreeMap<&'static str, String>,
     /// Whether the RPC server serves.
     pub serving: bool,
+    /// NetworkPolicy enforcement (`None`: off).
+    pub policy: Option<PolicyStatus>,
 }
 
 impl StatusInputs {
@@ -59,6 +62,7 @@ impl StatusInputs {
             protocols,
             problems,
             serving: health.is_serving(),
+            policy: agent.policy().map(|p| p.status()),
         }
     }
 }
@@ -159,6 +163,9 @@ pub fn build_status(
             &established_message(up, &bgp),
         ));
     }
+    if let Some(policy) = &inputs.policy {
+        conditions.push(policy_condition(policy));
+    }
     let blocking: Vec<String> = ["store", "kernel"]
         .iter()
         .filter_map(|c| inputs.problems.get(c).map(|p| format!("{c}: {p}")))
@@ -194,6 +201,53 @@ pub fn build_status(
         allocated4,
         bgp,
         conditions,
+    }
+}
+
+/// `NetworkPolicy`: True once a ruleset is applied and no newer apply failed; False naming
+/// what `nft` (or the kernel) said when one did, or while nothing is applied yet.
+fn policy_condition(policy: &PolicyStatus) -> Condition {
+    let a = &policy.applied;
+    let invalid = match a.invalid {
+        0 => String::new(),
+        n => format!(
+            " ({n} invalid, left out: see the flock_policy_invalid metric and the agent's log)"
+        ),
+    };
+    let summary = format!(
+        "{} policies in the cluster{invalid}, {} isolated pods on this node",
+        a.policies, a.isolated_pods
+    );
+    let at =
+        a.at.and_then(|t| Timestamp::try_from(t).ok())
+            .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+    match (&policy.failed, at) {
+        (Some(why), Some(at)) => cond(
+            "NetworkPolicy",
+            false,
+            "ApplyFailed",
+            &format!(
+                "applying the ruleset failed (retrying): {why}; in force: {summary}, applied at {at}"
+            ),
+        ),
+        (Some(why), None) => cond(
+            "NetworkPolicy",
+            false,
+            "ApplyFailed",
+            &format!("applying the ruleset failed (retrying): {why}; no ruleset applied yet"),
+        ),
+        (None, None) => cond(
+            "NetworkPolicy",
+            false,
+            "NotApplied",
+            "waiting for the first listing of NetworkPolicies, Namespaces and Pods",
+        ),
+        (None, Some(at)) => cond(
+            "NetworkPolicy",
+            true,
+            "Applied",
+            &format!("{summary}, last applied at {at}"),
+        ),
     }
 }
 

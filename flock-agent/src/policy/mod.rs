@@ -4,17 +4,23 @@
 //! on flock's table, `inet flock_policy`, in the node's namespace.
 //!
 //! Decided purely: what is kept of each object ([`convert`]), the model's inputs
-//! ([`view::ClusterView::inputs`]), and whether an apply is nothing, set elements or the
-//! whole table ([`plan::next_step`]). Done here: the apply task and waiting for it.
+//! ([`view::ClusterView::inputs`]), and whether an apply is nothing, a change in place or the
+//! whole table ([`plan`]). Done here: the apply task and waiting for it.
 //!
 //! Every change bumps a generation and wakes the task; the task applies the newest state
-//! (so a burst of changes is one transaction) and publishes the generation it applied. An ADD
+//! (so a burst of changes is one transaction) and publishes the generation it applied. A
+//! change of pods only (a pod joins, leaves or changes, here or anywhere in the cluster) is
+//! followed incrementally: the [`flock_policy::Model`] of the applied ruleset takes the pods
+//! that changed, in time proportional to them, and its delta becomes elements (sent over
+//! netlink, [`netlink`]) or a small `nft -f` with the chains that come or go. A change of
+//! policies or namespaces, or a relist, rebuilds the model from the caches. An ADD
 //! waits until its pod's generation is applied: the pod's rules are in the kernel before the
 //! runtime starts its containers. Nothing is applied before all three caches have finished
 //! their first listing (an empty model would remove every rule); the first apply replaces
 //! whatever a previous agent left.
 
 pub mod convert;
+pub mod netlink;
 pub mod nft;
 pub mod plan;
 pub mod view;
@@ -72,10 +78,50 @@ pub struct Progress {
     pub failed: Option<(u64, String)>,
 }
 
+/// What the task has done so far, as the NodeConfig status reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Valid policies in the cluster when it was applied.
+    pub policies: usize,
+    /// Invalid policies left out.
+    pub invalid: usize,
+    /// Local pods isolated for ingress or egress.
+    pub isolated_pods: usize,
+    /// When it was applied.
+    pub at: Option<std::time::SystemTime>,
+}
+
+/// Where enforcement stands: what was applied last, and the error of a newer apply that
+/// failed (it is retried).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyStatus {
+    /// The last successful apply.
+    pub applied: Applied,
+    /// Why the newest apply failed, when it is newer than the last success.
+    pub failed: Option<String>,
+}
+
+/// Pod changes not applied yet: each the model's pods of one key before and after.
+#[derive(Debug, Default)]
+struct Pending {
+    rebuild: bool,
+    pods: Vec<(Vec<flock_policy::Pod>, Vec<flock_policy::Pod>)>,
+}
+
+/// More pod changes than this between two applies: rebuild rather than follow them.
+const MAX_PENDING_PODS: usize = 2_000;
+
 #[derive(Debug, Default)]
 struct Shared {
     view: ClusterView,
     generation: u64,
+    pending: Pending,
+}
+
+/// What one apply starts from.
+enum Work {
+    Rebuild(view::ModelInputs, usize, usize),
+    Pods(Vec<(Vec<flock_policy::Pod>, Vec<flock_policy::Pod>)>),
 }
 
 /// The node's NetworkPolicy enforcer.
@@ -83,7 +129,9 @@ pub struct PolicyEnforcer {
     shared: Mutex<Shared>,
     wake: Notify,
     progress: watch::Sender<Progress>,
-    applied: Mutex<Option<Ruleset>>,
+    /// The model whose ruleset is in the kernel (`None`: unknown; taken while applying).
+    model: Mutex<Option<flock_policy::Model>>,
+    applied: Mutex<Applied>,
     nft: Arc<dyn Nft>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
@@ -108,7 +156,8 @@ impl PolicyEnforcer {
             shared: Mutex::default(),
             wake: Notify::new(),
             progress: watch::channel(Progress::default()).0,
-            applied: Mutex::new(None),
+            model: Mutex::new(None),
+            applied: Mutex::default(),
             nft,
             metrics,
             health,
@@ -122,10 +171,42 @@ impl PolicyEnforcer {
     }
 
     /// Changes the view; when `change` says it changed something, bumps the generation and
-    /// wakes the task. Returns the generation that holds the change.
+    /// wakes the task, which rebuilds the model. Returns the generation that holds the change.
     pub fn update(&self, change: impl FnOnce(&mut ClusterView) -> bool) -> u64 {
         let mut shared = self.shared();
         if change(&mut shared.view) {
+            shared.pending.rebuild = true;
+            shared.pending.pods.clear();
+            shared.generation += 1;
+            self.wake.notify_one();
+        }
+        shared.generation
+    }
+
+    /// Changes the view where only the pods of `keys` change (the keys are read from the
+    /// view before the change); the task follows them without a rebuild.
+    fn update_pods(
+        &self,
+        keys: impl FnOnce(&ClusterView) -> Vec<ObjectKey>,
+        change: impl FnOnce(&mut ClusterView) -> bool,
+    ) -> u64 {
+        let mut shared = self.shared();
+        let keys = keys(&shared.view);
+        let before: Vec<Vec<flock_policy::Pod>> =
+            keys.iter().map(|k| shared.view.model_pods(k)).collect();
+        if change(&mut shared.view) {
+            if !shared.pending.rebuild {
+                for (key, before) in keys.iter().zip(before) {
+                    let after = shared.view.model_pods(key);
+                    if after != before {
+                        shared.pending.pods.push((before, after));
+                    }
+                }
+                if shared.pending.pods.len() > MAX_PENDING_PODS {
+                    shared.pending.rebuild = true;
+                    shared.pending.pods.clear();
+                }
+            }
             shared.generation += 1;
             self.wake.notify_one();
         }
@@ -200,17 +281,40 @@ impl PolicyEnforcer {
 
     /// A Pod watch event.
     pub fn on_pod(&self, event: Event<Pod>) {
-        self.update(|view| {
-            relist_event(&mut view.pods, event, |pod| {
-                (object_key(pod), convert::cluster_pod(pod))
-            })
-        });
+        match event {
+            Event::Apply(pod) => {
+                let key = object_key(&pod);
+                let value = convert::cluster_pod(&pod);
+                let keys = vec![key.clone()];
+                self.update_pods(|_| keys, |view| view.pods.set(key, value));
+            }
+            Event::Delete(pod) => {
+                let key = object_key(&pod);
+                let keys = vec![key.clone()];
+                self.update_pods(|_| keys, |view| view.pods.set(key, None));
+            }
+            relist => {
+                self.update(|view| {
+                    relist_event(&mut view.pods, relist, |pod| {
+                        (object_key(pod), convert::cluster_pod(pod))
+                    })
+                });
+            }
+        }
     }
 
     /// Takes a pod of this node (at start-up, from its record) without waiting for it to be
     /// applied.
     pub fn restore(&self, host_if: String, pod: LocalPod) -> u64 {
-        self.update(|view| view.local.insert(host_if, pod.clone()).as_ref() != Some(&pod))
+        self.update_pods(
+            |view| {
+                let mut keys = vec![pod.key.clone()];
+                keys.extend(view.local.get(&host_if).map(|old| old.key.clone()));
+                keys.dedup();
+                keys
+            },
+            |view| view.local.insert(host_if.clone(), pod.clone()).as_ref() != Some(&pod),
+        )
     }
 
     /// Takes a new pod of this node and waits, up to `wait`, until a ruleset that holds it is
@@ -227,7 +331,16 @@ impl PolicyEnforcer {
 
     /// Forgets a pod of this node (DEL): its chain and set elements go with the next apply.
     pub fn forget(&self, host_if: &str) {
-        self.update(|view| view.local.remove(host_if).is_some());
+        self.update_pods(
+            |view| {
+                view.local
+                    .get(host_if)
+                    .map(|l| l.key.clone())
+                    .into_iter()
+                    .collect()
+            },
+            |view| view.local.remove(host_if).is_some(),
+        );
     }
 
     /// Waits until `generation` (or a newer one) is applied; fails when its apply failed or
@@ -265,14 +378,47 @@ impl PolicyEnforcer {
         self.progress.borrow().clone()
     }
 
-    /// The ruleset in the kernel, when known.
+    /// The ruleset in the kernel, when known (`None` while an apply is under way too).
     pub fn applied_ruleset(&self) -> Option<Ruleset> {
+        self.model
+            .lock()
+            .expect("model lock")
+            .as_ref()
+            .map(|m| m.ruleset().clone())
+    }
+
+    /// What the last successful apply held, and when it was.
+    pub fn applied(&self) -> Applied {
         self.applied.lock().expect("applied lock").clone()
+    }
+
+    /// Where enforcement stands, for the NodeConfig status.
+    pub fn status(&self) -> PolicyStatus {
+        let progress = self.progress();
+        PolicyStatus {
+            applied: self.applied(),
+            failed: progress
+                .failed
+                .filter(|(generation, _)| *generation > progress.applied)
+                .map(|(_, why)| why),
+        }
     }
 
     /// The model's inputs as of now (for tests and debugging).
     pub fn inputs(&self) -> view::ModelInputs {
         self.shared().view.inputs()
+    }
+
+    /// Everything since the last apply, as a rebuild: the inputs and the generation they are.
+    fn rebuild_work(&self) -> (u64, Work) {
+        let mut shared = self.shared();
+        shared.pending = Pending::default();
+        let work = Work::Rebuild(
+            shared.view.inputs(),
+            shared.view.policies.len(),
+            shared.view.invalid.len(),
+        );
+        (shared.generation, work)
     }
 
     /// The apply task: one transaction per wake-up, for the newest generation.
@@ -288,16 +434,23 @@ impl PolicyEnforcer {
                     }
                 }
             }
-            let (generation, inputs) = {
-                let shared = self.shared();
+            let (generation, work) = {
+                let mut shared = self.shared();
                 if !shared.view.is_synced() {
                     continue;
                 }
-                (shared.generation, shared.view.inputs())
+                let known = self.model.lock().expect("model lock").is_some();
+                if shared.pending.rebuild || !known {
+                    drop(shared);
+                    self.rebuild_work()
+                } else {
+                    let pods = std::mem::take(&mut shared.pending.pods);
+                    (shared.generation, Work::Pods(pods))
+                }
             };
             let started = Instant::now();
-            match self.apply(&inputs).await {
-                Ok(step) => {
+            match self.apply(generation, work).await {
+                Ok((generation, step)) => {
                     retry = None;
                     self.metrics
                         .observe_policy_apply(step.kind(), started.elapsed());
@@ -309,7 +462,7 @@ impl PolicyEnforcer {
                         "NetworkPolicy ruleset applied"
                     );
                 }
-                Err(why) => {
+                Err((generation, why)) => {
                     retry = Some(retry.map_or(FIRST_RETRY, |d| (d * 2).min(MAX_RETRY)));
                     self.metrics.policy_apply_errors.inc();
                     warn!(generation, error = %why, "applying the NetworkPolicy ruleset failed; retrying");
@@ -321,21 +474,103 @@ impl PolicyEnforcer {
         }
     }
 
-    async fn apply(&self, inputs: &view::ModelInputs) -> Result<Step, String> {
-        let ruleset = flock_policy::build(&inputs.policies, &inputs.namespaces, &inputs.pods)
-            .map_err(|e| e.to_string())?;
-        let step = next_step(self.applied_ruleset().as_ref(), &ruleset);
-        if let Some(script) = step.script()
-            && let Err(e) = self.nft.apply(script.to_owned()).await
-        {
+    /// Applies `work`; returns the generation applied (a fallback to a rebuild applies a
+    /// newer one) and the step, or the generation and why it failed.
+    async fn apply(&self, generation: u64, work: Work) -> Result<(u64, Step), (u64, String)> {
+        let old = self.model.lock().expect("model lock").take();
+        let (generation, model, step, counts) = match (work, old) {
+            (Work::Pods(changes), Some(mut model)) => {
+                let was_empty = model.ruleset().is_empty();
+                match follow(&mut model, &changes) {
+                    Ok(true) => {
+                        let delta = model.take_delta();
+                        let step = plan::delta_step(was_empty, model.ruleset(), &delta);
+                        let counts = {
+                            let a = self.applied.lock().expect("applied lock");
+                            (a.policies, a.invalid)
+                        };
+                        (generation, model, step, counts)
+                    }
+                    // the model is in no defined state now, nor known to match the kernel
+                    Ok(false) => self.rebuild(None)?,
+                    Err(e) => return Err((generation, e)),
+                }
+            }
+            (Work::Rebuild(inputs, policies, invalid), old) => {
+                let model =
+                    flock_policy::Model::new(&inputs.policies, &inputs.namespaces, &inputs.pods)
+                        .map_err(|e| (generation, e.to_string()))?;
+                let step = next_step(old.as_ref().map(|m| m.ruleset()), model.ruleset());
+                (generation, model, step, (policies, invalid))
+            }
+            (Work::Pods(_), None) => self.rebuild(None)?,
+        };
+        let result = match &step {
+            Step::Nothing => Ok(()),
+            Step::Update(u) if u.elements_only() => {
+                self.nft.apply_elements(u.elements.clone()).await
+            }
+            step => match step.script() {
+                Some(script) => self.nft.apply(script).await,
+                None => Ok(()),
+            },
+        };
+        if let Err(e) = result {
             // What the kernel holds is unknown now: the next apply replaces the table.
-            *self.applied.lock().expect("applied lock") = None;
-            return Err(crate::agent::error::cause_chain(&e));
+            return Err((generation, crate::agent::error::cause_chain(&e)));
         }
-        self.metrics.set_policy_size(plan::size(&ruleset));
-        *self.applied.lock().expect("applied lock") = Some(ruleset);
-        Ok(step)
+        let ruleset = model.ruleset();
+        self.metrics.set_policy_size(plan::size(ruleset));
+        let isolated: std::collections::BTreeSet<&String> = ruleset
+            .ingress
+            .keys()
+            .chain(ruleset.egress.keys())
+            .collect();
+        *self.applied.lock().expect("applied lock") = Applied {
+            policies: counts.0,
+            invalid: counts.1,
+            isolated_pods: isolated.len(),
+            at: Some(std::time::SystemTime::now()),
+        };
+        *self.model.lock().expect("model lock") = Some(model);
+        Ok((generation, step))
     }
+
+    /// A new model from the caches as they are now, and the step to it from `old`.
+    #[allow(clippy::type_complexity)]
+    fn rebuild(
+        &self,
+        old: Option<&Ruleset>,
+    ) -> Result<(u64, flock_policy::Model, Step, (usize, usize)), (u64, String)> {
+        let (generation, work) = self.rebuild_work();
+        let Work::Rebuild(inputs, policies, invalid) = work else {
+            return Err((generation, "no inputs to rebuild from".into()));
+        };
+        let model = flock_policy::Model::new(&inputs.policies, &inputs.namespaces, &inputs.pods)
+            .map_err(|e| (generation, e.to_string()))?;
+        let step = next_step(old, model.ruleset());
+        Ok((generation, model, step, (policies, invalid)))
+    }
+}
+
+/// Feeds pod changes to the model; `Ok(false)` when it cannot follow them (rebuild).
+fn follow(
+    model: &mut flock_policy::Model,
+    changes: &[(Vec<flock_policy::Pod>, Vec<flock_policy::Pod>)],
+) -> Result<bool, String> {
+    for (before, after) in changes {
+        for pod in before {
+            if !model.remove_pod(pod) {
+                return Ok(false);
+            }
+        }
+        for pod in after {
+            if !model.add_pod(pod).map_err(|e| e.to_string())? {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }
 
 fn object_key<K: kube::Resource>(object: &K) -> ObjectKey {

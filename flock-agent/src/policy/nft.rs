@@ -4,9 +4,12 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use flock_netns::NsTarget;
+use flock_policy::{ElementOp, Update};
+
+use super::netlink::{ElementSocket, MAX_BATCH_ELEMENTS};
 
 use crate::pods::BoxFuture;
 
@@ -36,6 +39,17 @@ pub enum NftError {
         /// What it said.
         stderr: String,
     },
+    /// nf_tables refused an element batch (sent over netlink); nothing of it was applied.
+    #[error("nf_tables element batch in {netns} ({ops} elements): {source}")]
+    Elements {
+        /// The namespace.
+        netns: String,
+        /// How many elements the batch held.
+        ops: usize,
+        /// The kernel's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The test double was told to fail.
     #[error("injected failure: {0}")]
     Injected(String),
@@ -45,13 +59,26 @@ pub enum NftError {
 pub trait Nft: Send + Sync + 'static {
     /// Applies `script` as one transaction.
     fn apply(&self, script: String) -> BoxFuture<'_, Result<(), NftError>>;
+
+    /// Adds and deletes set and map elements of flock's table as one transaction (deletes
+    /// first, in order). By default as the `nft -f` script that says the same.
+    fn apply_elements(&self, ops: Vec<ElementOp>) -> BoxFuture<'_, Result<(), NftError>> {
+        let script = Update {
+            elements: ops,
+            ..Update::default()
+        }
+        .script();
+        self.apply(script)
+    }
 }
 
-/// The real one: runs `nft -f -` with the script on stdin, in the node's namespace.
+/// The real one: runs `nft -f -` with the script on stdin, in the node's namespace; element
+/// changes go over a netlink socket opened there once (see [`super::netlink`]).
 #[derive(Debug, Clone)]
 pub struct NftCommand {
     program: PathBuf,
     netns: NsTarget,
+    socket: Arc<Mutex<Option<ElementSocket>>>,
 }
 
 impl NftCommand {
@@ -60,7 +87,36 @@ impl NftCommand {
         NftCommand {
             program: program.into(),
             netns,
+            socket: Arc::default(),
         }
+    }
+
+    /// Applies element changes over the kept socket, opening it (in the node's namespace)
+    /// first if needed. A socket that failed is dropped: the next call opens a new one.
+    async fn send_elements(&self, ops: Vec<ElementOp>) -> Result<(), NftError> {
+        let error = |source: std::io::Error| NftError::Elements {
+            netns: self.netns.describe(),
+            ops: ops.len(),
+            source,
+        };
+        let mut socket = self.socket.lock().expect("nft socket lock").take();
+        if socket.is_none() {
+            socket = Some(match &self.netns {
+                NsTarget::Current => ElementSocket::open().map_err(error)?,
+                NsTarget::Path(path) => flock_netns::blocking_in_netns(path, ElementSocket::open)
+                    .await
+                    .map_err(|e| error(std::io::Error::other(e.to_string())))?
+                    .map_err(error)?,
+            });
+        }
+        let Some(mut socket) = socket else {
+            return Ok(());
+        };
+        let result = socket.apply(&ops).map_err(error);
+        if result.is_ok() {
+            *self.socket.lock().expect("nft socket lock") = Some(socket);
+        }
+        result
     }
 
     /// Runs `nft` on the calling thread, in the calling thread's namespace: private, so
@@ -116,6 +172,20 @@ impl Nft for NftCommand {
                         .map_err(|e| thread_error(std::io::Error::other(e.to_string())))?
                 }
             }
+        })
+    }
+
+    fn apply_elements(&self, ops: Vec<ElementOp>) -> BoxFuture<'_, Result<(), NftError>> {
+        Box::pin(async move {
+            if ops.len() > MAX_BATCH_ELEMENTS {
+                let script = Update {
+                    elements: ops,
+                    ..Update::default()
+                }
+                .script();
+                return self.apply(script).await;
+            }
+            self.send_elements(ops).await
         })
     }
 }

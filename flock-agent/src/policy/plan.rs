@@ -1,39 +1,43 @@
-//! What one apply does: nothing, set elements only, or the whole table. Pure.
+//! What one apply does: nothing, a change of the table in place (elements, chains), or the
+//! whole table. Pure.
 
-use flock_policy::{REMOVE_SCRIPT, Ruleset};
+use flock_policy::{Delta, REMOVE_SCRIPT, Ruleset, Update};
 
-/// One `nft -f` transaction, or none.
+/// One transaction, or none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// The kernel already holds this ruleset.
     Nothing,
-    /// Only selector membership changed: set-element deletes and adds.
-    Elements(String),
+    /// The table changed in place: set and map elements, and chains that come or go.
+    Update(Update),
     /// Replace the whole table (or, for an empty model, remove it: [`REMOVE_SCRIPT`]).
     Full(String),
 }
 
 impl Step {
     /// The script to feed `nft -f`, if any.
-    pub fn script(&self) -> Option<&str> {
+    pub fn script(&self) -> Option<String> {
         match self {
             Step::Nothing => None,
-            Step::Elements(s) | Step::Full(s) => Some(s),
+            Step::Update(u) => Some(u.script()),
+            Step::Full(s) => Some(s.clone()),
         }
     }
 
-    /// `elements` or `full` (the metrics' label); `none` for [`Step::Nothing`].
+    /// `elements` (elements only), `chains` (chains too) or `full` (the metrics' label);
+    /// `none` for [`Step::Nothing`].
     pub fn kind(&self) -> &'static str {
         match self {
             Step::Nothing => "none",
-            Step::Elements(_) => "elements",
+            Step::Update(u) if u.elements_only() => "elements",
+            Step::Update(_) => "chains",
             Step::Full(_) => "full",
         }
     }
 }
 
 /// The step from what the kernel holds (`applied`; `None`: unknown — at start-up, or after a
-/// failed apply) to `next`.
+/// failed apply) to `next`, a rebuilt model.
 pub fn next_step(applied: Option<&Ruleset>, next: &Ruleset) -> Step {
     let Some(old) = applied else {
         // Unknown: whatever a previous agent left is replaced (or removed) in one go.
@@ -42,11 +46,26 @@ pub fn next_step(applied: Option<&Ruleset>, next: &Ruleset) -> Step {
     if old.is_empty() && next.is_empty() {
         return Step::Nothing;
     }
-    match next.update_from(old) {
-        Some(s) if s.is_empty() => Step::Nothing,
-        Some(s) => Step::Elements(s),
+    match next.delta_from(old) {
+        Some(d) if d.is_empty() => Step::Nothing,
+        Some(d) => Step::Update(next.update(&d)),
         None if next.is_empty() => Step::Full(REMOVE_SCRIPT.to_owned()),
         None => Step::Full(next.render()),
+    }
+}
+
+/// The step that brings the kernel from the ruleset a model had (empty or not: `was_empty`)
+/// to `next`, the same model after the changes in `delta` (pods joined or left).
+pub fn delta_step(was_empty: bool, next: &Ruleset, delta: &Delta) -> Step {
+    if delta.is_empty() {
+        Step::Nothing
+    } else if next.is_empty() {
+        Step::Full(REMOVE_SCRIPT.to_owned())
+    } else if was_empty {
+        // no table yet: it comes whole
+        Step::Full(next.render())
+    } else {
+        Step::Update(next.update(delta))
     }
 }
 
@@ -125,23 +144,30 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_joining_a_selector_is_an_element_a_new_isolated_pod_a_full_table() {
+    fn a_pod_joining_a_selector_or_a_second_server_is_elements_only() {
         let server = pod("s", 1, Some("flock00000001"), "server");
         let one = build(&[policy()], &ns(), std::slice::from_ref(&server)).unwrap();
         let step = next_step(None, &one);
-        assert!(matches!(&step, Step::Full(s) if s.contains("chain ingress_flock00000001")));
+        assert!(matches!(&step, Step::Full(s) if s.contains("\"flock00000001\" : jump ingress_")));
         assert_eq!(next_step(Some(&one), &one), Step::Nothing);
 
         let client = pod("c", 2, None, "client");
         let two = build(&[policy()], &ns(), &[server.clone(), client]).unwrap();
+        let step = next_step(Some(&one), &two);
+        assert_eq!(step.kind(), "elements");
         assert_eq!(
-            next_step(Some(&one), &two),
-            Step::Elements("add element inet flock_policy pods0_v6 { 2001:db8:1::2 }\n".to_owned())
+            step.script().unwrap(),
+            "add element inet flock_policy pods0_v6 { 2001:db8:1::2 }\n"
         );
 
         let second_server = pod("s2", 3, Some("flock00000003"), "server");
         let three = build(&[policy()], &ns(), &[server, second_server]).unwrap();
-        assert!(matches!(next_step(Some(&one), &three), Step::Full(_)));
+        let step = next_step(Some(&one), &three);
+        assert_eq!(
+            step.script().unwrap(),
+            "add element inet flock_policy ingress_pods { \"flock00000003\" : jump ingress_d7d2f747440bf9a8 }\n",
+            "a second server shares the first one's chain: one map element"
+        );
         assert_eq!(
             size(&three),
             RulesetSize {

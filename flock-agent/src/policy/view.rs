@@ -2,7 +2,7 @@
 //! node's own pods) and the model inputs it derives from it. Pure: watch events come in as
 //! plain values, `flock-policy` inputs go out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use flock_policy::{Labels, NamedPort, Namespace, Pod, Policy};
@@ -158,41 +158,15 @@ impl ClusterView {
     /// the cluster cache's when that holds the same pod (same UID, or either unknown), else
     /// ADD's. A cache pod that no local record claims is a peer only.
     pub fn inputs(&self) -> ModelInputs {
-        let mut local_keys: BTreeMap<&ObjectKey, &LocalPod> = BTreeMap::new();
-        for pod in self.local.values() {
-            local_keys.insert(&pod.key, pod);
-        }
+        let claimed: BTreeSet<&ObjectKey> = self.local.values().map(|l| &l.key).collect();
         let mut pods: Vec<Pod> = Vec::with_capacity(self.pods.len() + self.local.len());
-        for ((namespace, name), p) in self.pods.items() {
-            if local_keys.contains_key(&(namespace.clone(), name.clone())) {
-                continue;
+        for (key, p) in self.pods.items() {
+            if !claimed.contains(key) {
+                pods.push(cluster_pod(key, p));
             }
-            pods.push(Pod {
-                namespace: namespace.clone(),
-                name: name.clone(),
-                labels: p.labels.clone(),
-                addresses: p.addresses.clone(),
-                host_if: None,
-                ports: p.ports.clone(),
-            });
         }
         for (host_if, local) in &self.local {
-            let cached = self
-                .pods
-                .get(&local.key)
-                .filter(|c| c.uid.is_empty() || local.uid.is_empty() || c.uid == local.uid);
-            let (labels, ports) = match cached {
-                Some(c) => (c.labels.clone(), c.ports.clone()),
-                None => (local.labels.clone(), local.ports.clone()),
-            };
-            pods.push(Pod {
-                namespace: local.key.0.clone(),
-                name: local.key.1.clone(),
-                labels,
-                addresses: local.addresses.clone(),
-                host_if: Some(host_if.clone()),
-                ports,
-            });
+            pods.push(self.local_pod(host_if, local));
         }
         ModelInputs {
             policies: self.policies.items().values().cloned().collect(),
@@ -207,6 +181,55 @@ impl ClusterView {
                 .collect(),
             pods,
         }
+    }
+
+    /// The pods of [`inputs`](Self::inputs) that `key` stands for: its local pods (one per
+    /// host veth), else the cache's pod, else none. A change of the view that touches only
+    /// `key` changes the model's pods from this before it to this after it.
+    pub fn model_pods(&self, key: &ObjectKey) -> Vec<Pod> {
+        let local: Vec<Pod> = self
+            .local
+            .iter()
+            .filter(|(_, l)| &l.key == key)
+            .map(|(h, l)| self.local_pod(h, l))
+            .collect();
+        if !local.is_empty() {
+            return local;
+        }
+        self.pods
+            .get(key)
+            .map(|p| vec![cluster_pod(key, p)])
+            .unwrap_or_default()
+    }
+
+    fn local_pod(&self, host_if: &str, local: &LocalPod) -> Pod {
+        let cached = self
+            .pods
+            .get(&local.key)
+            .filter(|c| c.uid.is_empty() || local.uid.is_empty() || c.uid == local.uid);
+        let (labels, ports) = match cached {
+            Some(c) => (c.labels.clone(), c.ports.clone()),
+            None => (local.labels.clone(), local.ports.clone()),
+        };
+        Pod {
+            namespace: local.key.0.clone(),
+            name: local.key.1.clone(),
+            labels,
+            addresses: local.addresses.clone(),
+            host_if: Some(host_if.to_owned()),
+            ports,
+        }
+    }
+}
+
+fn cluster_pod((namespace, name): &ObjectKey, p: &ClusterPod) -> Pod {
+    Pod {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        labels: p.labels.clone(),
+        addresses: p.addresses.clone(),
+        host_if: None,
+        ports: p.ports.clone(),
     }
 }
 

@@ -1,0 +1,197 @@
+//! The agent's memory with NetworkPolicy enforcement in a large cluster, without one: the
+//! three cluster-wide watches list, page by page, from a mocked API server serving 10 000
+//! pods (bound to other nodes) in 100 namespaces and 1 000 policies; 100 pods are on this
+//! node; once the model is built and applied (`nft` in memory) the process's VmRSS is read.
+//! Its own test binary, so the figure is this process's alone. Ignored by default (it takes
+//! a while in a debug build):
+//!
+//! `cargo nextest run -p flock-agent --test policy_rss --run-ignored all --no-capture`
+
+mod k8s_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flock_agent::k8s::cluster::spawn_watches;
+use flock_agent::metrics::{Health, Metrics};
+use flock_agent::policy::PolicyEnforcer;
+use flock_agent::policy::nft::MemoryNft;
+use flock_agent::policy::view::LocalPod;
+use k8s_support::*;
+use serde_json::{Value, json};
+
+const PODS: usize = 10_000;
+const NAMESPACES: usize = 100;
+const POLICIES: usize = 1_000;
+const LOCAL_PODS: usize = 100;
+/// Issue 15's budget.
+const BUDGET_MIB: u64 = 64;
+
+const TIERS: [&str; 3] = ["web", "db", "cache"];
+
+fn cluster_pod(i: usize) -> Value {
+    let tier = TIERS[i % 3];
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "namespace": format!("ns{}", i % NAMESPACES), "name": format!("app{}-7d9f8c6b5-{i:05x}", i % 37),
+            "uid": format!("0b5c8a3e-1f2d-4c5b-9a8e-{i:012x}"), "resourceVersion": "7",
+            "labels": { "app": format!("app{}", i % 37), "tier": tier,
+                        "pod-template-hash": "7d9f8c6b5", "team": format!("t{}", i % 10) },
+            "annotations": { "kubectl.kubernetes.io/restartedAt": "2026-01-01T00:00:00Z" },
+            "ownerReferences": [{ "apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": true,
+                                  "name": format!("app{}-7d9f8c6b5", i % 37), "uid": "x" }]
+        },
+        "spec": {
+            "nodeName": format!("elsewhere{}", i % 100),
+            "containers": [{ "name": "app", "image": "registry.example/app:1.2.3",
+                             "ports": [{ "name": "http", "containerPort": 8080 },
+                                       { "name": "metrics", "containerPort": 9090 }],
+                             "env": [{ "name": "A", "value": "some value the agent drops" }] }]
+        },
+        "status": { "phase": "Running", "podIP": format!("10.{}.{}.{}", 64 + i / 65536, (i / 256) % 256, i % 256),
+                    "podIPs": [{ "ip": format!("2001:db8:{:x}::{:x}", i / 65536, i % 65536) },
+                               { "ip": format!("10.{}.{}.{}", 64 + i / 65536, (i / 256) % 256, i % 256) }] }
+    })
+}
+
+fn policy(k: usize) -> Value {
+    let ns = k % NAMESPACES;
+    let tier = TIERS[k % 3];
+    json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": { "namespace": format!("ns{ns}"), "name": format!("pol{k}"), "resourceVersion": "7" },
+        "spec": {
+            "podSelector": { "matchLabels": { "app": format!("app{}", k % 37) } },
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{ "from": [
+                              { "podSelector": { "matchLabels": { "tier": tier } } },
+                              { "namespaceSelector": { "matchLabels": { "team": format!("t{}", k % 10) } },
+                                "podSelector": { "matchExpressions": [{ "key": "app", "operator": "In",
+                                                 "values": [format!("app{}", (k + 1) % 37)] }] } },
+                              { "ipBlock": { "cidr": "2001:db8::/32", "except": [format!("2001:db8:{:x}::/48", k % 4096)] } } ],
+                          "ports": [{ "port": "http" }, { "port": 443 }, { "protocol": "UDP", "port": 53 }] }],
+            "egress": [{ "to": [{ "namespaceSelector": { "matchLabels": { "team": format!("t{}", k % 10) } } }],
+                         "ports": [{ "port": "metrics" }] }]
+        }
+    })
+}
+
+fn namespace(n: usize) -> Value {
+    json!({ "apiVersion": "v1", "kind": "Namespace",
+            "metadata": { "name": format!("ns{n}"), "resourceVersion": "7",
+                          "labels": { "team": format!("t{}", n % 10), "kubernetes.io/metadata.name": format!("ns{n}") } } })
+}
+
+fn vm(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("a VmRSS line")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a memory figure: run explicitly (see the module doc)"]
+async fn agent_rss_with_10000_cluster_pods_and_1000_policies() {
+    let (client, mut api) = mock_client();
+    let enforcer = PolicyEnforcer::spawn(
+        Arc::new(MemoryNft::default()),
+        Arc::new(Metrics::new()),
+        Arc::new(Health::default()),
+    );
+    for i in 0..LOCAL_PODS {
+        enforcer.restore(
+            format!("flock{i:08x}"),
+            LocalPod {
+                key: (format!("ns{}", i % NAMESPACES), format!("here{i}")),
+                uid: String::new(),
+                addresses: vec![format!("2001:db8:ff::{i:x}").parse().unwrap()],
+                labels: [("app".into(), format!("app{}", i % 37))].into(),
+                ports: vec![],
+            },
+        );
+    }
+    spawn_watches(client, enforcer.clone());
+    let mut watches = Vec::new();
+    let applied = async {
+        loop {
+            let g = enforcer.update(|_| false);
+            if g > 0
+                && enforcer
+                    .wait_applied(g, Duration::from_millis(200))
+                    .await
+                    .is_ok()
+            {
+                return;
+            }
+        }
+    };
+    let serve = async {
+        loop {
+            let (req, reply) = next_request(&mut api).await;
+            if query_param(&req, "watch").as_deref() == Some("true") {
+                watches.push(reply); // held open: no events
+                continue;
+            }
+            let page: usize = query_param(&req, "continue")
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let limit: usize = query_param(&req, "limit")
+                .and_then(|l| l.parse().ok())
+                .unwrap_or(usize::MAX);
+            let (kind, api_version, total, item): (&str, &str, usize, fn(usize) -> Value) =
+                match req.uri().path() {
+                    "/api/v1/pods" => ("PodList", "v1", PODS, cluster_pod),
+                    "/api/v1/namespaces" => ("NamespaceList", "v1", NAMESPACES, namespace),
+                    _ => (
+                        "NetworkPolicyList",
+                        "networking.k8s.io/v1",
+                        POLICIES,
+                        policy,
+                    ),
+                };
+            let start = page * limit.min(total);
+            let end = (start + limit).min(total);
+            let mut body = list(kind, api_version, "7", (start..end).map(item).collect());
+            if end < total {
+                body["metadata"]["continue"] = json!((page + 1).to_string());
+            }
+            reply_json(reply, &body);
+        }
+    };
+    tokio::select! {
+        () = applied => {}
+        () = serve => {}
+    }
+    let inputs = enforcer.inputs();
+    assert_eq!(
+        (inputs.pods.len(), inputs.policies.len()),
+        (PODS + LOCAL_PODS, POLICIES)
+    );
+    let ruleset = enforcer.applied_ruleset().expect("applied");
+    let elements: usize = ruleset
+        .sets
+        .values()
+        .map(|s| match &s.elements {
+            flock_policy::Elements::Addrs(a) => a.len(),
+            flock_policy::Elements::Ranges(r) => r.len(),
+            flock_policy::Elements::AddrPorts(a) => a.len(),
+        })
+        .sum();
+    drop(inputs);
+    let (rss, hwm) = (vm("VmRSS:"), vm("VmHWM:"));
+    println!(
+        "agent RSS with {PODS} cluster pods, {POLICIES} policies, {LOCAL_PODS} local pods \
+         ({} isolated for ingress, {} sets, {elements} elements): VmRSS {:.1} MiB, VmHWM {:.1} MiB",
+        ruleset.ingress.len(),
+        ruleset.sets.len(),
+        rss as f64 / 1024.0,
+        hwm as f64 / 1024.0
+    );
+    assert!(
+        rss <= BUDGET_MIB * 1024,
+        "VmRSS {rss} kB is over {BUDGET_MIB} MiB"
+    );
+}
