@@ -229,19 +229,22 @@ const USAGE: &str =
            and print everything (a failed check leaves the cluster up for inspection)
   down     remove every namespace, process, mount and file of the cluster
   check    up on the debug binaries, the checks, the life tests, the e2e suites (network and
-           networkpolicy, IPv6-only pods), then down whatever happened (what `cargo xtask test`
-           runs)
+           networkpolicy, IPv6-only pods), the uninstall, then down whatever happened (what
+           `cargo xtask test` runs)
   build    only build (or find in the cache) Kubernetes
   e2e [--suite network|networkpolicy] [--focus REGEX] [--skip REGEX] [--pods ipv6|dual] [--parallel N]
            Kubernetes' own e2e suite (e2e.test) against the cluster that is up: sig-network's
            Networking, Services and Conformance specs unless --focus; skips [Slow], [Serial],
            [Disruptive], [Flaky], [Feature:…] and the specs of xtask/src/cluster/e2e-exclusions.txt;
            pods IPv6-only unless --pods dual; 4 e2e.test processes unless --parallel
-  life [upgrade] [routing] [reboot] [join] [startup]
-           against the cluster that is up (all unless named): a rolling update of flock under
-           traffic, BGP failures (graceful restart, BFD), a node's reboot (and one while its
-           Node is deleted), a third node joining and leaving (and the pool controller's
-           leader killed mid-assignment), 50 pods started at once with flock and with ptp
+  life [upgrade] [routing] [services] [reboot] [join] [startup] [policy] | life uninstall
+           against the cluster that is up (all but uninstall unless named): a rolling update
+           of flock under traffic, BGP failures (graceful restart, BFD), LoadBalancer Service
+           addresses at the router, a node's reboot (and one while its Node is deleted), a
+           third node joining and leaving (and the pool controller's leader killed
+           mid-assignment), 50 pods started at once with flock and with ptp, policy-to-nftables
+           latency and agent memory at 10,000 pods; uninstall removes flock (kubectl delete -R
+           -f deploy/, flock-agent cleanup) and checks no flock rule is left (check runs it last)
   kubectl  run kubectl against the cluster as admin
   --bins DIR  take flock-agent and flock from DIR instead of `cargo build --release`";
 
@@ -323,6 +326,13 @@ pub fn ci(bins: &Path) -> Result<()> {
             let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
             e2e::run(&args)
                 .with_context(|| format!("cargo xtask cluster e2e {}", args.join(" ")))?;
+        }
+        // Last: it removes flock from the cluster.
+        let mut text = String::new();
+        let failures = life::uninstall(&mut text, bins)?;
+        print!("{text}");
+        if !failures.is_empty() {
+            bail!("uninstall failed:\n  {}", failures.join("\n  "));
         }
         Ok(())
     })();

@@ -40,6 +40,9 @@ mod join;
 mod policy;
 mod routing;
 mod services;
+mod uninstall;
+
+pub use uninstall::uninstall;
 
 use super::deploy::DEMO_NS;
 use super::proc::{self, Place};
@@ -65,6 +68,15 @@ pub fn run(args: &[String]) -> Result<()> {
     for a in args {
         match a.as_str() {
             a if ALL.contains(&a) => which.push(a),
+            "uninstall" => {
+                let mut out = String::new();
+                let failures = uninstall(&mut out, &crate::lab::debug_bins())?;
+                print!("{out}");
+                if !failures.is_empty() {
+                    bail!("uninstall failed:\n  {}", failures.join("\n  "));
+                }
+                return Ok(());
+            }
             other => bail!("unknown life test {other:?} ({})", ALL.join(", ")),
         }
     }

@@ -1,0 +1,138 @@
+//! `cargo xtask cluster life uninstall`: flock removed as `docs/install.md` says —
+//! `kubectl delete -R -f deploy/`, then `flock-agent cleanup` on each node — leaves no flock
+//! rule in any node's nftables, and kube-proxy's rules where they were. It ends flock in the
+//! cluster, so `cargo xtask cluster check` runs it last, after the e2e suites; it is not one
+//! of the life tests run by default.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::cluster::deploy::DEMO_NS;
+use crate::cluster::proc::Place;
+use crate::cluster::{NODES, Node, kubectl, kubectl_stdin, repo_root};
+use crate::sys;
+
+/// A policy that isolates `web`'s pods (on both nodes), so each node has flock's table.
+fn isolate() -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{ name: before-uninstall, namespace: {DEMO_NS} }}
+spec:
+  podSelector: {{ matchLabels: {{ app: web }} }}
+  policyTypes: [Ingress]
+  ingress: [ {{ from: [ {{ podSelector: {{}} }} ] }} ]
+"
+    )
+}
+
+/// The lines of `nft list ruleset` in `n`'s namespace that name flock.
+fn flock_rules(n: &Node) -> Result<Vec<String>> {
+    let ruleset = Place::Net(n.ns()).run(&["nft", "list", "ruleset"])?;
+    Ok(ruleset
+        .lines()
+        .filter(|l| l.to_lowercase().contains("flock"))
+        .map(|l| l.trim().to_owned())
+        .collect())
+}
+
+/// kube-proxy's service chain in `n`'s namespace (it must survive flock's removal).
+fn kube_proxy_rules(n: &Node) -> usize {
+    Place::Net(n.ns())
+        .run(&["ip6tables", "-t", "nat", "-S", "KUBE-SERVICES"])
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+pub fn uninstall(out: &mut String, bins: &Path) -> Result<Vec<String>> {
+    let mut failures = Vec::new();
+    kubectl_stdin(&["apply", "-f", "-"], &isolate())?;
+    sys::wait_for(Duration::from_secs(60), || {
+        NODES.iter().all(|n| {
+            flock_rules(n).is_ok_and(|r| r.iter().any(|l| l.contains("table inet flock_policy")))
+        })
+    })
+    .context("flock's nftables table on every node, with web's pods isolated")?;
+    let mut rows = Vec::new();
+    let installed: Vec<(usize, usize)> = NODES
+        .iter()
+        .map(|n| {
+            (
+                flock_rules(n).map(|r| r.len()).unwrap_or(0),
+                kube_proxy_rules(n),
+            )
+        })
+        .collect();
+    let deploy = repo_root().join("deploy");
+    kubectl(&[
+        "delete",
+        "-R",
+        "-f",
+        &deploy.to_string_lossy(),
+        "--ignore-not-found",
+        "--timeout=120s",
+    ])
+    .context("kubectl delete -R -f deploy/")?;
+    sys::wait_for(Duration::from_secs(120), || {
+        kubectl(&[
+            "-n",
+            "kube-system",
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name in (flock, flock-bird, flock-controller)",
+            "-o",
+            "name",
+        ])
+        .is_ok_and(|p| p.trim().is_empty())
+    })
+    .context("flock's pods gone after kubectl delete")?;
+    let deleted: Vec<usize> = NODES
+        .iter()
+        .map(|n| flock_rules(n).map(|r| r.len()).unwrap_or(0))
+        .collect();
+    let agent = bins.join("flock-agent");
+    for (i, n) in NODES.iter().enumerate() {
+        Place::Net(n.ns())
+            .run(&[&agent.to_string_lossy(), "cleanup"])
+            .with_context(|| format!("flock-agent cleanup on {}", n.name))?;
+        let left = flock_rules(n)?;
+        let kube_proxy = kube_proxy_rules(n);
+        if !left.is_empty() {
+            failures.push(format!("uninstall: {} keeps flock rules: {left:?}", n.name));
+        }
+        if kube_proxy == 0 || kube_proxy != installed[i].1 {
+            failures.push(format!(
+                "uninstall: kube-proxy's KUBE-SERVICES on {} has {kube_proxy} rules, had {}",
+                n.name, installed[i].1
+            ));
+        }
+        rows.push(vec![
+            n.name.to_owned(),
+            installed[i].0.to_string(),
+            deleted[i].to_string(),
+            left.len().to_string(),
+            format!("{} / {kube_proxy}", installed[i].1),
+        ]);
+    }
+    let _ = writeln!(
+        out,
+        "UNINSTALL (kubectl delete -R -f deploy/, then flock-agent cleanup on each node; nft list ruleset in the node's namespace)"
+    );
+    sys::table(
+        out,
+        &[
+            "node",
+            "flock lines installed",
+            "after kubectl delete",
+            "after cleanup",
+            "kube-proxy KUBE-SERVICES before / after",
+        ],
+        &rows,
+    );
+    out.push('\n');
+    Ok(failures)
+}
