@@ -416,6 +416,9 @@ impl Delta {
 /// before.
 #[derive(Debug, Clone, Default)]
 struct Journal {
+    /// Off while [`Model::new`] joins every pod: a fresh model has no delta, and recording
+    /// each element (a copy of its set's name) would double the memory a build peaks at.
+    off: bool,
     elements: BTreeMap<(String, Member), bool>,
     chains: BTreeMap<(Direction, String), Option<Vec<Allow>>>,
 }
@@ -550,6 +553,7 @@ impl Model {
                 .chains_mut(direction)
                 .insert(host_if.to_owned(), allows);
         }
+        model.journal.off = true;
         for pod in pods {
             model.join(pod);
         }
@@ -759,10 +763,12 @@ impl Model {
                     .or_default();
                 *count += 1;
                 if *count == 1 {
-                    self.journal
-                        .elements
-                        .entry((set.clone(), m))
-                        .or_insert(false);
+                    if !self.journal.off {
+                        self.journal
+                            .elements
+                            .entry((set.clone(), m))
+                            .or_insert(false);
+                    }
                     if let Some(s) = self.ruleset.sets.get_mut(&set) {
                         s.insert(m);
                     }
