@@ -440,8 +440,9 @@ pub struct Model {
     scoped: BTreeMap<String, Vec<usize>>,
     /// Indices of the other member sets (namespace selectors, named ports).
     unscoped: Vec<usize>,
-    /// Per set, how many pods hold each element (an anycast address may be several pods').
-    counts: BTreeMap<String, BTreeMap<Member, u32>>,
+    /// Per set, how many pods besides the first hold an element (an anycast address may be
+    /// several pods'). The set itself says whether one does: no second copy of every element.
+    extra: BTreeMap<String, BTreeMap<Member, u32>>,
     /// Per set, how many local chains name it.
     set_users: BTreeMap<String, usize>,
     /// Local pods by host veth: their `namespace/name`.
@@ -495,7 +496,7 @@ impl Model {
             member_sets: Vec::new(),
             scoped: BTreeMap::new(),
             unscoped: Vec::new(),
-            counts: BTreeMap::new(),
+            extra: BTreeMap::new(),
             set_users: BTreeMap::new(),
             local,
             ruleset: Ruleset::default(),
@@ -639,10 +640,7 @@ impl Model {
             .elements
             .into_iter()
             .filter_map(|((set, member), before)| {
-                let now = self
-                    .counts
-                    .get(&set)
-                    .is_some_and(|c| c.contains_key(&member));
+                let now = self.ruleset.sets.get(&set).is_some_and(|s| s.has(member));
                 (now != before).then_some((set, member, now))
             })
             .collect();
@@ -754,23 +752,24 @@ impl Model {
     /// Adds `pod`'s elements to the sets it is in.
     fn join(&mut self, pod: &Pod) {
         for (set, members) in self.memberships(pod) {
+            let Some(s) = self.ruleset.sets.get_mut(&set) else {
+                continue;
+            };
             for m in members {
-                let count = self
-                    .counts
-                    .entry(set.clone())
-                    .or_default()
-                    .entry(m)
-                    .or_default();
-                *count += 1;
-                if *count == 1 {
+                if s.has(m) {
+                    *self
+                        .extra
+                        .entry(set.clone())
+                        .or_default()
+                        .entry(m)
+                        .or_default() += 1;
+                } else {
+                    s.insert(m);
                     if !self.journal.off {
                         self.journal
                             .elements
                             .entry((set.clone(), m))
                             .or_insert(false);
-                    }
-                    if let Some(s) = self.ruleset.sets.get_mut(&set) {
-                        s.insert(m);
                     }
                 }
             }
@@ -780,23 +779,28 @@ impl Model {
     /// Takes `pod`'s elements out of the sets it is in; `false` when one is not there.
     fn leave(&mut self, pod: &Pod) -> bool {
         for (set, members) in self.memberships(pod) {
+            let Some(s) = self.ruleset.sets.get_mut(&set) else {
+                return false;
+            };
             for m in members {
-                let Some(counts) = self.counts.get_mut(&set) else {
-                    return false;
-                };
-                match counts.get_mut(&m) {
-                    Some(n) if *n > 1 => *n -= 1,
-                    Some(_) => {
-                        counts.remove(&m);
-                        self.journal
-                            .elements
-                            .entry((set.clone(), m))
-                            .or_insert(true);
-                        if let Some(s) = self.ruleset.sets.get_mut(&set) {
-                            s.remove(m);
+                if let Some(extra) = self.extra.get_mut(&set)
+                    && let Some(n) = extra.get_mut(&m)
+                {
+                    *n -= 1;
+                    if *n == 0 {
+                        extra.remove(&m);
+                        if extra.is_empty() {
+                            self.extra.remove(&set);
                         }
                     }
-                    None => return false,
+                } else if s.has(m) {
+                    s.remove(m);
+                    self.journal
+                        .elements
+                        .entry((set.clone(), m))
+                        .or_insert(true);
+                } else {
+                    return false;
                 }
             }
         }
