@@ -36,6 +36,8 @@ fn cluster() -> (Vec<Policy>, Vec<Namespace>, Vec<Pod>) {
                     ("app".into(), format!("app{}", (i / NAMESPACES) % 10)),
                     ("role".into(), format!("r{}", i % 5)),
                 ]
+                .into_iter()
+                .collect::<flock_policy::Labels>()
                 .into(),
                 addresses: vec![
                     IpAddr::V6(Ipv6Addr::from(

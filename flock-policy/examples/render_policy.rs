@@ -13,7 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let web = Pod {
         namespace: "shop".into(),
         name: "web-0".into(),
-        labels: [("app".into(), "web".into())].into(),
+        labels: std::sync::Arc::new([("app".into(), "web".into())].into()),
         addresses: vec!["2001:db8:0:1::10".parse()?, "10.244.1.10".parse()?],
         host_if: Some("flock1a2b3c4d".into()),
         ports: vec![NamedPort {
@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let client = Pod {
         name: "client-0".into(),
-        labels: [("role".into(), "client".into())].into(),
+        labels: std::sync::Arc::new([("role".into(), "client".into())].into()),
         addresses: vec!["2001:db8:0:2::20".parse()?, "10.244.2.20".parse()?],
         host_if: None,
         ports: vec![],
@@ -33,7 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dns = Pod {
         namespace: "kube-system".into(),
         name: "coredns-0".into(),
-        labels: [("k8s-app".into(), "kube-dns".into())].into(),
+        labels: std::sync::Arc::new([("k8s-app".into(), "kube-dns".into())].into()),
         addresses: vec!["2001:db8:0:3::53".parse()?, "10.244.3.53".parse()?],
         host_if: None,
         ports: vec![],

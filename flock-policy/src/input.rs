@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -538,8 +539,9 @@ pub struct Pod {
     pub namespace: String,
     /// Its name.
     pub name: String,
-    /// Its labels.
-    pub labels: Labels,
+    /// Its labels, shared: the pods of one ReplicaSet have the same, and a rebuild's copy of
+    /// the inputs shares them with the caller's cache (issue 15's memory budget).
+    pub labels: Arc<Labels>,
     /// Every address it answers on: its /128, its /32, fixed `addresses`, anycast.
     pub addresses: Vec<IpAddr>,
     /// Its host veth (`flock1a2b3c4d`) when it runs on this node; `None` on other nodes.

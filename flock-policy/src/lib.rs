@@ -87,14 +87,14 @@
 //! let web = Pod {
 //!     namespace: "shop".into(),
 //!     name: "web-0".into(),
-//!     labels: [("app".into(), "web".into())].into(),
+//!     labels: std::sync::Arc::new([("app".into(), "web".into())].into()),
 //!     addresses: vec!["2001:db8:0:1::10".parse()?, "10.244.1.10".parse()?],
 //!     host_if: Some("flock0000000a".into()),
 //!     ports: vec![],
 //! };
 //! let client = Pod {
 //!     name: "client".into(),
-//!     labels: [("role".into(), "client".into())].into(),
+//!     labels: std::sync::Arc::new([("role".into(), "client".into())].into()),
 //!     addresses: vec!["2001:db8:0:2::20".parse()?],
 //!     host_if: None, // on another node
 //!     ..web.clone()

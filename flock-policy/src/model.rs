@@ -416,6 +416,9 @@ impl Delta {
 /// before.
 #[derive(Debug, Clone, Default)]
 struct Journal {
+    /// Off while [`Model::new`] joins every pod: a fresh model has no delta, and recording
+    /// each element (a copy of its set's name) would double the memory a build peaks at.
+    off: bool,
     elements: BTreeMap<(String, Member), bool>,
     chains: BTreeMap<(Direction, String), Option<Vec<Allow>>>,
 }
@@ -437,8 +440,9 @@ pub struct Model {
     scoped: BTreeMap<String, Vec<usize>>,
     /// Indices of the other member sets (namespace selectors, named ports).
     unscoped: Vec<usize>,
-    /// Per set, how many pods hold each element (an anycast address may be several pods').
-    counts: BTreeMap<String, BTreeMap<Member, u32>>,
+    /// Per set, how many pods besides the first hold an element (an anycast address may be
+    /// several pods'). The set itself says whether one does: no second copy of every element.
+    extra: BTreeMap<String, BTreeMap<Member, u32>>,
     /// Per set, how many local chains name it.
     set_users: BTreeMap<String, usize>,
     /// Local pods by host veth: their `namespace/name`.
@@ -492,7 +496,7 @@ impl Model {
             member_sets: Vec::new(),
             scoped: BTreeMap::new(),
             unscoped: Vec::new(),
-            counts: BTreeMap::new(),
+            extra: BTreeMap::new(),
             set_users: BTreeMap::new(),
             local,
             ruleset: Ruleset::default(),
@@ -550,6 +554,7 @@ impl Model {
                 .chains_mut(direction)
                 .insert(host_if.to_owned(), allows);
         }
+        model.journal.off = true;
         for pod in pods {
             model.join(pod);
         }
@@ -635,10 +640,7 @@ impl Model {
             .elements
             .into_iter()
             .filter_map(|((set, member), before)| {
-                let now = self
-                    .counts
-                    .get(&set)
-                    .is_some_and(|c| c.contains_key(&member));
+                let now = self.ruleset.sets.get(&set).is_some_and(|s| s.has(member));
                 (now != before).then_some((set, member, now))
             })
             .collect();
@@ -750,21 +752,24 @@ impl Model {
     /// Adds `pod`'s elements to the sets it is in.
     fn join(&mut self, pod: &Pod) {
         for (set, members) in self.memberships(pod) {
+            let Some(s) = self.ruleset.sets.get_mut(&set) else {
+                continue;
+            };
             for m in members {
-                let count = self
-                    .counts
-                    .entry(set.clone())
-                    .or_default()
-                    .entry(m)
-                    .or_default();
-                *count += 1;
-                if *count == 1 {
-                    self.journal
-                        .elements
-                        .entry((set.clone(), m))
-                        .or_insert(false);
-                    if let Some(s) = self.ruleset.sets.get_mut(&set) {
-                        s.insert(m);
+                if s.has(m) {
+                    *self
+                        .extra
+                        .entry(set.clone())
+                        .or_default()
+                        .entry(m)
+                        .or_default() += 1;
+                } else {
+                    s.insert(m);
+                    if !self.journal.off {
+                        self.journal
+                            .elements
+                            .entry((set.clone(), m))
+                            .or_insert(false);
                     }
                 }
             }
@@ -774,23 +779,28 @@ impl Model {
     /// Takes `pod`'s elements out of the sets it is in; `false` when one is not there.
     fn leave(&mut self, pod: &Pod) -> bool {
         for (set, members) in self.memberships(pod) {
+            let Some(s) = self.ruleset.sets.get_mut(&set) else {
+                return false;
+            };
             for m in members {
-                let Some(counts) = self.counts.get_mut(&set) else {
-                    return false;
-                };
-                match counts.get_mut(&m) {
-                    Some(n) if *n > 1 => *n -= 1,
-                    Some(_) => {
-                        counts.remove(&m);
-                        self.journal
-                            .elements
-                            .entry((set.clone(), m))
-                            .or_insert(true);
-                        if let Some(s) = self.ruleset.sets.get_mut(&set) {
-                            s.remove(m);
+                if let Some(extra) = self.extra.get_mut(&set)
+                    && let Some(n) = extra.get_mut(&m)
+                {
+                    *n -= 1;
+                    if *n == 0 {
+                        extra.remove(&m);
+                        if extra.is_empty() {
+                            self.extra.remove(&set);
                         }
                     }
-                    None => return false,
+                } else if s.has(m) {
+                    s.remove(m);
+                    self.journal
+                        .elements
+                        .entry((set.clone(), m))
+                        .or_insert(true);
+                } else {
+                    return false;
                 }
             }
         }

@@ -213,7 +213,7 @@ fn two_pods() -> Vec<Pod> {
     let pod = |name: &str, app: &str, addrs: &[&str], host_if: Option<&str>| Pod {
         namespace: "shop".into(),
         name: name.into(),
-        labels: [("app".into(), app.into())].into(),
+        labels: std::sync::Arc::new([("app".into(), app.into())].into()),
         addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
         host_if: host_if.map(str::to_owned),
         ports: vec![],

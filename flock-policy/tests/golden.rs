@@ -20,7 +20,8 @@ fn pod(
         labels: labels
             .iter()
             .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect(),
+            .collect::<flock_policy::Labels>()
+            .into(),
         addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
         host_if: host_if.map(str::to_owned),
         ports: Vec::new(),

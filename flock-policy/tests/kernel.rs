@@ -104,7 +104,8 @@ async fn make_pod(node: &NodeNs, id: &str, last: u8, labels: &[(&str, &str)]) ->
             labels: labels
                 .iter()
                 .map(|(k, v)| ((*k).into(), (*v).into()))
-                .collect(),
+                .collect::<flock_policy::Labels>()
+                .into(),
             addresses: vec![v6, v4],
             host_if: Some(host_if),
             ports: vec![],
@@ -231,7 +232,7 @@ async fn allowed_flows_pass_and_denied_ones_do_not_over_both_families() {
 
     // a leaves the selector: only set elements change, applied as one small transaction
     let mut a_moved = a.pod.clone();
-    a_moved.labels.insert("role".into(), "former".into());
+    std::sync::Arc::make_mut(&mut a_moved.labels).insert("role".into(), "former".into());
     let moved = build(
         &policies,
         &namespaces,

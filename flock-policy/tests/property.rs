@@ -365,7 +365,7 @@ fn pods() -> impl Strategy<Value = Vec<Pod>> {
                 Pod {
                     namespace: NAMESPACES[ns].into(),
                     name: format!("pod{i}"),
-                    labels,
+                    labels: labels.into(),
                     addresses,
                     host_if: local.then(|| format!("flock{i:08x}")),
                     ports,

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use flock_policy::{
     LabelSelector, Labels, NamedPort, Operator, Peer, Policy, PolicyTypes, Port, PortSpec,
@@ -50,8 +51,9 @@ pub struct ClusterPod {
     pub uid: String,
     /// `spec.nodeName`.
     pub node: String,
-    /// `metadata.labels`.
-    pub labels: Labels,
+    /// `metadata.labels`, shared with the other pods that have the same (see
+    /// [`ClusterView::intern_labels`](super::view::ClusterView::intern_labels)).
+    pub labels: Arc<Labels>,
     /// `status.podIPs`, plus the `addresses` and `anycast` annotations.
     pub addresses: Vec<IpAddr>,
     /// Named container ports.
@@ -93,7 +95,7 @@ pub fn cluster_pod(pod: &Pod) -> Option<ClusterPod> {
     Some(ClusterPod {
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
-        labels: pod.metadata.labels.clone().unwrap_or_default(),
+        labels: Arc::new(pod.metadata.labels.clone().unwrap_or_default()),
         addresses,
         ports: spec.map(named_ports).unwrap_or_default(),
     })

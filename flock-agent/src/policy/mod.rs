@@ -286,7 +286,13 @@ impl PolicyEnforcer {
                 let key = object_key(&pod);
                 let value = convert::cluster_pod(&pod);
                 let keys = vec![key.clone()];
-                self.update_pods(|_| keys, |view| view.pods.set(key, value));
+                self.update_pods(
+                    |_| keys,
+                    |view| {
+                        let value = view.intern_labels(value);
+                        view.pods.set(key, value)
+                    },
+                );
             }
             Event::Delete(pod) => {
                 let key = object_key(&pod);
@@ -295,9 +301,15 @@ impl PolicyEnforcer {
             }
             relist => {
                 self.update(|view| {
-                    relist_event(&mut view.pods, relist, |pod| {
-                        (object_key(pod), convert::cluster_pod(pod))
-                    })
+                    let mut pods = std::mem::take(&mut view.pods);
+                    let changed = relist_event(&mut pods, relist, |pod| {
+                        (
+                            object_key(pod),
+                            view.intern_labels(convert::cluster_pod(pod)),
+                        )
+                    });
+                    view.pods = pods;
+                    changed
                 });
             }
         }
@@ -581,7 +593,7 @@ fn object_key<K: kube::Resource>(object: &K) -> ObjectKey {
 fn relist_event<K, V: PartialEq>(
     relist: &mut Relist<V>,
     event: Event<K>,
-    convert: impl Fn(&K) -> (ObjectKey, Option<V>),
+    mut convert: impl FnMut(&K) -> (ObjectKey, Option<V>),
 ) -> bool {
     match event {
         Event::Apply(k) => {

@@ -106,7 +106,7 @@ mod tests {
         Pod {
             namespace: "shop".into(),
             name: name.into(),
-            labels: [("role".into(), role.into())].into(),
+            labels: std::sync::Arc::new([("role".into(), role.into())].into()),
             addresses: vec![format!("2001:db8:1::{last}").parse().unwrap()],
             host_if: host_if.map(Into::into),
             ports: vec![],

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use flock_policy::{Labels, NamedPort, Namespace, Pod, Policy};
 
@@ -134,6 +135,30 @@ pub struct ClusterView {
     pub invalid: BTreeMap<ObjectKey, String>,
     /// This node's pods by host veth.
     pub local: BTreeMap<String, LocalPod>,
+    /// The distinct label sets of the cached pods: the pods of one ReplicaSet share one.
+    labels: LabelInterner,
+}
+
+/// Distinct label sets, each kept once; pruned of the sets no pod holds any more when it
+/// has doubled since the last pruning (amortised O(log n) a pod).
+#[derive(Debug, Clone, Default)]
+struct LabelInterner {
+    sets: BTreeSet<Arc<Labels>>,
+    prune_at: usize,
+}
+
+impl LabelInterner {
+    fn intern(&mut self, labels: Arc<Labels>) -> Arc<Labels> {
+        if let Some(known) = self.sets.get(&labels) {
+            return known.clone();
+        }
+        if self.sets.len() >= self.prune_at {
+            self.sets.retain(|l| Arc::strong_count(l) > 1);
+            self.prune_at = (2 * self.sets.len()).max(64);
+        }
+        self.sets.insert(labels.clone());
+        labels
+    }
 }
 
 /// `flock-policy`'s inputs.
@@ -148,6 +173,15 @@ pub struct ModelInputs {
 }
 
 impl ClusterView {
+    /// `pod` with its labels replaced by the equal set already cached, if there is one: 10 000
+    /// pods of a few hundred Deployments hold a few hundred label maps (issue 15).
+    pub fn intern_labels(&mut self, pod: Option<ClusterPod>) -> Option<ClusterPod> {
+        pod.map(|mut p| {
+            p.labels = self.labels.intern(p.labels);
+            p
+        })
+    }
+
     /// Whether every cache has finished its first listing: before that, the model is not
     /// known and nothing may be applied (an empty model would remove every rule).
     pub fn is_synced(&self) -> bool {
@@ -209,7 +243,7 @@ impl ClusterView {
             .filter(|c| c.uid.is_empty() || local.uid.is_empty() || c.uid == local.uid);
         let (labels, ports) = match cached {
             Some(c) => (c.labels.clone(), c.ports.clone()),
-            None => (local.labels.clone(), local.ports.clone()),
+            None => (Arc::new(local.labels.clone()), local.ports.clone()),
         };
         Pod {
             namespace: local.key.0.clone(),
@@ -296,7 +330,7 @@ mod tests {
             Some(ClusterPod {
                 uid: "u1".into(),
                 node: "node-a".into(),
-                labels: [("app".into(), "relabelled".into())].into(),
+                labels: Arc::new([("app".into(), "relabelled".into())].into()),
                 addresses: vec!["2001:db8:1::99".parse().unwrap()],
                 ports: vec![],
             }),
@@ -306,7 +340,7 @@ mod tests {
             key("shop", "new"),
             Some(ClusterPod {
                 uid: "older".into(),
-                labels: [("app".into(), "stale".into())].into(),
+                labels: Arc::new([("app".into(), "stale".into())].into()),
                 ..ClusterPod::default()
             }),
         );
