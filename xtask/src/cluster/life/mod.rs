@@ -275,7 +275,31 @@ fn ping_counts(text: &str) -> Option<(u64, u64)> {
         .split(|c: char| !c.is_ascii_digit())
         .filter(|w| !w.is_empty())
         .map(str::parse::<u64>);
-    Some((numbers.next()?.ok()?, numbers.next()?.ok()?))
+    let transmitted = numbers.next()?.ok()?;
+    let received = numbers.next()?.ok()?;
+    // The probe ends ping with SIGINT, and ping counts a request still in flight then as
+    // lost. One request after the last reply is that one, not a loss; more are losses.
+    let replies: std::collections::BTreeSet<u64> = text
+        .lines()
+        .filter(|l| !l.contains("DUP!"))
+        .filter_map(|l| l.split("seq=").nth(1))
+        .filter_map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    let Some(last) = replies.last() else {
+        // Quiet (`-q`) or no reply at all: the statistics line is all there is.
+        return Some((transmitted, received));
+    };
+    let sent = if transmitted == last + 2 {
+        last + 1
+    } else {
+        transmitted
+    };
+    Some((sent, replies.len() as u64))
 }
 
 fn upgrade(out: &mut String) -> Result<Vec<String>> {
@@ -970,8 +994,24 @@ mod tests {
 
     #[test]
     fn ping_statistics() {
-        let text = "PING x\n--- x ping statistics ---\n120 packets transmitted, 118 packets received, 1% packet loss\n";
-        assert_eq!(ping_counts(text), Some((120, 118)));
+        let reply = |seq: u64| format!("64 bytes from x: seq={seq} ttl=62 time=0.1 ms\n");
+        let stats = |sent: u64, got: u64| {
+            format!(
+                "--- x ping statistics ---\n{sent} packets transmitted, {got} packets received\n"
+            )
+        };
+        // seq 2 lost, seq 5 in flight when ping was stopped: not a loss.
+        let text: String = [0, 1, 3, 4].map(reply).concat() + &stats(6, 4);
+        assert_eq!(ping_counts(&text), Some((5, 4)));
+        // Two after the last reply: the path was gone at the end, both lost.
+        let text: String = [0, 1].map(reply).concat() + &stats(4, 2);
+        assert_eq!(ping_counts(&text), Some((4, 2)));
+        // A duplicate counts once; no reply at all is every request lost.
+        let text = reply(0) + &reply(0).replace("ms", "ms (DUP!)") + &stats(1, 1);
+        assert_eq!(ping_counts(&text), Some((1, 1)));
+        assert_eq!(ping_counts(&stats(3, 0)), Some((3, 0)));
+        // Quiet: the statistics line.
+        assert_eq!(ping_counts(&stats(120, 118)), Some((120, 118)));
         assert_eq!(ping_counts("ping: sendto: Network unreachable"), None);
     }
 
