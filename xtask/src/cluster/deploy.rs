@@ -289,8 +289,13 @@ pub fn scale_web(replicas: usize, limit: Duration) -> Result<Duration> {
             "jsonpath={.status.readyReplicas}/{.status.replicas}/{.status.updatedReplicas}",
         ])
         .unwrap_or_default();
-        let want = format!("{replicas}/{replicas}/{replicas}");
-        if last.trim() == want {
+        // The status leaves out a count of 0 (`//` for a Deployment scaled to zero).
+        let counts: Vec<usize> = last
+            .trim()
+            .split('/')
+            .map(|c| c.parse().unwrap_or(0))
+            .collect();
+        if counts.len() == 3 && counts.iter().all(|c| *c == replicas) {
             return Ok(started.elapsed());
         }
         std::thread::sleep(Duration::from_millis(200));
