@@ -543,7 +543,13 @@ fn reboot(out: &mut String, n: &Node, forgotten: bool) -> Result<Vec<String>> {
     let mut failures = Vec::new();
     let kube = kube::ensure_built()?;
     let pods_before = wait_node_pods(n, "", Duration::from_secs(60))?;
-    let (held_before, veths_before) = holdings(n);
+    // The agent writes its status at most every 10 s: after the churn of an earlier test the
+    // counts catch up with the node's veths (one allocation of each family per pod) first.
+    let (mut held_before, mut veths_before) = holdings(n);
+    let _ = sys::wait_for(Duration::from_secs(30), || {
+        (held_before, veths_before) = holdings(n);
+        held_before == format!("{veths_before}/{veths_before}")
+    });
     let routes_before = router_routes(n);
     let config_before = node_config(n);
 
