@@ -614,34 +614,47 @@ fn anycast(r: &mut Report) -> Result<()> {
                 .iter()
                 .find(|p| p.app == "anycast" && p.node == n.name)
                 .map_or("", |p| p.name.as_str());
-            let ping = router
-                .run(&[
-                    "ping",
-                    "-q",
-                    "-c",
-                    "3",
-                    "-i",
-                    "0.2",
-                    "-W",
-                    "2",
-                    "-I",
-                    n.router_if,
-                    addr,
-                ])
-                .is_ok_and(|o| o.contains(" 0% packet loss"));
-            let http = router
-                .run(&[
-                    "curl",
-                    "-sS",
-                    "--max-time",
-                    "3",
-                    "--interface",
-                    n.router_if,
-                    &url(addr),
-                ])
-                .map(|b| b.trim().to_owned())
-                .unwrap_or_else(|e| format!("FAIL ({e:#})"));
-            if !ping || want.is_empty() || http != want {
+            // A pod that has just become Ready may take a moment to answer on every path:
+            // up to 5 tries, 1 s apart; the table says how many it took.
+            let (mut ping, mut http, mut tries) = (false, String::new(), 0);
+            while tries < 5 {
+                tries += 1;
+                ping = router
+                    .run(&[
+                        "ping",
+                        "-q",
+                        "-c",
+                        "3",
+                        "-i",
+                        "0.2",
+                        "-W",
+                        "2",
+                        "-I",
+                        n.router_if,
+                        addr,
+                    ])
+                    .is_ok_and(|o| o.contains(" 0% packet loss"));
+                http = router
+                    .run(&[
+                        "curl",
+                        "-sS",
+                        "--max-time",
+                        "3",
+                        "--interface",
+                        n.router_if,
+                        &url(addr),
+                    ])
+                    .map(|b| b.trim().to_owned())
+                    .unwrap_or_else(|e| format!("FAIL ({e:#})"));
+                if ping && !want.is_empty() && http == want {
+                    break;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            if tries > 1 {
+                http = format!("{http} (try {tries})");
+            }
+            if !ping || want.is_empty() || !http.starts_with(want) || http.starts_with("FAIL") {
                 r.failures.push(format!(
                     "router -> anycast {addr} via {}: ping {ping}, HTTP answer {http:?} (want {want:?})",
                     n.name
