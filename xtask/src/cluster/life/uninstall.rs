@@ -15,14 +15,15 @@ use crate::cluster::proc::Place;
 use crate::cluster::{NODES, Node, kubectl, kubectl_stdin, repo_root};
 use crate::sys;
 
-/// A policy that isolates `web`'s pods (on both nodes), so each node has flock's table.
+/// A policy that isolates the anycast DaemonSet's pods (one on every node), so each node
+/// has flock's table (`web`'s replicas may all be on one node by then).
 fn isolate() -> String {
     format!(
         "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {{ name: before-uninstall, namespace: {DEMO_NS} }}
 spec:
-  podSelector: {{ matchLabels: {{ app: web }} }}
+  podSelector: {{ matchLabels: {{ app: anycast }} }}
   policyTypes: [Ingress]
   ingress: [ {{ from: [ {{ podSelector: {{}} }} ] }} ]
 "
@@ -55,7 +56,7 @@ pub fn uninstall(out: &mut String, bins: &Path) -> Result<Vec<String>> {
             flock_rules(n).is_ok_and(|r| r.iter().any(|l| l.contains("table inet flock_policy")))
         })
     })
-    .context("flock's nftables table on every node, with web's pods isolated")?;
+    .context("flock's nftables table on every node, with the anycast pods isolated")?;
     let mut rows = Vec::new();
     let installed: Vec<(usize, usize)> = NODES
         .iter()
