@@ -150,15 +150,8 @@ fn joined(out: &mut String, kube: &kube::KubeBuild, failures: &mut Vec<String>) 
     let want = format!("{} {}", JOINER.cidr6, JOINER.cidr4);
     let mut got = String::new();
     sys::wait_for(Duration::from_secs(60), || {
-        got = kubectl(&[
-            "get",
-            "nodeconfig",
-            JOINER.name,
-            "-o",
-            "jsonpath={.spec.cidr6} {.spec.cidr4}",
-        ])
-        .unwrap_or_default();
-        got.trim() == want
+        got = super::node_config(&JOINER);
+        got == want
     })
     .with_context(|| format!("{}'s NodeConfig: want {want}, have {got:?}", JOINER.name))?;
     let configured = t.elapsed();
@@ -646,18 +639,7 @@ fn leave(
     .context("the joiner's kubelet did not stop")?;
     kubectl(&["delete", "node", JOINER.name])?;
     let deleted = t.elapsed();
-    let pods_gone = sys::wait_for(Duration::from_secs(150), || {
-        kubectl(&[
-            "get",
-            "pods",
-            "-A",
-            "--field-selector",
-            &format!("spec.nodeName={}", JOINER.name),
-            "-o",
-            "name",
-        ])
-        .is_ok_and(|p| p.trim().is_empty())
-    });
+    let pods_gone = super::wait_pods_unbound(JOINER.name);
     let gc = t.elapsed();
     if pods_gone.is_err() {
         failures.push(format!(

@@ -564,19 +564,8 @@ fn reboot(out: &mut String, n: &Node, forgotten: bool) -> Result<Vec<String>> {
         kubectl(&["delete", "node", n.name])?;
         let deleted = Instant::now();
         // The pod garbage collector deletes the pods bound to a Node that is gone.
-        sys::wait_for(Duration::from_secs(150), || {
-            kubectl(&[
-                "get",
-                "pods",
-                "-A",
-                "--field-selector",
-                &format!("spec.nodeName={}", n.name),
-                "-o",
-                "name",
-            ])
-            .is_ok_and(|p| p.trim().is_empty())
-        })
-        .with_context(|| format!("the pods bound to {} outlived its Node", n.name))?;
+        wait_pods_unbound(n.name)
+            .with_context(|| format!("the pods bound to {} outlived its Node", n.name))?;
         let grace = parse_seconds(join::LEAK_GRACE);
         std::thread::sleep(grace.saturating_sub(deleted.elapsed()) + Duration::from_secs(5));
         forgotten_for = deleted.elapsed();
@@ -715,6 +704,23 @@ fn reboot(out: &mut String, n: &Node, forgotten: bool) -> Result<Vec<String>> {
     sys::table(out, &["since power off", ""], &timing);
     out.push('\n');
     Ok(failures)
+}
+
+/// Waits (up to 150 s) until the API has no pod bound to node `name`: after its Node is
+/// deleted, the pod garbage collector removes them.
+fn wait_pods_unbound(name: &str) -> Result<()> {
+    sys::wait_for(Duration::from_secs(150), || {
+        kubectl(&[
+            "get",
+            "pods",
+            "-A",
+            "--field-selector",
+            &format!("spec.nodeName={name}"),
+            "-o",
+            "name",
+        ])
+        .is_ok_and(|p| p.trim().is_empty())
+    })
 }
 
 /// `n`'s NodeConfig's CIDRs.

@@ -223,26 +223,10 @@ fn run(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
             }
         })
     };
-    kubectl(&[
-        "-n",
-        DEMO_NS,
-        "patch",
-        "deployment",
-        "web",
-        "-p",
-        &format!(
-            r#"{{"spec":{{"template":{{"spec":{{"nodeSelector":{{"kubernetes.io/hostname":"{}"}}}}}}}}}}"#,
-            NODES[0].name
-        ),
-    ])?;
-    kubectl(&[
-        "-n",
-        DEMO_NS,
-        "rollout",
-        "status",
-        "deployment/web",
-        "--timeout=180s",
-    ])?;
+    place_web(&format!(
+        r#"{{"kubernetes.io/hostname":"{}"}}"#,
+        NODES[0].name
+    ))?;
     let only_node1: BTreeSet<String> = [NODES[0].name.to_owned()].into();
     let withdrawn = sys::wait_for(Duration::from_secs(30), || {
         addrs.iter().all(|a| next_hops(a) == only_node1)
@@ -344,8 +328,9 @@ fn run(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
     Ok(())
 }
 
-/// web back to both nodes.
-fn spread_web() -> Result<()> {
+/// Sets `web`'s pod template's `nodeSelector` (JSON; `null` removes it) and waits for the
+/// rollout.
+fn place_web(node_selector: &str) -> Result<()> {
     kubectl(&[
         "-n",
         DEMO_NS,
@@ -353,7 +338,7 @@ fn spread_web() -> Result<()> {
         "deployment",
         "web",
         "-p",
-        r#"{"spec":{"template":{"spec":{"nodeSelector":null}}}}"#,
+        &format!(r#"{{"spec":{{"template":{{"spec":{{"nodeSelector":{node_selector}}}}}}}}}"#),
     ])?;
     kubectl(&[
         "-n",
@@ -363,6 +348,12 @@ fn spread_web() -> Result<()> {
         "deployment/web",
         "--timeout=180s",
     ])?;
+    Ok(())
+}
+
+/// web back to both nodes.
+fn spread_web() -> Result<()> {
+    place_web("null")?;
     // A rollout does not rebalance: scale through zero so the scheduler spreads them again.
     super::super::deploy::scale_web(0, Duration::from_secs(120))?;
     super::super::deploy::scale_web(WEB_REPLICAS, Duration::from_secs(180))?;
