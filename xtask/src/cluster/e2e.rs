@@ -413,16 +413,34 @@ impl PodFamilies {
         }
         let families = PodFamilies { previous };
         for n in &NODES {
-            sys::wait_for(Duration::from_secs(30), || {
-                probe_families(n.name).is_ok_and(|(v6, v4)| v6 && v4 == pods.ipv4())
+            // Each probe is a pod started and deleted; the last one's outcome is the error's.
+            let mut last = String::from("no probe finished");
+            sys::wait_for(Duration::from_secs(60), || match probe_families(n.name) {
+                Ok((v6, v4)) => {
+                    last = format!("the last probe pod got IPv6 {v6}, IPv4 {v4}");
+                    v6 && v4 == pods.ipv4()
+                }
+                Err(e) => {
+                    last = format!("the last probe: {e:#}");
+                    false
+                }
             })
             .with_context(|| {
                 format!(
                     "new pods on {} do not get {} addresses after its NodePool's \
-                     defaults.ipv4 became {}",
+                     defaults.ipv4 became {} ({last}; NodeConfig {}'s defaults.ipv4: {})",
                     n.name,
                     pods.describe(),
-                    pods.ipv4()
+                    pods.ipv4(),
+                    n.name,
+                    super::kubectl(&[
+                        "get",
+                        "nodeconfig",
+                        n.name,
+                        "-o",
+                        "jsonpath={.spec.defaults.ipv4}",
+                    ])
+                    .unwrap_or_else(|e| format!("{e:#}"))
                 )
             })?;
         }
