@@ -49,11 +49,14 @@ pub fn policy(out: &mut String) -> Result<Vec<String>> {
     let cleaned = clean_up();
     result?;
     match cleaned {
-        Ok(took) => {
+        Ok([pods, namespaces, counted]) => {
             let _ = writeln!(
                 out,
-                "deleted again, the agents' count of cluster pods back down: {:.1} s",
-                took.as_secs_f64()
+                "deleted again: the scale run's pods force-deleted after {:.1} s, the namespaces \
+                 gone after {:.1} s, the agents' counts of cluster pods back down after {:.1} s",
+                pods.as_secs_f64(),
+                namespaces.as_secs_f64(),
+                counted.as_secs_f64()
             );
         }
         Err(e) => failures.push(format!("policy: clean-up: {e:#}")),
@@ -67,7 +70,8 @@ pub fn policy(out: &mut String) -> Result<Vec<String>> {
 /// to a Node without a kubelet: left to the namespace controller they would wait for the pod
 /// garbage collector, which force-deletes them at the controller manager's 20 requests a
 /// second, minutes of churn. They are force-deleted here, one collection per namespace.
-fn clean_up() -> Result<Duration> {
+/// Returns when the pods were deleted, the namespaces gone and the agents' counts down.
+fn clean_up() -> Result<[Duration; 3]> {
     let t = Instant::now();
     let scale: Vec<String> = kubectl(&[
         "get",
@@ -111,6 +115,7 @@ fn clean_up() -> Result<Duration> {
     if let Some(e) = errors.first() {
         bail!("{e}");
     }
+    let pods = t.elapsed();
     kubectl(&[
         "delete",
         "namespace",
@@ -150,6 +155,7 @@ fn clean_up() -> Result<Duration> {
         left.trim().is_empty()
     })
     .with_context(|| format!("namespaces still there: {}", left.trim()))?;
+    let namespaces = t.elapsed();
     let mut counts = Vec::new();
     sys::wait_for(Duration::from_secs(120), || {
         counts = NODES.iter().map(cluster_pods_seen).collect();
@@ -158,7 +164,7 @@ fn clean_up() -> Result<Duration> {
             .all(|c| c.is_none_or(|c| (c as usize) < SCALE_PODS))
     })
     .with_context(|| format!("the agents still count cluster pods: {counts:?}"))?;
-    Ok(t.elapsed())
+    Ok([pods, namespaces, t.elapsed()])
 }
 
 // ---------------------------------------------------------------------------------------
