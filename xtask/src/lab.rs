@@ -152,7 +152,7 @@ pub fn lab(args: &[String]) -> Result<()> {
         None | Some("up") => {
             sys::require_root("cargo xtask lab")?;
             sys::ensure_packages(PACKAGES)?;
-            let bins = crate::bench::build_release(&["flock-agent", "flock-plugin"])?;
+            let bins = crate::bench::build(crate::bench::FLOCK, true)?;
             let started = Instant::now();
             let report = up(&bins)?;
             print!("{report}");
@@ -166,8 +166,7 @@ pub fn lab(args: &[String]) -> Result<()> {
             // What `cargo xtask test` runs: the debug binaries, up, checks, down.
             sys::require_root("cargo xtask lab check")?;
             sys::ensure_packages(PACKAGES)?;
-            sys::cargo(["build", "-p", "flock-agent", "-p", "flock-plugin"])?;
-            ci(&debug_bins())
+            ci(&crate::bench::build(crate::bench::FLOCK, false)?)
         }
         Some("down") => {
             sys::require_root("cargo xtask lab down")?;

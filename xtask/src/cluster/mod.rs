@@ -259,7 +259,7 @@ pub fn cluster(args: &[String]) -> Result<()> {
                 Some(i) => PathBuf::from(args.get(i + 1).context("--bins needs a directory")?),
                 None => {
                     sys::ensure_packages(PACKAGES)?;
-                    crate::bench::build_release(&["flock-agent", "flock-plugin"])?
+                    crate::bench::build(crate::bench::FLOCK, true)?
                 }
             };
             let report = up(&bins, started)?;
@@ -307,8 +307,7 @@ pub fn cluster(args: &[String]) -> Result<()> {
 pub fn check() -> Result<()> {
     sys::require_root("cargo xtask cluster check")?;
     sys::ensure_packages(PACKAGES)?;
-    sys::cargo(["build", "-p", "flock-agent", "-p", "flock-plugin"])?;
-    ci(&crate::lab::debug_bins())
+    ci(&crate::bench::build(crate::bench::FLOCK, false)?)
 }
 
 /// The cluster as a check: up with the binaries in `bins`, the report and the life tests
