@@ -198,7 +198,7 @@ pub fn install_flock(repo: &Path) -> Result<()> {
 /// whose pods share an anycast address, and a ClusterIP Service in front of the Deployment.
 pub fn workloads() -> String {
     let container = format!(
-        "      terminationGracePeriodSeconds: 1
+        "      terminationGracePeriodSeconds: 3
       # No cluster DNS here: the node's resolv.conf.
       dnsPolicy: Default
       enableServiceLinks: false
@@ -210,7 +210,13 @@ pub fn workloads() -> String {
           ports: [{{ containerPort: 80 }}]
           readinessProbe:
             httpGet: {{ path: /, port: 80 }}
-            periodSeconds: 2",
+            periodSeconds: 2
+          # Serve on while kube-proxy drops the endpoint of a pod being deleted (it lags the
+          # EndpointSlice by up to a sync): what a workload does to scale down without failing
+          # a request. A CI run of `life upgrade` lost one Service GET of ~650 without it.
+          lifecycle:
+            preStop:
+              exec: {{ command: [sleep, \"2\"] }}",
         image = images::NET
     );
     format!(
