@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use rtnetlink::Handle;
 
 use crate::error::{Error, Result};
+use crate::host::HOST_IF_PREFIX;
 use crate::nl::{self, KRoute};
 use crate::ns::NodeNs;
 
@@ -46,7 +47,12 @@ pub async fn sync_anycast(node: &NodeNs, addr: IpAddr, members: &[AnycastMember]
 }
 
 /// The registry entry for `addr`, seeded from the kernel's current route on
-/// first use (so an agent restart picks up what is installed).
+/// first use (so an agent restart picks up what is installed): flock's own route
+/// (`proto static`), and of it only the nexthops on pods' host veths. A node also learns
+/// the address from the fabric, where other nodes' pods announce it: BIRD's route to it
+/// through the uplink is not a member, and taken for one it became a nexthop that sent
+/// part of the anycast traffic arriving at the node back out (for IPv4, to an ARP on the
+/// uplink that nobody answers).
 pub(crate) async fn member_set<'a>(
     h: &Handle,
     ns: &str,
@@ -61,9 +67,15 @@ pub(crate) async fn member_set<'a>(
     let routes = nl::main_routes(h, ns).await?;
     let links = nl::links(h, ns).await?;
     let mut seeded = BTreeMap::new();
-    if let Some(r) = routes.iter().find(|r| r.dst == dst && is_unicast(r)) {
+    if let Some(r) = routes
+        .iter()
+        .find(|r| r.dst == dst && r.static_proto && is_unicast(r))
+    {
         for (idx, gw) in &r.nexthops {
-            if let Some(l) = links.iter().find(|l| l.index == *idx) {
+            if let Some(l) = links
+                .iter()
+                .find(|l| l.index == *idx && l.name.starts_with(HOST_IF_PREFIX))
+            {
                 let gw6 = match gw {
                     Some(IpAddr::V6(g)) => Some(*g),
                     _ => None,

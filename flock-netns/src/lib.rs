@@ -14,8 +14,9 @@
 #![doc = include_str!("../README.md")]
 
 // Modules, each using only those listed before it: error; nl and ns (netlink requests, the
-// one place that enters namespaces); host (veth names, the node's links and blackholes) and
-// anycast (ECMP routes over pods); pod (one attachment: setup, check, detach, teardown).
+// one place that enters namespaces); host (veth names, the node's links and blackholes);
+// anycast (ECMP routes over pods' host veths); pod (one attachment: setup, check, detach,
+// teardown).
 mod anycast;
 mod error;
 mod host;

@@ -250,6 +250,9 @@ pub(crate) struct KRoute {
     pub(crate) dst: IpNet,
     /// Installed by the kernel for an address (prefix routes, fe80::/64).
     pub(crate) kernel: bool,
+    /// Installed with `proto static`, as flock installs its routes (not, say, BIRD's
+    /// `proto bird` routes learned from the fabric).
+    pub(crate) static_proto: bool,
     pub(crate) kind: RouteType,
     /// `(ifindex, gateway)` of each nexthop; one entry for a plain route.
     pub(crate) nexthops: Vec<(u32, Option<IpAddr>)>,
@@ -303,6 +306,7 @@ fn parse_route(m: &RouteMessage) -> Option<KRoute> {
     Some(KRoute {
         dst,
         kernel: m.header.protocol == netlink_packet_route::route::RouteProtocol::Kernel,
+        static_proto: m.header.protocol == netlink_packet_route::route::RouteProtocol::Static,
         kind: m.header.kind,
         nexthops,
     })
@@ -405,6 +409,11 @@ pub(crate) async fn route_del(h: &Handle, ns: &str, spec: &RouteSpec, index: u32
 async fn del(h: &Handle, ns: &str, mut m: RouteMessage, what: String) -> Result<()> {
     // match whoever installed it
     m.header.protocol = netlink_packet_route::route::RouteProtocol::Unspec;
+    del_matching(h, ns, m, what).await
+}
+
+/// Deletes the route `m` describes, its protocol included; gone already = done.
+async fn del_matching(h: &Handle, ns: &str, m: RouteMessage, what: String) -> Result<()> {
     match h.route().del(m).execute().await {
         Ok(()) => Ok(()),
         Err(e) if matches!(nl_errno(&e), Some(ESRCH | ENOENT | ENODEV)) => Ok(()),
@@ -433,7 +442,9 @@ pub(crate) async fn multipath_replace(
     let mut m = base_message(dst);
     if hops.is_empty() {
         m.header.scope = RouteScope::NoWhere;
-        return del(h, ns, m, describe()).await;
+        // flock's route only: BIRD may hold one to the same address, learned from the fabric
+        // (another node's pods announce it too).
+        return del_matching(h, ns, m, describe()).await;
     }
     let family = if dst.addr().is_ipv4() {
         AddressFamily::Inet

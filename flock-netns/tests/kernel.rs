@@ -387,6 +387,87 @@ async fn anycast_route_follows_its_pods() {
     assert_eq!(anycast_route(&node_ns, "-4", any[1]), "");
 }
 
+/// A node learns an anycast address from the fabric too (BIRD installs the route other
+/// nodes announce, through its uplink). That route is not a member: the node's first local
+/// pod with the address gets a route of its own pod alone, and the last one leaving takes
+/// only flock's route away. (A cluster run found the uplink taken for a member: part of the
+/// anycast traffic reaching the node went back out, for IPv4 to an ARP nobody answered.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_bird_learned_for_an_anycast_address_is_not_a_member() {
+    let (node_ns, fabric, pod) = (Netns::new("node"), Netns::new("fab"), Netns::new("pod"));
+    let node = NodeNs::at(node_ns.path());
+    // The uplink: a veth to a stand-in router, whose address is the gateway of BIRD's routes.
+    node_ns.ok([
+        "ip",
+        "link",
+        "add",
+        "uplink",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "rtr",
+        "netns",
+        fabric.name(),
+    ]);
+    node_ns.ok(["ip", "link", "set", "uplink", "up"]);
+    node_ns.ok([
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "2001:db8:f0::2/64",
+        "dev",
+        "uplink",
+        "nodad",
+    ]);
+    fabric.ok(["ip", "link", "set", "rtr", "up"]);
+    let any = ["2001:db8:ab::53", "10.100.1.53"];
+    for (fam, addr) in [("-6", any[0]), ("-4", any[1])] {
+        node_ns.ok([
+            "ip",
+            fam,
+            "route",
+            "add",
+            addr,
+            "via",
+            "inet6",
+            "2001:db8:f0::1",
+            "dev",
+            "uplink",
+            "proto",
+            "bird",
+            "metric",
+            "32",
+        ]);
+    }
+    let a = spec(
+        &pod,
+        "any-l",
+        &["2001:db8:6::a/128", "10.244.6.10/32"],
+        &any,
+    );
+    let ha = host_ifname("any-l", "eth0", 0);
+    setup(&node, &a).await.unwrap();
+    for (fam, addr) in [("-6", any[0]), ("-4", any[1])] {
+        let flock = node_ns.ok(["ip", fam, "route", "show", addr, "proto", "static"]);
+        assert!(flock.contains(&ha), "{flock}");
+        assert!(
+            !flock.contains("uplink") && !flock.contains("nexthop"),
+            "{flock}"
+        );
+    }
+    teardown(&node, &a).await.unwrap();
+    for (fam, addr) in [("-6", any[0]), ("-4", any[1])] {
+        assert_eq!(
+            node_ns.ok(["ip", fam, "route", "show", addr, "proto", "static"]),
+            ""
+        );
+        let bird = node_ns.ok(["ip", fam, "route", "show", addr, "proto", "bird"]);
+        assert!(bird.contains("uplink"), "BIRD's route stays: {bird:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blackholes_and_inventory() {
     let node_ns = Netns::new("node");
