@@ -674,6 +674,28 @@ fn anycast(r: &mut Report) -> Result<()> {
         &["anycast", "next hop", "ping", "HTTP answered by", "route"],
         &rows,
     );
+    // Each node's own route to the address leads to its pods' host veths only: the node also
+    // learns the address from the fabric, and that route is not one of its pods.
+    for n in &NODES {
+        for (family, addr) in [("-6", ANYCAST6), ("-4", ANYCAST4)] {
+            let route = Place::Net(n.ns())
+                .run(&["ip", family, "route", "show", addr, "proto", "static"])
+                .unwrap_or_else(|e| format!("({e:#})"));
+            let words: Vec<&str> = route.split_whitespace().collect();
+            let devs: Vec<&str> = words
+                .windows(2)
+                .filter(|w| w[0] == "dev")
+                .map(|w| w[1])
+                .collect();
+            if devs.is_empty() || devs.iter().any(|d| !d.starts_with("flock")) {
+                r.failures.push(format!(
+                    "{}'s anycast route to {addr} is not over its pods' host veths: {:?}",
+                    n.name,
+                    route.trim()
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
