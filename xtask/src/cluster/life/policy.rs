@@ -417,15 +417,26 @@ fn fmt_ms(d: Duration) -> String {
 // ---------------------------------------------------------------------------------------
 // memory at scale
 
+/// The scale run's namespaces, one manifest.
+fn scale_namespaces() -> String {
+    (0..SCALE_NAMESPACES)
+        .map(|ns| {
+            format!(
+                "apiVersion: v1
+kind: Namespace
+metadata: {{ name: scale-{ns:03}, labels: {{ flock.fritzlab.net/life-test: policy-scale, team: t{team} }} }}
+",
+                team = ns % 10
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// One scale namespace's pods and policies.
 fn scale_manifests(ns: usize) -> String {
     let name = format!("scale-{ns:03}");
-    let mut m = format!(
-        "apiVersion: v1
-kind: Namespace
-metadata: {{ name: {name}, labels: {{ flock.fritzlab.net/life-test: policy-scale, team: t{team} }} }}
-",
-        team = ns % 10
-    );
+    let mut m = String::new();
     for p in 0..SCALE_PODS {
         let _ = write!(
             m,
@@ -549,7 +560,33 @@ spec:
         ),
     )?;
     let t = Instant::now();
-    // Four writers at once; each namespace is one `kubectl apply` of its 111 objects.
+    // The namespaces first, and their `default` ServiceAccounts awaited: the apiserver refuses
+    // a pod whose ServiceAccount the controller manager has not made yet (a CI run had all of
+    // one namespace's pods refused, created in the same apply as the namespace).
+    kubectl_stdin(&["apply", "-f", "-"], &scale_namespaces())?;
+    let mut accounts = 0;
+    sys::wait_for(Duration::from_secs(120), || {
+        accounts = kubectl(&[
+            "get",
+            "serviceaccounts",
+            "-A",
+            "--field-selector",
+            "metadata.name=default",
+            "-o",
+            "jsonpath={.items[*].metadata.namespace}",
+        ])
+        .map(|o| {
+            o.split_whitespace()
+                .filter(|n| n.starts_with("scale-"))
+                .count()
+        })
+        .unwrap_or(0);
+        accounts >= SCALE_NAMESPACES
+    })
+    .with_context(|| {
+        format!("{accounts} of the {SCALE_NAMESPACES} scale namespaces have their default ServiceAccount")
+    })?;
+    // Four writers at once; each namespace is one `kubectl apply` of its 110 objects.
     let next = Arc::new(Mutex::new(0usize));
     let errors: Vec<String> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..4)
@@ -645,6 +682,13 @@ mod tests {
         let m = scale_manifests(7);
         assert_eq!(m.matches("kind: Pod\n").count(), SCALE_PODS);
         assert_eq!(m.matches("kind: NetworkPolicy").count(), SCALE_POLICIES);
-        assert!(m.contains("name: scale-007") && m.contains(&format!("nodeName: {SCALE_NODE}")));
+        assert!(
+            m.contains("namespace: scale-007") && m.contains(&format!("nodeName: {SCALE_NODE}"))
+        );
+        let n = scale_namespaces();
+        assert_eq!(n.matches("kind: Namespace\n").count(), SCALE_NAMESPACES);
+        assert!(n.contains(
+            "name: scale-007, labels: { flock.fritzlab.net/life-test: policy-scale, team: t7 }"
+        ));
     }
 }
