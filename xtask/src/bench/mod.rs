@@ -197,11 +197,6 @@ pub fn subjects() -> Vec<Box<dyn Subject>> {
 /// The packages of a flock node: the agent and the shim.
 pub const FLOCK: &[&str] = &["flock-agent", "flock-plugin"];
 
-/// Builds `packages` with `cargo build --release` and returns `target/release`.
-pub fn build_release(packages: &[&str]) -> Result<PathBuf> {
-    build(packages, true)
-}
-
 /// Builds `packages` (`--release`, or the dev profile) and returns their directory
 /// (`target/release` or `target/debug`).
 ///
@@ -351,7 +346,7 @@ pub fn bench(args: &[String]) -> Result<()> {
         .collect();
     packages.sort_unstable();
     packages.dedup();
-    let release_dir = build_release(&packages)?;
+    let release_dir = build(&packages, true)?;
 
     // The kernel floor first, on a quiet kernel.
     let floor = if selected.iter().any(|s| s.key() == "flock") {

@@ -84,37 +84,16 @@ fn clean_up() -> Result<[Duration; 3]> {
     .split_whitespace()
     .map(str::to_owned)
     .collect();
-    let next = Mutex::new(scale.iter());
-    let errors: Vec<String> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..4)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut errors = Vec::new();
-                    while let Some(ns) = {
-                        let mut n = next.lock().expect("next");
-                        n.next()
-                    } {
-                        if let Err(e) = api(
-                            "DELETE",
-                            &format!("/api/v1/namespaces/{ns}/pods"),
-                            "application/json",
-                            r#"{"kind":"DeleteOptions","apiVersion":"v1","gracePeriodSeconds":0}"#,
-                        ) {
-                            errors.push(format!("force-delete the pods of {ns}: {e:#}"));
-                        }
-                    }
-                    errors
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().unwrap_or_default())
-            .collect()
-    });
-    if let Some(e) = errors.first() {
-        bail!("{e}");
-    }
+    on_four_workers(&scale, |ns| {
+        api(
+            "DELETE",
+            &format!("/api/v1/namespaces/{ns}/pods"),
+            "application/json",
+            r#"{"kind":"DeleteOptions","apiVersion":"v1","gracePeriodSeconds":0}"#,
+        )
+        .with_context(|| format!("force-delete the pods of {ns}"))
+        .map(drop)
+    })?;
     let pods = t.elapsed();
     kubectl(&[
         "delete",
@@ -417,6 +396,38 @@ fn fmt_ms(d: Duration) -> String {
 // ---------------------------------------------------------------------------------------
 // memory at scale
 
+/// Runs `op` on every item from four threads at once; the first error, if any, after all
+/// items were tried.
+fn on_four_workers<T: Sync>(items: &[T], op: impl Fn(&T) -> Result<()> + Sync) -> Result<()> {
+    let next = Mutex::new(items.iter());
+    let errors: Vec<anyhow::Error> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut errors = Vec::new();
+                    while let Some(item) = {
+                        let mut n = next.lock().expect("next");
+                        n.next()
+                    } {
+                        if let Err(e) = op(item) {
+                            errors.push(e);
+                        }
+                    }
+                    errors
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    match errors.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// The scale run's namespaces, one manifest.
 fn scale_namespaces() -> String {
     (0..SCALE_NAMESPACES)
@@ -587,38 +598,11 @@ spec:
         format!("{accounts} of the {SCALE_NAMESPACES} scale namespaces have their default ServiceAccount")
     })?;
     // Four writers at once; each namespace is one `kubectl apply` of its 110 objects.
-    let next = Arc::new(Mutex::new(0usize));
-    let errors: Vec<String> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..4)
-            .map(|_| {
-                let next = Arc::clone(&next);
-                s.spawn(move || {
-                    let mut errors = Vec::new();
-                    loop {
-                        let ns = {
-                            let mut n = next.lock().expect("next");
-                            let ns = *n;
-                            *n += 1;
-                            ns
-                        };
-                        if ns >= SCALE_NAMESPACES {
-                            break errors;
-                        }
-                        if let Err(e) = kubectl_stdin(&["apply", "-f", "-"], &scale_manifests(ns)) {
-                            errors.push(format!("{e:#}"));
-                        }
-                    }
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().unwrap_or_default())
-            .collect()
-    });
-    if let Some(e) = errors.first() {
-        bail!("creating the scale run's objects: {e}");
-    }
+    let namespaces: Vec<usize> = (0..SCALE_NAMESPACES).collect();
+    on_four_workers(&namespaces, |ns| {
+        kubectl_stdin(&["apply", "-f", "-"], &scale_manifests(*ns)).map(drop)
+    })
+    .context("creating the scale run's objects")?;
     let created = t.elapsed();
     let total = SCALE_NAMESPACES * SCALE_PODS;
     // The agents have them when their count says so (or, without that metric, after a
