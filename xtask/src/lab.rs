@@ -154,7 +154,13 @@ pub fn lab(args: &[String]) -> Result<()> {
             sys::ensure_packages(PACKAGES)?;
             let bins = crate::bench::build(crate::bench::FLOCK, true)?;
             let started = Instant::now();
-            let report = up(&bins)?;
+            let report = match up(&bins) {
+                Ok(report) => report,
+                Err(e) => bail!(
+                    "{e:#}\n(the lab is left up for inspection: logs under {LAB_DIR}; \
+                     `cargo xtask lab down` removes it)"
+                ),
+            };
             print!("{report}");
             println!(
                 "lab up in {:.1} s (after the build); `cargo xtask lab down` removes it",
@@ -215,7 +221,8 @@ pub fn ci(bins: &Path) -> Result<()> {
 
 /// Builds the lab with `flock-agent` and `flock` from `bins` (after removing any lab already
 /// up), checks it and returns the printed report. Fails (with the report in the error) when a
-/// check fails; the lab stays up for inspection until [`down`].
+/// check fails; the lab stays up until [`down`] (`lab up` leaves it for inspection, the
+/// test run removes it).
 pub fn up(bins: &Path) -> Result<String> {
     for bin in ["flock-agent", "flock"] {
         if !bins.join(bin).exists() {
@@ -246,7 +253,7 @@ pub fn up(bins: &Path) -> Result<String> {
         Ok(report)
     } else {
         bail!(
-            "{report}\nlab checks failed:\n  {}\n(the lab is left up for inspection: logs under {LAB_DIR}; `cargo xtask lab down` removes it)",
+            "{report}\nlab checks failed:\n  {}",
             failures.join("\n  ")
         )
     }

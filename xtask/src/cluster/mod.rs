@@ -262,7 +262,13 @@ pub fn cluster(args: &[String]) -> Result<()> {
                     crate::bench::build(crate::bench::FLOCK, true)?
                 }
             };
-            let report = up(&bins, started)?;
+            let report = match up(&bins, started) {
+                Ok(report) => report,
+                Err(e) => bail!(
+                    "{e:#}\n(the cluster is left up for inspection: logs under {RUN_DIR}/logs; \
+                     `cargo xtask cluster kubectl …`; `cargo xtask cluster down` removes it)"
+                ),
+            };
             print!("{report}");
             println!(
                 "cluster up in {:.0} s, all checks passed; `cargo xtask cluster kubectl get pods -A` \
@@ -374,7 +380,8 @@ fn step<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 
 /// Builds the cluster with flock's binaries from `bins` (after removing any cluster already
 /// up), checks it and returns the printed report. Fails (with the report in the error) when
-/// a check fails; the cluster stays up for inspection until [`down`].
+/// a check fails; the cluster stays up until [`down`] (`cluster up` leaves it for
+/// inspection, `cluster check` removes it).
 pub fn up(bins: &Path, started: Instant) -> Result<String> {
     for bin in ["flock-agent", "flock"] {
         if !bins.join(bin).exists() {
@@ -443,8 +450,7 @@ pub fn up(bins: &Path, started: Instant) -> Result<String> {
         Ok(text)
     } else {
         bail!(
-            "{text}\ncluster checks failed:\n  {}\n(the cluster is left up for inspection: logs under \
-             {RUN_DIR}/logs; `cargo xtask cluster kubectl …`; `cargo xtask cluster down` removes it)",
+            "{text}\ncluster checks failed:\n  {}",
             report.failures.join("\n  ")
         )
     }
