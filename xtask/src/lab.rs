@@ -252,10 +252,7 @@ pub fn up(bins: &Path) -> Result<String> {
     if failures.is_empty() {
         Ok(report)
     } else {
-        bail!(
-            "{report}\nlab checks failed:\n  {}",
-            failures.join("\n  ")
-        )
+        bail!("{report}\nlab checks failed:\n  {}", failures.join("\n  "))
     }
 }
 

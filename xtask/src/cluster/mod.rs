@@ -232,11 +232,13 @@ const USAGE: &str =
            networkpolicy, IPv6-only pods), the uninstall, then down whatever happened (what
            `cargo xtask test` runs)
   build    only build (or find in the cache) Kubernetes
-  e2e [--suite network|networkpolicy] [--focus REGEX] [--skip REGEX] [--pods ipv6|dual] [--parallel N]
+  e2e [--suite network|networkpolicy] [--focus REGEX] [--skip REGEX] [--pods ipv6|dual]
+      [--services ipv6|ipv4] [--parallel N]
            Kubernetes' own e2e suite (e2e.test) against the cluster that is up: sig-network's
            Networking, Services and Conformance specs unless --focus; skips [Slow], [Serial],
            [Disruptive], [Flaky], [Feature:…] and the specs of xtask/src/cluster/e2e-exclusions.txt;
-           pods IPv6-only unless --pods dual; 4 e2e.test processes unless --parallel
+           pods IPv6-only unless --pods dual; Services IPv6 unless --services ipv4 (restarts
+           the apiserver IPv4-first for the run); 4 e2e.test processes unless --parallel
   life [upgrade] [routing] [services] [reboot] [join] [startup] [policy] | life uninstall
            against the cluster that is up (all but uninstall unless named): a rolling update
            of flock under traffic, BGP failures (graceful restart, BFD), LoadBalancer Service
