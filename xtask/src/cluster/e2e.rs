@@ -463,14 +463,17 @@ spec:
   ports: [{{ port: 80, targetPort: 80 }}]
 "
     );
-    let _ = super::kubectl(&[
-        "-n",
-        DEMO_NS,
-        "delete",
-        "service",
-        PROBE,
-        "--ignore-not-found",
-    ]);
+    let delete = || {
+        let _ = super::kubectl(&[
+            "-n",
+            DEMO_NS,
+            "delete",
+            "service",
+            PROBE,
+            "--ignore-not-found",
+        ]);
+    };
+    delete();
     let result = (|| -> Result<()> {
         super::kubectl_stdin(&["apply", "-f", "-"], &manifest)?;
         let ip = super::kubectl(&[
@@ -493,13 +496,11 @@ spec:
         let rule = format!("-d {ip}/{prefix} ");
         for n in &NODES {
             sys::wait_for(Duration::from_secs(120), || {
-                proc::Place::Net(n.ns())
-                    .run(&[tables, "-t", "nat", "-S", "KUBE-SERVICES"])
-                    .is_ok_and(|rules| {
-                        rules
-                            .lines()
-                            .any(|l| l.contains(&rule) && l.contains("-j KUBE-SVC-"))
-                    })
+                node::kube_services(&proc::Place::Net(n.ns()), tables).is_ok_and(|rules| {
+                    rules
+                        .lines()
+                        .any(|l| l.contains(&rule) && l.contains("-j KUBE-SVC-"))
+                })
             })
             .with_context(|| {
                 format!(
@@ -510,14 +511,7 @@ spec:
         }
         Ok(())
     })();
-    let _ = super::kubectl(&[
-        "-n",
-        DEMO_NS,
-        "delete",
-        "service",
-        PROBE,
-        "--ignore-not-found",
-    ]);
+    delete();
     result
 }
 

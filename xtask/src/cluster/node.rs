@@ -424,6 +424,12 @@ fn start_kube_proxy(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
     Ok(())
 }
 
+/// kube-proxy's service chain (`KUBE-SERVICES` of the nat table) in `place`, as `tables`
+/// (`ip6tables` or `iptables`) lists it.
+pub fn kube_services(place: &Place, tables: &str) -> Result<String> {
+    place.run(&[tables, "-t", "nat", "-S", "KUBE-SERVICES"])
+}
+
 fn wait_service_rules(node: &Node, here: &Place) -> Result<()> {
     let name = format!("{}-kube-proxy", node.name);
     let place = here.clone();
@@ -431,11 +437,7 @@ fn wait_service_rules(node: &Node, here: &Place) -> Result<()> {
         &name,
         "kube-proxy to program the service rules (KUBE-SERVICES in ip6tables)",
         START_LIMIT,
-        || {
-            place
-                .run(&["ip6tables", "-t", "nat", "-S", "KUBE-SERVICES"])
-                .is_ok_and(|s| s.contains("KUBE-SVC"))
-        },
+        || kube_services(&place, "ip6tables").is_ok_and(|s| s.contains("KUBE-SVC")),
     )?;
     Ok(())
 }

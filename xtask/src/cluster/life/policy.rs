@@ -422,10 +422,7 @@ fn on_four_workers<T: Sync>(items: &[T], op: impl Fn(&T) -> Result<()> + Sync) -
             .flat_map(|w| w.join().unwrap_or_default())
             .collect()
     });
-    match errors.into_iter().next() {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    errors.into_iter().next().map_or(Ok(()), Err)
 }
 
 /// The scale run's namespaces, one manifest.

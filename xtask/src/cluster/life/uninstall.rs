@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 
 use crate::cluster::deploy::DEMO_NS;
 use crate::cluster::proc::Place;
-use crate::cluster::{NODES, Node, kubectl, kubectl_stdin, repo_root};
+use crate::cluster::{NODES, Node, kubectl, kubectl_stdin, node, repo_root};
 use crate::sys;
 
 /// A policy that isolates the anycast DaemonSet's pods (one on every node), so each node
@@ -49,8 +49,7 @@ fn kube_proxy_rules(n: &Node) -> Vec<String> {
         "--comment \"default/".to_owned(),
         format!("--comment \"{DEMO_NS}/"),
     ];
-    Place::Net(n.ns())
-        .run(&["ip6tables", "-t", "nat", "-S", "KUBE-SERVICES"])
+    node::kube_services(&Place::Net(n.ns()), "ip6tables")
         .map(|s| {
             let mut rules: Vec<String> = s
                 .lines()
