@@ -10,7 +10,10 @@
 //!
 //! Phases follow each other, so they add up to `totalUs` (from the accepted connection to the
 //! written reply); `kernel` details the kernel phase, whose host and pod sides overlap.
-//! `cargo xtask bench` reads these lines for its per-phase table.
+//! `startMonoUs` and `endMonoUs` are the machine's `CLOCK_MONOTONIC` at those two points, so a
+//! caller that reads the same clock can tell how long the call took to reach the agent and
+//! how long the reply took to reach it. `cargo xtask bench` reads these lines for its
+//! per-phase table.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -24,6 +27,8 @@ use serde_json::{Map, Value, json};
 #[derive(Debug)]
 pub struct Phases {
     started: Instant,
+    /// `CLOCK_MONOTONIC` at `started` (`None` if it could not be read).
+    started_mono: Option<Duration>,
     last: Instant,
     marks: Vec<(&'static str, Duration)>,
     kernel: Option<flock_netns::SetupTiming>,
@@ -41,6 +46,7 @@ impl Phases {
         let now = Instant::now();
         Phases {
             started: now,
+            started_mono: monotonic(),
             last: now,
             marks: Vec::with_capacity(12),
             kernel: None,
@@ -68,6 +74,14 @@ impl Phases {
     pub fn marks(&self) -> &[(&'static str, Duration)] {
         &self.marks
     }
+}
+
+/// The machine's `CLOCK_MONOTONIC`: the clock `Instant` reads, as a number another process
+/// can compare.
+pub fn monotonic() -> Option<Duration> {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .ok()
+        .map(Duration::from)
 }
 
 /// What a trace line says of the request besides its phases.
@@ -125,6 +139,10 @@ pub fn trace_line(tag: &RequestTag, phases: &Phases) -> Value {
         "totalUs": micros(phases.total()),
         "phases": by_phase,
     });
+    if let Some(start) = phases.started_mono {
+        line["startMonoUs"] = micros(start).into();
+        line["endMonoUs"] = micros(start + phases.total()).into();
+    }
     if let Some(k) = phases.kernel {
         line["kernel"] = json!({
             "veth": micros(k.veth),
@@ -166,5 +184,15 @@ mod tests {
         let total = line["totalUs"].as_u64().unwrap();
         assert!(sum <= total && total - sum < 3, "{line}");
         assert!(phases["kernel"].as_u64().unwrap() >= 2000, "{line}");
+        let (start, end) = (
+            line["startMonoUs"].as_u64().unwrap(),
+            line["endMonoUs"].as_u64().unwrap(),
+        );
+        assert!(end - start >= total && end - start - total < 2, "{line}");
+        let now = micros(monotonic().unwrap());
+        assert!(
+            start <= now && end <= now,
+            "{line}: the clock is read by other processes too"
+        );
     }
 }

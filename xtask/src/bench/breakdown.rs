@@ -5,6 +5,10 @@
 //!   `flock_agent::trace`).
 //! - "outside the agent" is what the runtime stand-in measured for the call minus the agent's
 //!   total: exec'ing the shim, its connect, the transfer both ways, the stand-in's own work.
+//!   It splits at the agent's `startMonoUs` / `endMonoUs` (`CLOCK_MONOTONIC`, read by the
+//!   stand-in too): "to the agent" (the stand-in's work before the exec, the exec, the shim's
+//!   start and connect, the agent's accept) and "from the agent" (the reply's way to the
+//!   shim, its output and exit, the stand-in's reading of it and its own work after).
 //! - The floor: `flock-netns` alone setting up (and detaching) the same dual-stack pods in
 //!   fresh namespaces, measured before any subject runs (a quiet kernel), and the shim exec'd
 //!   for `VERSION` by the same runtime stand-in in the same node namespace (which never
@@ -44,6 +48,15 @@ pub struct Observed {
     pub container_id: String,
     /// What the stand-in measured.
     pub elapsed: Duration,
+    /// `CLOCK_MONOTONIC` when the stand-in began the call.
+    pub started_mono: Option<Duration>,
+}
+
+/// The machine's `CLOCK_MONOTONIC`, the clock of the agent's `startMonoUs` / `endMonoUs`.
+pub fn monotonic() -> Option<Duration> {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .ok()
+        .map(Duration::from)
 }
 
 /// Per phase, the samples of each op.
@@ -81,6 +94,19 @@ impl Breakdown {
                 call.elapsed.saturating_sub(total),
             );
             b.push(call.op, "agent total", total);
+            if let (Some(started), Some(start), Some(end)) = (
+                call.started_mono,
+                line["startMonoUs"].as_u64(),
+                line["endMonoUs"].as_u64(),
+            ) {
+                let (start, end) = (Duration::from_micros(start), Duration::from_micros(end));
+                b.push(call.op, "to the agent", start.saturating_sub(started));
+                b.push(
+                    call.op,
+                    "from the agent",
+                    (started + call.elapsed).saturating_sub(end),
+                );
+            }
             if let Some(phases) = line["phases"].as_object() {
                 for (phase, d) in phases {
                     b.push(call.op, phase, us(d));
@@ -226,7 +252,11 @@ pub fn render(b: &Breakdown, floor: &Floor) -> String {
         b.get(op, phase)
             .map_or("—".to_owned(), |s| format!("{:.3}", percentile_ms(s, p)))
     };
-    let mut phases: Vec<String> = vec!["outside the agent".into()];
+    let mut phases: Vec<String> = vec![
+        "outside the agent".into(),
+        "to the agent".into(),
+        "from the agent".into(),
+    ];
     for p in ADD_PHASES.iter().chain(DEL_PHASES) {
         if !phases.iter().any(|q| q == p) {
             phases.push((*p).to_owned());
@@ -295,7 +325,8 @@ mod tests {
     fn outside_the_agent_is_the_runtimes_time_less_the_agents() {
         let trace = concat!(
             r#"{"op":"ADD","containerId":"a","ifName":"eth0","outcome":"ok","totalUs":800,"#,
-            r#""phases":{"read":20,"kernel":700,"reply":80},"kernel":{"veth":400,"host":200,"pod":150,"anycast":0}}"#,
+            r#""phases":{"read":20,"kernel":700,"reply":80},"kernel":{"veth":400,"host":200,"pod":150,"anycast":0},"#,
+            r#""startMonoUs":5000400,"endMonoUs":5001200}"#,
             "\n",
             r#"{"op":"DEL","containerId":"a","ifName":"eth0","outcome":"ok","totalUs":300,"phases":{"kernel":300}}"#,
         );
@@ -304,11 +335,14 @@ mod tests {
                 op: "ADD",
                 container_id: "a".into(),
                 elapsed: Duration::from_micros(1300),
+                started_mono: Some(Duration::from_micros(5_000_000)),
             },
             Observed {
                 op: "DEL",
                 container_id: "a".into(),
                 elapsed: Duration::from_micros(1000),
+                // a trace line without the clock (an older agent): no split
+                started_mono: Some(Duration::from_micros(6_000_000)),
             },
         ];
         let b = Breakdown::from_trace(trace, &observed).unwrap();
@@ -316,6 +350,16 @@ mod tests {
             b.get("ADD", "outside the agent").unwrap(),
             &vec![Duration::from_micros(500)]
         );
+        // 400 µs before the agent started, 100 µs after it ended: 500 µs outside
+        assert_eq!(
+            b.get("ADD", "to the agent").unwrap(),
+            &vec![Duration::from_micros(400)]
+        );
+        assert_eq!(
+            b.get("ADD", "from the agent").unwrap(),
+            &vec![Duration::from_micros(100)]
+        );
+        assert!(b.get("DEL", "to the agent").is_none());
         assert_eq!(
             b.get("ADD", "kernel: veth").unwrap(),
             &vec![Duration::from_micros(400)]
