@@ -15,17 +15,34 @@
 //! process, either its old content or its new one. That costs a few microseconds; two fsyncs
 //! cost a few hundred.
 //!
-//! What a power cut can do to such files — leave a record empty, truncated, or missing — is
-//! therefore harmless, and start-up tells the two cases apart by the boot ID `store.json`
-//! holds (written with fsync, once per start): an unreadable record of a previous boot is
+//! What a power cut can do to such files — leave a record empty, truncated, missing, or
+//! holding what its file held before (below) — is therefore harmless, and start-up tells the
+//! two cases apart by the boot ID `store.json` holds (written with fsync, once per start): an
+//! unreadable record of a previous boot, or one whose content names another attachment, is
 //! dropped with a warning naming it; one of the current boot (which no power cut can
 //! explain) stops the agent with an error naming the file — the store never silently starts
 //! empty.
+//!
+//! # Why files are recycled
+//!
+//! A new file per write costs the filesystem an inode allocated and, once renamed over the
+//! record or deleted, one freed: for a pod, two of each (pending, committed, deleted). That
+//! is most of a record write's cost, and on ext4 without a journal it grows with every inode
+//! freed in the last 30 seconds (the allocator skips them one by one), so a burst of pods
+//! slows itself down. So the store keeps the files of replaced and deleted records as
+//! *spares* (`.spare-<n>`: a dot name, which no reader takes for a record and the next open
+//! removes), writes a new record into a spare, and puts it in place with an atomic exchange
+//! of names (`renameat2(RENAME_EXCHANGE)`): the record's name gets the new content, and the
+//! spare's name the old, ready for the next write. A deleted record's file is renamed to a
+//! spare. Every record name still holds, after any crash of the agent, a complete record:
+//! only spares are ever written in place. (A filesystem without the exchange gets a plain
+//! rename over the record.)
 
-use std::fs;
+use std::fs::{self, OpenOptions};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use flock_cni_proto::durable;
 use serde::{Deserialize, Serialize};
@@ -154,6 +171,20 @@ impl AttachmentKey {
 #[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
+    spares: Mutex<Spares>,
+}
+
+/// At most this many spare files are kept; a deleted record beyond them is unlinked.
+const MAX_SPARES: usize = 256;
+
+/// The files of replaced and deleted records, to be written again (module documentation).
+#[derive(Debug, Default)]
+struct Spares {
+    files: Vec<PathBuf>,
+    /// Spare names handed out so far (`.spare-<n>`).
+    named: u64,
+    /// The filesystem refused `RENAME_EXCHANGE`: records are renamed over instead.
+    no_exchange: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -198,7 +229,12 @@ impl Store {
         })
         .expect("serialize store meta");
         write_durably(state_dir, "store.json", &bytes, 0o600)?;
-        Ok((Store { dir }, records))
+        // No spares yet: the read removed the last run's, with every other dot file.
+        let store = Store {
+            dir,
+            spares: Mutex::default(),
+        };
+        Ok((store, records))
     }
 
     /// Reads every record without changing anything: safe beside a running agent (its
@@ -212,21 +248,82 @@ impl Store {
         read::read_records(&dir, read::Access::ReadOnly)
     }
 
-    /// Writes (creates or replaces) a record atomically (see the module documentation for
-    /// why without fsync).
+    /// Writes (creates or replaces) a record atomically: into a spare file (a new one when
+    /// there is none) exchanged with the record's name, whose old file becomes a spare, or
+    /// renamed to it when there is no record yet (see the module documentation for why
+    /// without fsync, and why spares).
     pub fn put(&self, record: &AllocationRecord) -> Result<()> {
         let bytes = serde_json::to_vec_pretty(record).expect("serialize allocation record");
-        durable::replace_file(&self.dir, &record.key().file_name(), &bytes, 0o600)
-            .map(drop)
-            .map_err(store_error)
+        let path = self.dir.join(record.key().file_name());
+        let (spare, fresh, exchange) = self.take_spare();
+        let outcome = fill(&spare, fresh, &bytes).and_then(|()| {
+            if exchange {
+                match nix::fcntl::renameat2(
+                    nix::fcntl::AT_FDCWD,
+                    &spare,
+                    nix::fcntl::AT_FDCWD,
+                    &path,
+                    nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                ) {
+                    // The spare's name now holds the record's old content: a spare again.
+                    Ok(()) => return Ok(Some(spare.clone())),
+                    // No record yet: the spare becomes it.
+                    Err(nix::errno::Errno::ENOENT) => {}
+                    Err(nix::errno::Errno::EINVAL | nix::errno::Errno::EOPNOTSUPP) => {
+                        self.spares().no_exchange = true;
+                    }
+                    Err(e) => {
+                        return Err(Error::Store {
+                            op: "exchange a spare file with",
+                            path: path.clone(),
+                            source: e.into(),
+                        });
+                    }
+                }
+            }
+            fs::rename(&spare, &path)
+                .map(|()| None)
+                .map_err(|source| Error::Store {
+                    op: "rename a spare file to",
+                    path: path.clone(),
+                    source,
+                })
+        });
+        match outcome {
+            Ok(old) => {
+                if let Some(old) = old {
+                    self.spares().files.push(old);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // Whatever it holds now, it is a dot file: the next open removes it anyway.
+                let _ = fs::remove_file(&spare);
+                Err(e)
+            }
+        }
     }
 
-    /// Deletes a record; a missing record is not an error. (A deletion a power cut undoes
-    /// brings back a record of the previous boot, which start-up releases.)
+    /// Deletes a record; a missing record is not an error. Its file is kept as a spare while
+    /// there are fewer than [`MAX_SPARES`]. (A deletion a power cut undoes brings back a
+    /// record of the previous boot, which start-up releases.)
     pub fn delete(&self, key: &AttachmentKey) -> Result<()> {
         let path = self.dir.join(key.file_name());
-        match fs::remove_file(&path) {
-            Ok(()) => Ok(()),
+        let spare = {
+            let mut spares = self.spares();
+            (spares.files.len() < MAX_SPARES).then(|| spares.name(&self.dir))
+        };
+        let outcome = match &spare {
+            Some(spare) => fs::rename(&path, spare),
+            None => fs::remove_file(&path),
+        };
+        match outcome {
+            Ok(()) => {
+                if let Some(spare) = spare {
+                    self.spares().files.push(spare);
+                }
+                Ok(())
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(source) => Err(Error::Store {
                 op: "delete",
@@ -234,6 +331,21 @@ impl Store {
                 source,
             }),
         }
+    }
+
+    /// A spare file to write a record into, whether it is still to be created, and whether
+    /// to exchange it with the record.
+    fn take_spare(&self) -> (PathBuf, bool, bool) {
+        let mut spares = self.spares();
+        let exchange = !spares.no_exchange;
+        match spares.files.pop() {
+            Some(file) => (file, false, exchange),
+            None => (spares.name(&self.dir), true, exchange),
+        }
+    }
+
+    fn spares(&self) -> std::sync::MutexGuard<'_, Spares> {
+        self.spares.lock().expect("store spares lock")
     }
 
     /// Whether a record could be written now: creates and removes an empty file in the
@@ -264,6 +376,46 @@ impl Store {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+impl Spares {
+    /// A new spare name in `dir`.
+    fn name(&mut self, dir: &Path) -> PathBuf {
+        self.named += 1;
+        dir.join(format!(".spare-{}", self.named))
+    }
+}
+
+/// Writes `bytes` into a spare file: a new one (`fresh`, mode 0600 whatever the umask), or
+/// an existing one overwritten in place (no new inode; only a dot name is ever written).
+fn fill(spare: &Path, fresh: bool, bytes: &[u8]) -> Result<()> {
+    let step = |op: &'static str| {
+        move |source| Error::Store {
+            op,
+            path: spare.to_owned(),
+            source,
+        }
+    };
+    let file = if fresh {
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(spare)
+            .map_err(step("create the spare file"))?;
+        file.set_permissions(fs::Permissions::from_mode(0o600))
+            .map_err(step("chmod the spare file"))?;
+        file
+    } else {
+        OpenOptions::new()
+            .write(true)
+            .open(spare)
+            .map_err(step("open the spare file"))?
+    };
+    file.write_all_at(bytes, 0)
+        .map_err(step("write the spare file"))?;
+    file.set_len(bytes.len() as u64)
+        .map_err(step("truncate the spare file"))
 }
 
 /// Writes `bytes` to `dir/name` so that after a crash the file holds either its old content

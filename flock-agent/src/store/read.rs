@@ -73,8 +73,8 @@ pub(super) fn read_records(dir: &Path, access: Access) -> Result<Vec<AllocationR
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
         if durable::is_temp_name(&name) {
-            // An interrupted write (or, beside a running agent, one in progress): the rename
-            // never happened, the old record (if any) is intact.
+            // An interrupted write or a spare file (or, beside a running agent, one in use):
+            // no record name points at it, the records are intact.
             if access != Access::ReadOnly {
                 let _ = fs::remove_file(&path);
             }
@@ -83,68 +83,93 @@ pub(super) fn read_records(dir: &Path, access: Access) -> Result<Vec<AllocationR
         if !name.ends_with(".json") {
             continue;
         }
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
-            // Deleted by a running agent between the listing and the read.
-            Err(e) if access == Access::ReadOnly && e.kind() == std::io::ErrorKind::NotFound => {
-                continue;
-            }
-            Err(source) => {
-                return Err(Error::Store {
-                    op: "read",
-                    path,
-                    source,
-                });
-            }
+        let record = match read_one(&path, &name, access)? {
+            Some(r) => r,
+            None => continue,
         };
-        let record: AllocationRecord = match serde_json::from_slice(&bytes) {
-            Ok(r) => r,
-            Err(e) if access == Access::Owner(Torn::DropWithWarning) => {
-                warn!(file = %path.display(), error = %e,
-                    "dropping an unreadable record of a previous boot (torn by a power cut)");
-                if let Err(e) = fs::remove_file(&path) {
-                    warn!(file = %path.display(), error = %e, "removing it failed");
-                }
-                continue;
-            }
-            Err(e) => {
-                return Err(Error::CorruptStore {
-                    path,
-                    reason: e.to_string(),
-                });
-            }
-        };
-        if record.format != STORE_FORMAT {
-            return Err(Error::CorruptStore {
-                path,
-                reason: format!("record format {} is not {STORE_FORMAT}", record.format),
-            });
-        }
         let key = record.key();
-        if key.file_name() != name {
-            if key.legacy_file_name() != name {
-                return Err(Error::CorruptStore {
-                    path,
-                    reason: format!(
-                        "holds container {:?} interface {:?}, which belong in {}",
-                        record.container_id,
-                        record.if_name,
-                        key.file_name()
-                    ),
-                });
-            }
-            if access != Access::ReadOnly {
-                let to = dir.join(key.file_name());
-                fs::rename(&path, &to).map_err(|source| Error::Store {
-                    op: "rename a record to its unambiguous name",
-                    path: path.clone(),
-                    source,
-                })?;
-                durable::sync_dir(dir).map_err(store_error)?;
-            }
+        if key.file_name() != name && access != Access::ReadOnly {
+            // A legacy name (`read_one` let no other mismatch through).
+            let to = dir.join(key.file_name());
+            fs::rename(&path, &to).map_err(|source| Error::Store {
+                op: "rename a record to its unambiguous name",
+                path: path.clone(),
+                source,
+            })?;
+            durable::sync_dir(dir).map_err(store_error)?;
         }
         records.push(record);
     }
     records.sort_by_key(AllocationRecord::key);
     Ok(records)
+}
+
+/// How many times a reader beside a running agent reads a record that changed under it.
+const READ_ONLY_TRIES: usize = 3;
+
+/// One record file: `Ok(None)` when it is to be skipped (gone, or dropped as torn).
+///
+/// A record whose content is unreadable or names another attachment is, for the agent's own
+/// open, torn by a power cut (dropped with a warning, when the store was last opened in
+/// another boot) or damage (an error naming the file). A reader beside a running agent reads
+/// it again first: the agent recycles files (`Store::put`), and a reader that opened a
+/// record's file just before the agent exchanged it away may see it being rewritten.
+fn read_one(path: &Path, name: &str, access: Access) -> Result<Option<AllocationRecord>> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let bytes = match fs::read(path) {
+            Ok(b) => b,
+            // Deleted by a running agent between the listing and the read.
+            Err(e) if access == Access::ReadOnly && e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(None);
+            }
+            Err(source) => {
+                return Err(Error::Store {
+                    op: "read",
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
+        let problem = match serde_json::from_slice::<AllocationRecord>(&bytes) {
+            Err(e) => e.to_string(),
+            Ok(record) if record.format != STORE_FORMAT => {
+                // Not a torn record: one of another agent, which this one must not guess at.
+                return Err(Error::CorruptStore {
+                    path: path.to_owned(),
+                    reason: format!("record format {} is not {STORE_FORMAT}", record.format),
+                });
+            }
+            Ok(record) => {
+                let key = record.key();
+                if key.file_name() == name || key.legacy_file_name() == name {
+                    return Ok(Some(record));
+                }
+                format!(
+                    "holds container {:?} interface {:?}, which belong in {}",
+                    record.container_id,
+                    record.if_name,
+                    key.file_name()
+                )
+            }
+        };
+        match access {
+            Access::ReadOnly if tries < READ_ONLY_TRIES => continue,
+            Access::Owner(Torn::DropWithWarning) => {
+                warn!(file = %path.display(), error = %problem,
+                    "dropping an unreadable record of a previous boot (torn by a power cut)");
+                if let Err(e) = fs::remove_file(path) {
+                    warn!(file = %path.display(), error = %e, "removing it failed");
+                }
+                return Ok(None);
+            }
+            _ => {
+                return Err(Error::CorruptStore {
+                    path: path.to_owned(),
+                    reason: problem,
+                });
+            }
+        }
+    }
 }

@@ -154,8 +154,110 @@ fn a_torn_record_of_a_previous_boot_is_dropped_one_of_this_boot_stops() {
     let (_, records) = Store::open(dir.path(), "boot-2").unwrap();
     assert_eq!(records, vec![record("aaa")]);
     assert!(!torn.exists() && !empty.exists());
+    // What a power cut can leave of a recycled file: the complete record it held before,
+    // under another attachment's name. Of this boot: stop; of a previous one: dropped.
+    let stale = store.dir().join("ddd:eth0.json");
+    fs::write(&stale, serde_json::to_vec(&record("eee")).unwrap()).unwrap();
+    let err = Store::open(dir.path(), "boot-2").unwrap_err().to_string();
+    assert!(
+        err.contains("ddd:eth0.json") && err.contains("\"eee\""),
+        "{err}"
+    );
+    let (_, records) = Store::open(dir.path(), "boot-4").unwrap();
+    assert_eq!(records, vec![record("aaa")]);
+    assert!(!stale.exists());
     // A store of an earlier agent (no boot in store.json, every record fsync'd): stop.
     fs::write(dir.path().join("store.json"), b"{\"format\":1}").unwrap();
     fs::write(&torn, b"{").unwrap();
     assert!(Store::open(dir.path(), "boot-3").is_err());
+}
+
+/// The inode of a file, to tell a recycled file from a new one.
+fn inode(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).unwrap().ino()
+}
+
+fn spares_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".spare-"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn files_of_replaced_and_deleted_records_are_written_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let a_path = store.dir().join("aaa:eth0.json");
+    let mut a = record("aaa");
+    store.put(&a).unwrap();
+    let pending = inode(&a_path);
+    // No spare yet: the commit is a new file, exchanged with the pending one's, which
+    // becomes a spare.
+    a.state = RecordState::Committed;
+    store.put(&a).unwrap();
+    let committed = inode(&a_path);
+    assert_ne!(committed, pending);
+    assert_eq!(spares_in(store.dir()).len(), 1);
+    // The next record is written into that spare: no new file.
+    let b_path = store.dir().join("bbb:eth0.json");
+    let mut b = record("bbb");
+    store.put(&b).unwrap();
+    assert_eq!(inode(&b_path), pending);
+    assert!(spares_in(store.dir()).is_empty());
+    // Its commit is a new file again, the pending one's a spare...
+    b.state = RecordState::Committed;
+    store.put(&b).unwrap();
+    let b_committed = inode(&b_path);
+    // ...and a deletion gives its file back as a spare, which the next write takes.
+    assert_eq!(spares_in(store.dir()).len(), 1);
+    store.delete(&a.key()).unwrap();
+    assert!(!a_path.exists());
+    assert_eq!(spares_in(store.dir()).len(), 2);
+    let c = record("ccc");
+    store.put(&c).unwrap();
+    b.host_if = "flock-b2".into();
+    store.put(&b).unwrap();
+    let recycled = [pending, committed];
+    assert!(recycled.contains(&inode(&store.dir().join("ccc:eth0.json"))));
+    assert!(
+        recycled.contains(&inode(&b_path)),
+        "an exchange, not a new file"
+    );
+    assert_ne!(inode(&b_path), b_committed);
+    // A shorter record over a longer one leaves nothing of the longer behind.
+    let mut short = record("ccc");
+    short.pod = None;
+    store.put(&short).unwrap();
+    // Every record reads back whole; a reader beside the agent skips the spares, the next
+    // open removes them.
+    assert_eq!(
+        Store::read(dir.path()).unwrap(),
+        vec![b.clone(), short.clone()]
+    );
+    assert!(!spares_in(store.dir()).is_empty());
+    let (store, records) = Store::open(dir.path(), BOOT).unwrap();
+    assert_eq!(records, vec![b, short]);
+    assert!(spares_in(store.dir()).is_empty());
+}
+
+#[test]
+fn spares_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let records: Vec<AllocationRecord> = (0..MAX_SPARES + 10)
+        .map(|i| record(&format!("c{i:04}")))
+        .collect();
+    for r in &records {
+        store.put(r).unwrap();
+    }
+    for r in &records {
+        store.delete(&r.key()).unwrap();
+    }
+    assert_eq!(spares_in(store.dir()).len(), MAX_SPARES);
+    assert!(Store::read(dir.path()).unwrap().is_empty());
 }
