@@ -500,11 +500,17 @@ impl Client {
 
     /// Sends `req` and waits for the response.
     pub fn call(&self, req: &Request) -> Result<Response, ClientError> {
-        let path = || self.path.clone();
-        let mut stream = self.connect().map_err(|source| ClientError::Unreachable {
-            path: path(),
+        let stream = self.connect().map_err(|source| ClientError::Unreachable {
+            path: self.path.clone(),
             source,
         })?;
+        self.call_on(stream, req)
+    }
+
+    /// Sends `req` on `stream`, a connection to the agent's socket the caller made itself
+    /// (with a connect timeout of its own), and waits for the response.
+    pub fn call_on(&self, mut stream: UnixStream, req: &Request) -> Result<Response, ClientError> {
+        let path = || self.path.clone();
         stream
             .write_all(&encode_line(req))
             .and_then(|()| stream.flush())
@@ -564,7 +570,9 @@ impl Client {
     }
 
     /// std has no connect timeout for Unix sockets: connect on a helper
-    /// thread and stop waiting after the timeout.
+    /// thread and stop waiting after the timeout. (A caller that can set
+    /// `SO_SNDTIMEO` before connecting, as flock's shim does, needs no thread:
+    /// see [`call_on`](Self::call_on).)
     fn connect(&self) -> io::Result<UnixStream> {
         let (tx, rx) = mpsc::channel();
         let path = self.path.clone();
@@ -699,6 +707,42 @@ mod tests {
             }),
             server,
         )
+    }
+
+    #[test]
+    fn connect_gives_up_on_an_agent_that_stopped_accepting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        // Listening, never accepting: once its backlog is full, a connect waits.
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let client = Client::new(&path).connect_timeout(Duration::from_millis(50));
+        let mut held = Vec::new();
+        let e = loop {
+            match client.connect() {
+                Ok(stream) => held.push(stream),
+                Err(e) => break e,
+            }
+            assert!(held.len() < 100_000, "the backlog never filled");
+        };
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(
+            e.to_string().contains("connect timed out after 50ms"),
+            "{e}"
+        );
+        let e = client.call(&request()).unwrap_err();
+        assert!(e.is_undelivered() && e.is_unreachable(), "{e:?}");
+        // No socket at all: refused at once, as before.
+        let e = Client::new(dir.path().join("none.sock"))
+            .call(&request())
+            .unwrap_err();
+        assert!(e.is_undelivered() && e.is_unreachable(), "{e:?}");
+        // A connected stream has no write timeout.
+        drop(held);
+        let (_dir, client, server) = serve(encode_line(&Response::done()), Duration::ZERO);
+        let stream = client.connect().unwrap();
+        assert_eq!(stream.write_timeout().unwrap(), None);
+        drop(stream);
+        server.join().unwrap();
     }
 
     #[test]

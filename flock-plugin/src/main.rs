@@ -12,6 +12,8 @@
 //! error is ever written to stdout; with `FLOCK_SHIM_DEBUG=1` a line per
 //! failed or queued call goes to stderr.
 
+use std::os::unix::net::UnixStream;
+
 use flock_cni_proto::error::cause_chain;
 use flock_cni_proto::rpc::{Client, ClientError, Op, Request};
 use flock_cni_proto::serde_json;
@@ -42,7 +44,13 @@ impl Shim {
         conf: &FlockNetConf,
     ) -> Result<Result<Option<serde_json::Value>, CniError>, ClientError> {
         let req = Request::new(op, call.env, call.raw_conf.clone());
-        let resp = Client::new(&conf.agent_socket).call(&req)?;
+        let stream = connect(&conf.agent_socket, Client::CONNECT_TIMEOUT).map_err(|source| {
+            ClientError::Unreachable {
+                path: conf.agent_socket.clone(),
+                source,
+            }
+        })?;
+        let resp = Client::new(&conf.agent_socket).call_on(stream, &req)?;
         Ok(resp.into_result())
     }
 
@@ -180,6 +188,42 @@ impl Plugin for Shim {
     }
 }
 
+/// Connects to the agent's socket, waiting at most `timeout`. A Unix socket's connect waits
+/// only while the listener's backlog is full (an agent that stopped accepting), and at most
+/// the socket's send timeout (`SO_SNDTIMEO`), after which it fails with `EAGAIN`: so the
+/// timeout is set before the connect, and cleared after it. No helper thread: creating one
+/// cost every call more than a tenth of a millisecond.
+fn connect(path: &std::path::Path, timeout: std::time::Duration) -> std::io::Result<UnixStream> {
+    use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr, sockopt};
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    // A zero timeout would mean "wait forever" to the kernel.
+    let timeout = timeout.max(std::time::Duration::from_millis(1));
+    let timeval = nix::sys::time::TimeVal::new(
+        timeout.as_secs().try_into().unwrap_or(i64::MAX),
+        timeout.subsec_micros().into(),
+    );
+    socket::setsockopt(&fd, sockopt::SendTimeout, &timeval)?;
+    let addr = UnixAddr::new(path)?;
+    match socket::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
+        Ok(()) => {}
+        Err(nix::errno::Errno::EAGAIN) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("connect timed out after {timeout:?}"),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let stream = UnixStream::from(fd);
+    stream.set_write_timeout(None)?;
+    Ok(stream)
+}
+
 /// The causes under a queue error (its I/O error), or the error itself when
 /// it has none.
 fn queue_causes(q: &QueueError) -> String {
@@ -189,4 +233,39 @@ fn queue_causes(q: &QueueError) -> String {
 fn main() {
     let debug = std::env::var_os("FLOCK_SHIM_DEBUG").is_some_and(|v| v == "1");
     skel::run(&Shim { debug })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::connect;
+
+    #[test]
+    fn connect_gives_up_on_an_agent_that_stopped_accepting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        // Listening, never accepting: once its backlog is full, a connect waits.
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut held = Vec::new();
+        let e = loop {
+            match connect(&path, Duration::from_millis(50)) {
+                Ok(stream) => {
+                    // Nothing of the connect's timeout is left on the connection.
+                    assert_eq!(stream.write_timeout().unwrap(), None);
+                    held.push(stream);
+                }
+                Err(e) => break e,
+            }
+            assert!(held.len() < 100_000, "the backlog never filled");
+        };
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        assert!(
+            e.to_string().contains("connect timed out after 50ms"),
+            "{e}"
+        );
+        // No socket at all: refused at once.
+        let e = connect(&dir.path().join("none.sock"), Duration::from_secs(2)).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+    }
 }
