@@ -269,7 +269,11 @@ impl Store {
                     Ok(()) => return Ok(Some(spare.clone())),
                     // No record yet: the spare becomes it.
                     Err(nix::errno::Errno::ENOENT) => {}
-                    Err(nix::errno::Errno::EINVAL | nix::errno::Errno::EOPNOTSUPP) => {
+                    Err(
+                        nix::errno::Errno::EINVAL
+                        | nix::errno::Errno::EOPNOTSUPP
+                        | nix::errno::Errno::ENOSYS,
+                    ) => {
                         self.spares().no_exchange = true;
                     }
                     Err(e) => {
@@ -396,21 +400,29 @@ fn fill(spare: &Path, fresh: bool, bytes: &[u8]) -> Result<()> {
             source,
         }
     };
-    let file = if fresh {
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(spare)
-            .map_err(step("create the spare file"))?;
-        file.set_permissions(fs::Permissions::from_mode(0o600))
-            .map_err(step("chmod the spare file"))?;
-        file
+    let existing = if fresh {
+        None
     } else {
-        OpenOptions::new()
-            .write(true)
-            .open(spare)
-            .map_err(step("open the spare file"))?
+        match OpenOptions::new().write(true).open(spare) {
+            Ok(file) => Some(file),
+            // Removed behind the agent's back (someone tidied the dot files): made anew.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(step("open the spare file")(e)),
+        }
+    };
+    let file = match existing {
+        Some(file) => file,
+        None => {
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(spare)
+                .map_err(step("create the spare file"))?;
+            file.set_permissions(fs::Permissions::from_mode(0o600))
+                .map_err(step("chmod the spare file"))?;
+            file
+        }
     };
     file.write_all_at(bytes, 0)
         .map_err(step("write the spare file"))?;

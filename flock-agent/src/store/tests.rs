@@ -261,3 +261,24 @@ fn spares_are_bounded() {
     assert_eq!(spares_in(store.dir()).len(), MAX_SPARES);
     assert!(Store::read(dir.path()).unwrap().is_empty());
 }
+
+#[test]
+fn a_spare_removed_behind_the_agents_back_is_made_anew() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let mut a = record("aaa");
+    store.put(&a).unwrap();
+    store.put(&record("bbb")).unwrap();
+    store.delete(&record("bbb").key()).unwrap();
+    a.state = RecordState::Committed;
+    store.put(&a).unwrap();
+    assert!(!spares_in(store.dir()).is_empty());
+    for spare in spares_in(store.dir()) {
+        fs::remove_file(store.dir().join(spare)).unwrap();
+    }
+    let c = record("ccc");
+    store.put(&c).unwrap();
+    a.host_if = "flock-a2".into();
+    store.put(&a).unwrap();
+    assert_eq!(Store::read(dir.path()).unwrap(), vec![a, c]);
+}
