@@ -203,21 +203,25 @@ fn connect(path: &std::path::Path, timeout: std::time::Duration) -> std::io::Res
     )?;
     // A zero timeout would mean "wait forever" to the kernel.
     let timeout = timeout.max(std::time::Duration::from_millis(1));
-    let timeval = nix::sys::time::TimeVal::new(
-        timeout.as_secs().try_into().unwrap_or(i64::MAX),
-        timeout.subsec_micros().into(),
+    let timeval = <nix::sys::time::TimeVal as nix::sys::time::TimeValLike>::microseconds(
+        timeout.as_micros().try_into().unwrap_or(i64::MAX),
     );
     socket::setsockopt(&fd, sockopt::SendTimeout, &timeval)?;
     let addr = UnixAddr::new(path)?;
-    match socket::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
-        Ok(()) => {}
-        Err(nix::errno::Errno::EAGAIN) => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("connect timed out after {timeout:?}"),
-            ));
+    loop {
+        match socket::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
+            Ok(()) => break,
+            // With a send timeout set, the kernel never restarts the wait itself; a Unix
+            // socket that was interrupted is not connected, so connect again.
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(nix::errno::Errno::EAGAIN) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("connect timed out after {timeout:?}"),
+                ));
+            }
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => return Err(e.into()),
     }
     let stream = UnixStream::from(fd);
     stream.set_write_timeout(None)?;

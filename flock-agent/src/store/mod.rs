@@ -30,7 +30,7 @@
 //! is most of a record write's cost, and on ext4 without a journal it grows with every inode
 //! freed in the last 30 seconds (the allocator skips them one by one), so a burst of pods
 //! slows itself down. So the store keeps the files of replaced and deleted records as
-//! *spares* (`.spare-<n>`: a dot name, which no reader takes for a record and the next open
+//! *spares* (`.spare-<pid>-<n>`: a dot name, which no reader takes for a record and the next open
 //! removes), writes a new record into a spare, and puts it in place with an atomic exchange
 //! of names (`renameat2(RENAME_EXCHANGE)`): the record's name gets the new content, and the
 //! spare's name the old, ready for the next write. A deleted record's file is renamed to a
@@ -383,10 +383,11 @@ impl Store {
 }
 
 impl Spares {
-    /// A new spare name in `dir`.
+    /// A new spare name in `dir`: `.spare-<pid>-<n>`, as the temporary files of
+    /// `flock_cni_proto::durable` carry the pid.
     fn name(&mut self, dir: &Path) -> PathBuf {
         self.named += 1;
-        dir.join(format!(".spare-{}", self.named))
+        dir.join(format!(".spare-{}-{}", std::process::id(), self.named))
     }
 }
 
@@ -413,9 +414,12 @@ fn fill(spare: &Path, fresh: bool, bytes: &[u8]) -> Result<()> {
     let file = match existing {
         Some(file) => file,
         None => {
+            // Not `create_new`: a dot file of that name can only be a leftover (a removal at
+            // open that failed), and it is overwritten whole below.
             let file = OpenOptions::new()
                 .write(true)
-                .create_new(true)
+                .create(true)
+                .truncate(false)
                 .mode(0o600)
                 .open(spare)
                 .map_err(step("create the spare file"))?;

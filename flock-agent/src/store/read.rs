@@ -158,7 +158,8 @@ fn read_one(path: &Path, name: &str, access: Access) -> Result<Option<Allocation
             Access::ReadOnly if tries < READ_ONLY_TRIES => continue,
             Access::Owner(Torn::DropWithWarning) => {
                 warn!(file = %path.display(), error = %problem,
-                    "dropping an unreadable record of a previous boot (torn by a power cut)");
+                    "dropping a record of a previous boot that is unreadable or names another \
+                     attachment (torn by a power cut)");
                 if let Err(e) = fs::remove_file(path) {
                     warn!(file = %path.display(), error = %e, "removing it failed");
                 }
