@@ -181,7 +181,7 @@ const MAX_SPARES: usize = 256;
 #[derive(Debug, Default)]
 struct Spares {
     files: Vec<PathBuf>,
-    /// Spare names handed out so far (`.spare-<n>`).
+    /// Spare names handed out so far (`.spare-<pid>-<n>`).
     named: u64,
     /// The filesystem refused `RENAME_EXCHANGE`: records are renamed over instead.
     no_exchange: bool,
