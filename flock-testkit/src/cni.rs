@@ -868,19 +868,18 @@ fn run_in_netns(ns: &Path, cmd: Command, input: &[u8]) -> Result<std::io::Result
     if in_netns_already(ns) {
         return Ok(run_with_stdin(cmd, input));
     }
-    let enter = |source| Error::EnterNetns {
-        path: ns.to_owned(),
-        source,
-    };
-    let file = File::open(ns).map_err(enter)?;
     std::thread::scope(|s| {
         s.spawn(move || {
-            nix::sched::setns(&file, CloneFlags::CLONE_NEWNET)
-                .map_err(|e| enter(std::io::Error::from(e)))?;
+            enter_netns(ns)?;
             Ok(run_with_stdin(cmd, input))
         })
         .join()
-        .unwrap_or_else(|_| Err(enter(std::io::Error::other("namespace thread panicked"))))
+        .unwrap_or_else(|_| {
+            Err(Error::EnterNetns {
+                path: ns.to_owned(),
+                source: std::io::Error::other("namespace thread panicked"),
+            })
+        })
     })
 }
 

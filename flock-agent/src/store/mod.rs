@@ -10,10 +10,10 @@
 //! releases every record of the previous boot whatever it says (DESIGN §7). So a record's
 //! durability across a power cut buys nothing; what counts is that a crash of the *agent*
 //! (kill -9, an OOM kill, a panic) never leaves a torn record nor loses a committed one. The
-//! page cache survives the agent, and a rename is atomic: a record written to a temporary
-//! file and renamed over its name ([`durable::replace_file`]) is, after any crash of the
-//! process, either its old content or its new one. That costs a few microseconds; two fsyncs
-//! cost a few hundred.
+//! page cache survives the agent, and a rename is atomic: a record written to another file
+//! and then renamed or exchanged onto its name (below) is, after any crash of the process,
+//! either its old content or its new one. That costs a few microseconds; two fsyncs cost a
+//! few hundred.
 //!
 //! What a power cut can do to such files — leave a record empty, truncated, missing, or
 //! holding what its file held before (below) — is therefore harmless, and start-up tells the

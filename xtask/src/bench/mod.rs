@@ -501,23 +501,18 @@ fn measure(
         del_seq.push(start.elapsed());
     }
     drop(pods);
-    let observed: Vec<Observed> = atts
-        .iter()
-        .zip(&add_seq)
-        .map(|(a, d)| ("ADD", a, d))
-        .zip(&add_mono)
-        .map(|((op, a, d), m)| (op, a, d, m))
-        .chain(
+    let observed: Vec<Observed> = [("ADD", &add_seq, &add_mono), ("DEL", &del_seq, &del_mono)]
+        .into_iter()
+        .flat_map(|(op, elapsed, started)| {
             atts.iter()
-                .zip(&del_seq)
-                .zip(&del_mono)
-                .map(|((a, d), m)| ("DEL", a, d, m)),
-        )
-        .map(|(op, a, d, m)| Observed {
-            op,
-            container_id: a.container_id.clone(),
-            elapsed: *d,
-            started_mono: *m,
+                .zip(elapsed)
+                .zip(started)
+                .map(move |((a, d), m)| Observed {
+                    op,
+                    container_id: a.container_id.clone(),
+                    elapsed: *d,
+                    started_mono: *m,
+                })
         })
         .collect();
 
