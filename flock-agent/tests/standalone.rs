@@ -498,10 +498,7 @@ fn bad_input_gets_errors_and_the_agent_keeps_serving() {
     conf["plugins"][0]["mtu"] = json!(20);
     let bad_mtu = flock_testkit::cni::Runtime::new(
         conf,
-        [flock_testkit::workspace_bin("flock")
-            .parent()
-            .unwrap()
-            .to_owned()],
+        [flock_testkit::shim_bin().parent().unwrap().to_owned()],
         node.dir().join("cache-mtu"),
     )
     .unwrap()

@@ -50,7 +50,7 @@ fn runtime(node: &FlockNode, with_portmap: bool) -> Runtime {
 }
 
 fn runtime_of(node: &FlockNode, conflist: Value) -> Runtime {
-    let shim_dir: PathBuf = flock_testkit::workspace_bin("flock")
+    let shim_dir: PathBuf = flock_testkit::shim_bin()
         .parent()
         .expect("shim directory")
         .to_owned();

@@ -60,7 +60,7 @@ impl AgentFiles {
             .env_clear()
             .arg("install-cni")
             .arg("--shim")
-            .arg(flock_testkit::workspace_bin("flock"))
+            .arg(flock_testkit::shim_bin())
             .arg("--bin-dir")
             .arg(files.bin_dir())
             .arg("--conf-dir")

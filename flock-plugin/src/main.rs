@@ -234,6 +234,24 @@ fn queue_causes(q: &QueueError) -> String {
     std::error::Error::source(q).map_or_else(|| q.to_string(), cause_chain)
 }
 
+/// The one symbol Rust's `x86_64-unknown-linux-gnu` standard library needs from glibc that musl
+/// lacks, when the shim is linked against musl (`--cfg flock_musl`, `flock-plugin/musl.specs`):
+/// GCC 12's unwinder (`libgcc_eh`) looks up a program counter's unwind tables with it. "Not
+/// found" means a panic cannot unwind and a backtrace is empty; the release profile aborts on
+/// panic anyway, and its binary carries no symbols to print.
+#[cfg(flock_musl)]
+#[expect(
+    unsafe_code,
+    reason = "the linker must find this symbol under its C name; the body touches nothing"
+)]
+#[unsafe(no_mangle)]
+extern "C" fn _dl_find_object(
+    _pc: *mut std::ffi::c_void,
+    _result: *mut std::ffi::c_void,
+) -> std::ffi::c_int {
+    -1
+}
+
 fn main() {
     let debug = std::env::var_os("FLOCK_SHIM_DEBUG").is_some_and(|v| v == "1");
     skel::run(&Shim { debug })

@@ -32,8 +32,17 @@ impl Run {
     }
 }
 
+/// The shim under test: `FLOCK_SHIM_BIN` (set by `cargo xtask test` to the shim as a node's
+/// binaries have it, linked against musl), else the one cargo built for this test.
+fn shim_bin() -> std::path::PathBuf {
+    std::env::var_os("FLOCK_SHIM_BIN").map_or_else(
+        || env!("CARGO_BIN_EXE_flock").into(),
+        std::path::PathBuf::from,
+    )
+}
+
 fn shim(command: &str, ifname: &str, stdin: &str) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flock"))
+    let mut child = Command::new(shim_bin())
         .env_clear()
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", "3f2a9c1d0b7e")

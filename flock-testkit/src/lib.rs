@@ -202,6 +202,16 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     bin
 }
 
+/// The shim to exec in tests: `FLOCK_SHIM_BIN` when set, else [`workspace_bin`]`("flock")`.
+/// `cargo xtask test` sets it to the shim as a node's binaries have it (linked statically
+/// against musl, `flock-plugin/musl.specs`), which a plain `cargo build` does not make.
+pub fn shim_bin() -> PathBuf {
+    match std::env::var_os("FLOCK_SHIM_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => workspace_bin("flock"),
+    }
+}
+
 fn run<const N: usize>(args: [&str; N]) {
     let out = Command::new(args[0])
         .args(&args[1..])

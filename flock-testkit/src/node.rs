@@ -202,7 +202,7 @@ impl FlockNode {
     /// A runtime stand-in that execs the real shim inside this node's namespace for network
     /// `name`, caching results under this node's directory.
     pub fn runtime(&self, name: &str) -> Runtime {
-        let shim_dir = workspace_bin("flock")
+        let shim_dir = crate::shim_bin()
             .parent()
             .expect("shim directory")
             .to_owned();

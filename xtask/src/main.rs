@@ -34,6 +34,8 @@ const TEST_PACKAGES: &[&str] = &[
     "busybox-static",
     "protobuf-compiler",
     "nftables",
+    // The shim is linked against musl (flock-plugin/musl.specs).
+    "musl-dev",
 ];
 
 fn main() -> Result<()> {
@@ -84,6 +86,10 @@ fn test(filters: &[String]) -> Result<()> {
     ])?;
     // Tests exec the shim and the agent as a runtime does: build them first.
     sys::cargo(["build", "--workspace", "--bins", "--all-features"])?;
+    // The shim as a node has it (static, musl): the tests exec this copy, which the next
+    // cargo build cannot overwrite, since cargo puts its own link of the shim back in
+    // target/debug.
+    let shim = bench::build_shim_copy()?;
     // The workspace is virtual: without `-p`, nextest runs every member, and an explicit
     // `--workspace` would override a `-p` among the filters.
     let mut nextest: Vec<String> = ["nextest", "run", "--all-features"]
@@ -94,10 +100,13 @@ fn test(filters: &[String]) -> Result<()> {
     }
     nextest.extend(filters.iter().cloned());
     if has_nextest() {
-        sys::cargo(&nextest)?;
+        sys::run(sys::cargo_command(&nextest).env("FLOCK_SHIM_BIN", &shim))?;
     } else if filters.is_empty() {
         eprintln!("xtask: cargo-nextest not found, falling back to cargo test");
-        sys::cargo(["test", "--workspace", "--all-features"])?;
+        sys::run(
+            sys::cargo_command(["test", "--workspace", "--all-features"])
+                .env("FLOCK_SHIM_BIN", &shim),
+        )?;
     } else {
         bail!(
             "`cargo xtask test {}` passes its arguments to cargo-nextest, which is not installed \

@@ -52,8 +52,19 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    run(&mut cargo_command(args))
+}
+
+/// `cargo ARGS…` with the same toolchain that runs xtask, to run with [`run`].
+pub fn cargo_command<I, S>(args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    run(Command::new(cargo).args(args))
+    let mut cmd = Command::new(cargo);
+    cmd.args(args);
+    cmd
 }
 
 /// Runs a command, inheriting stdio; an exit other than 0 is an error naming it.
