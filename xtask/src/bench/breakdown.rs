@@ -142,18 +142,70 @@ pub struct Floor {
     pub detach: Vec<Duration>,
     /// The shim exec'd for `VERSION` by the runtime stand-in.
     pub version_exec: Vec<Duration>,
+    /// `flock_netns::setup` of as many more pods, `concurrency` at a time: (pods, wall time).
+    /// What the kernel allows a node to take at that concurrency with nothing but the kernel
+    /// work: the ceiling of a CNI's ADD throughput here.
+    pub setup_concurrent: Option<(usize, Duration)>,
+}
+
+impl Floor {
+    /// Pods per second of [`setup_concurrent`](Self::setup_concurrent).
+    pub fn concurrent_pods_per_s(&self) -> Option<f64> {
+        self.setup_concurrent
+            .map(|(n, wall)| n as f64 / wall.as_secs_f64())
+    }
 }
 
 /// Sets up and detaches `pods` dual-stack pods with `flock-netns` alone, in a node
-/// namespace of its own and a fresh pod namespace each; then tears them down (untimed) and
-/// lets the kernel settle, so what runs next does not pay for it.
-pub fn measure_kernel_floor(pods: usize) -> Result<Floor> {
+/// namespace of its own and a fresh pod namespace each, one at a time; then sets up as many
+/// more, `concurrency` at a time. Tears them all down (untimed) and lets the kernel settle,
+/// so what runs next does not pay for it.
+pub fn measure_kernel_floor(pods: usize, concurrency: usize) -> Result<Floor> {
     let node_ns = Netns::new("bfloor");
     let pod_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
-    let specs: Vec<PodSpec> = pod_nss
-        .iter()
+    let conc_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
+    let specs = floor_specs(&pod_nss, 0);
+    let conc_specs = floor_specs(&conc_nss, pods);
+    // As in the agent: the process (here, a thread and the runtime's workers it spawns) sits
+    // in the node's namespace, so node-side work needs no namespace thread.
+    let node_path = node_ns.path();
+    let floor = std::thread::scope(|s| {
+        s.spawn(|| -> Result<Floor> {
+            let file = std::fs::File::open(&node_path)
+                .with_context(|| format!("open {}", node_path.display()))?;
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .with_context(|| format!("enter {}", node_path.display()))?;
+            // The agent's runtime: a worker per CPU.
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("tokio runtime for the kernel floor")?;
+            // On a worker, as the agent's handlers run: block_on's own thread would add a
+            // cross-thread wake-up to every netlink round trip.
+            let specs = specs.clone();
+            let conc_specs = conc_specs.clone();
+            rt.block_on(
+                async move { tokio::spawn(floor_cycles(specs, conc_specs, concurrency)).await },
+            )
+            .context("the kernel floor task")?
+        })
+        .join()
+        .unwrap_or_else(|_| bail!("the kernel floor thread panicked"))
+    })?;
+    drop(pod_nss);
+    drop(conc_nss);
+    drop(node_ns);
+    // Deleted namespaces are cleaned up by the kernel in the background.
+    std::thread::sleep(Duration::from_secs(2));
+    Ok(floor)
+}
+
+/// Dual-stack pods in `nss`, numbered from `first` (addresses unique across calls).
+fn floor_specs(nss: &[Netns], first: usize) -> Vec<PodSpec> {
+    nss.iter()
         .enumerate()
         .map(|(i, ns)| {
+            let i = first + i;
             let cid = format!("floor-{i:05}");
             PodSpec {
                 host_if: host_ifname(&cid, "eth0", 0),
@@ -170,39 +222,16 @@ pub fn measure_kernel_floor(pods: usize) -> Result<Floor> {
                 anycast: vec![],
             }
         })
-        .collect();
-    // As in the agent: the process (here, a thread and the runtime's workers it spawns) sits
-    // in the node's namespace, so node-side work needs no namespace thread.
-    let node_path = node_ns.path();
-    let floor = std::thread::scope(|s| {
-        s.spawn(|| -> Result<Floor> {
-            let file = std::fs::File::open(&node_path)
-                .with_context(|| format!("open {}", node_path.display()))?;
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                .with_context(|| format!("enter {}", node_path.display()))?;
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .context("tokio runtime for the kernel floor")?;
-            // On a worker, as the agent's handlers run: block_on's own thread would add a
-            // cross-thread wake-up to every netlink round trip.
-            let specs = specs.clone();
-            rt.block_on(async move { tokio::spawn(floor_cycles(specs)).await })
-                .context("the kernel floor task")?
-        })
-        .join()
-        .unwrap_or_else(|_| bail!("the kernel floor thread panicked"))
-    })?;
-    drop(pod_nss);
-    drop(node_ns);
-    // Deleted namespaces are cleaned up by the kernel in the background.
-    std::thread::sleep(Duration::from_secs(2));
-    Ok(floor)
+        .collect()
 }
 
-async fn floor_cycles(specs: Vec<PodSpec>) -> Result<Floor> {
-    let node = NodeNs::current();
+async fn floor_cycles(
+    specs: Vec<PodSpec>,
+    conc_specs: Vec<PodSpec>,
+    concurrency: usize,
+) -> Result<Floor> {
+    // Shared by the concurrent tasks, as the agent shares it between its requests.
+    let node = std::sync::Arc::new(NodeNs::current());
     let mut floor = Floor::default();
     for spec in &specs {
         let t = Instant::now();
@@ -219,6 +248,35 @@ async fn floor_cycles(specs: Vec<PodSpec>) -> Result<Floor> {
         floor.detach.push(t.elapsed());
     }
     for spec in &specs {
+        flock_netns::teardown(&node, spec)
+            .await
+            .with_context(|| format!("floor teardown of {}", spec.container_id))?;
+    }
+    // `concurrency` tasks, each taking the next pod, as the bench's runtime threads do.
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let conc_specs = std::sync::Arc::new(conc_specs);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..concurrency.clamp(1, conc_specs.len().max(1)))
+        .map(|_| {
+            let (next, specs, node) = (next.clone(), conc_specs.clone(), node.clone());
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(spec) = specs.get(i) else {
+                        return Ok::<_, anyhow::Error>(());
+                    };
+                    setup(&node, spec)
+                        .await
+                        .with_context(|| format!("floor setup of {}", spec.container_id))?;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.context("a kernel floor task")??;
+    }
+    floor.setup_concurrent = Some((conc_specs.len(), start.elapsed()));
+    for spec in conc_specs.iter() {
         flock_netns::teardown(&node, spec)
             .await
             .with_context(|| format!("floor teardown of {}", spec.container_id))?;
