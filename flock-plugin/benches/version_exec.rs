@@ -1,9 +1,10 @@
 //! The cost a runtime pays per CNI call before flock does any work: exec the
 //! release shim with `CNI_COMMAND=VERSION` and wait for its reply.
 //!
-//! Build the shim first (`cargo build --release -p flock-plugin`), then
-//! `cargo bench -p flock-plugin --bench version_exec`. `FLOCK_SHIM_BIN`
-//! overrides the binary (default `target/release/flock`). Goal: median ≤ 2 ms.
+//! Time the shim as it ships (static, musl), from a copy: `cargo bench` relinks
+//! `target/release/flock` with glibc. The command is in `flock-plugin/README.md`.
+//! `FLOCK_SHIM_BIN` names the binary (default `target/release/flock`). Goal:
+//! median ≤ 2 ms.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -23,7 +24,7 @@ fn version_exec(c: &mut Criterion) {
     let bin = shim_bin();
     assert!(
         bin.exists(),
-        "{} not found: run `cargo build --release -p flock-plugin` or set FLOCK_SHIM_BIN",
+        "{} not found: build the shim as flock-plugin/README.md says and set FLOCK_SHIM_BIN",
         bin.display()
     );
     let run = || {

@@ -206,10 +206,16 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 /// `cargo xtask test` sets it to the shim as a node's binaries have it (linked statically
 /// against musl, `flock-plugin/musl.specs`), which a plain `cargo build` does not make.
 pub fn shim_bin() -> PathBuf {
-    match std::env::var_os("FLOCK_SHIM_BIN") {
-        Some(path) => PathBuf::from(path),
-        None => workspace_bin("flock"),
-    }
+    let Some(path) = std::env::var_os("FLOCK_SHIM_BIN").map(PathBuf::from) else {
+        return workspace_bin("flock");
+    };
+    // Its directory is a runtime's CNI_PATH, where a conflist's `"type": "flock"` is looked up.
+    assert!(
+        path.file_name() == Some(std::ffi::OsStr::new("flock")) && path.is_absolute(),
+        "FLOCK_SHIM_BIN={} must be an absolute path to a file named flock",
+        path.display()
+    );
+    path
 }
 
 fn run<const N: usize>(args: [&str; N]) {

@@ -246,7 +246,9 @@ pub fn build_shim_copy() -> Result<PathBuf> {
     let dir = build(&["flock-plugin"], false)?;
     let copy_dir = dir.join("node-shim");
     std::fs::create_dir_all(&copy_dir).with_context(|| format!("create {}", copy_dir.display()))?;
-    let copy = copy_dir.join("flock");
+    // Absolute: the tests that exec it run in their package's directory.
+    let copy = std::path::absolute(copy_dir.join("flock"))
+        .with_context(|| format!("resolve {}", copy_dir.display()))?;
     // Not over the file: a test of the last run may still hold it open for exec.
     let part = copy_dir.join("flock.part");
     std::fs::copy(dir.join("flock"), &part)
@@ -297,6 +299,9 @@ struct Options {
     write: bool,
 }
 
+/// The most pods a phase can have (the kernel floor numbers `2 × pods` from 1 in 16 bits).
+const MAX_PODS: usize = 32_767;
+
 const USAGE: &str = "usage: cargo xtask bench [--pods N] [--concurrency C] [--rss-pods N] [--subjects reference,flock] [--no-write]";
 
 fn parse_options(args: &[String]) -> Result<Options> {
@@ -337,6 +342,13 @@ fn parse_options(args: &[String]) -> Result<Options> {
     if opts.pods == 0 || opts.concurrency == 0 {
         bail!("--pods and --concurrency must be at least 1");
     }
+    // The kernel floor numbers twice as many pods from one /112 and one /16.
+    if opts.pods > MAX_PODS {
+        bail!(
+            "--pods {} is more than the bench can address: at most {MAX_PODS}",
+            opts.pods
+        );
+    }
     Ok(opts)
 }
 
@@ -365,11 +377,22 @@ pub fn bench(args: &[String]) -> Result<()> {
     if cfg!(debug_assertions) {
         // The runtime stand-in and the kernel floor run in this process. Unoptimised (the
         // dev profile `cargo xtask` runs), the stand-in's JSON work added about 0.2 ms to
-        // every call it timed, and the floor measured flock-netns as a debug build.
+        // every call it timed, and the floor measured flock-netns as a debug build. The
+        // `xtask-bench` profile is optimised and unwinds on panic, so the namespaces and
+        // agents the bench made are removed on a panic too.
         eprintln!("xtask bench: running an optimised build of xtask for the measurements");
         return sys::run(
-            sys::cargo_command(["run", "--release", "--quiet", "-p", "xtask", "--", "bench"])
-                .args(args),
+            sys::cargo_command([
+                "run",
+                "--profile",
+                "xtask-bench",
+                "--quiet",
+                "-p",
+                "xtask",
+                "--",
+                "bench",
+            ])
+            .args(args),
         );
     }
     for ns in flock_testkit::sweep_stale() {
@@ -397,8 +420,9 @@ pub fn bench(args: &[String]) -> Result<()> {
     // The kernel floor first, on a quiet kernel.
     let floor = if selected.iter().any(|s| s.key() == "flock") {
         eprintln!(
-            "xtask bench: kernel floor — flock-netns alone, {} pods",
-            opts.pods
+            "xtask bench: kernel floor — flock-netns alone, {} pods one at a time, then {} at \
+             concurrency {}",
+            opts.pods, opts.pods, opts.concurrency
         );
         Some(breakdown::measure_kernel_floor(
             opts.pods,
