@@ -175,19 +175,12 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize) -> Result<Floor> {
                 .with_context(|| format!("open {}", node_path.display()))?;
             nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
                 .with_context(|| format!("enter {}", node_path.display()))?;
-            // The agent's runtime: a worker per CPU.
-            let rt = tokio::runtime::Builder::new_multi_thread()
+            // The agent's runtime (`flock-agent run`): one thread.
+            let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .context("tokio runtime for the kernel floor")?;
-            // On a worker, as the agent's handlers run: block_on's own thread would add a
-            // cross-thread wake-up to every netlink round trip.
-            let specs = specs.clone();
-            let conc_specs = conc_specs.clone();
-            rt.block_on(
-                async move { tokio::spawn(floor_cycles(specs, conc_specs, concurrency)).await },
-            )
-            .context("the kernel floor task")?
+            rt.block_on(floor_cycles(specs.clone(), conc_specs.clone(), concurrency))
         })
         .join()
         .unwrap_or_else(|_| bail!("the kernel floor thread panicked"))
@@ -252,6 +245,8 @@ async fn floor_cycles(
             .await
             .with_context(|| format!("floor teardown of {}", spec.container_id))?;
     }
+    // As before a subject's concurrent phase: let the kernel finish with the torn-down pods.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     // `concurrency` tasks, each taking the next pod, as the bench's runtime threads do.
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let conc_specs = std::sync::Arc::new(conc_specs);
