@@ -271,8 +271,8 @@ fn run(args: RunArgs) -> Result<()> {
     // its answer, the next), each a hand-off between tasks; with a worker per CPU every
     // hand-off woke another worker, and that cost more than the work itself. Measured with
     // `cargo xtask bench`: daemon CPU per ADD in a burst 0.8-1.0 ms with two workers,
-    // 0.6-0.7 ms with one; flock-netns alone set up 1,211-1,423 pods/s at concurrency 10
-    // with two and 2,195 with one. Blocking work (nft, the store's open) goes to tokio's
+    // 0.6-0.7 ms with one; flock-netns alone set up 1,083-1,423 pods/s at concurrency 10
+    // with two and 2,028-2,259 with one. Blocking work (nft, the store's open) goes to tokio's
     // blocking threads, and each new pod namespace is entered on a thread of its own.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -370,6 +370,13 @@ struct Figures {
     breakdown: Option<Breakdown>,
 }
 
+impl Figures {
+    /// ADD throughput of the concurrent phase: pods over its wall time.
+    fn add_pods_per_s(&self) -> f64 {
+        self.add_conc.len() as f64 / self.add_conc_wall.as_secs_f64()
+    }
+}
+
 /// `cargo xtask bench [ARGS…]`.
 pub fn bench(args: &[String]) -> Result<()> {
     sys::require_root("cargo xtask bench")?;
@@ -798,7 +805,7 @@ fn render_table(all: &[Figures], opts: &Options) -> String {
         ),
         (
             format!("ADD throughput, concurrency {}", opts.concurrency),
-            Box::new(|f| Some(f.add_conc.len() as f64 / f.add_conc_wall.as_secs_f64())),
+            Box::new(|f| Some(f.add_pods_per_s())),
             "pods/s",
         ),
         (
@@ -865,7 +872,7 @@ fn render_breakdown(flock: &Figures, floor: &Floor, pods: usize, concurrency: us
         if add <= bound { "met" } else { "not met" }
     ));
     if let Some(ceiling) = floor.concurrent_pods_per_s() {
-        let pods_per_s = flock.add_conc.len() as f64 / flock.add_conc_wall.as_secs_f64();
+        let pods_per_s = flock.add_pods_per_s();
         out.push_str(&format!(
             "\nADD throughput {pods_per_s:.0} pods/s at concurrency {concurrency}; flock-netns \
              alone set up the same number of pods at the same concurrency at {ceiling:.0} pods/s \
