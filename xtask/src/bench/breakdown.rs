@@ -15,6 +15,7 @@
 //!   leaves the shim).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -142,6 +143,14 @@ pub struct Floor {
     pub detach: Vec<Duration>,
     /// The shim exec'd for `VERSION` by the runtime stand-in.
     pub version_exec: Vec<Duration>,
+    /// `flock_netns::setup` of as many more pods, one at a time, each right after the shim was
+    /// exec'd (for `VERSION`): the kernel work as a CNI's runs, after the runtime's exec of
+    /// its plugin, rather than in a loop that keeps caches warm.
+    pub setup_after_exec: Vec<Duration>,
+    /// A round trip over a Unix socket to a thread that has waited idle for a millisecond, as
+    /// the agent waits for the next call and the shim for the agent's answer: what each
+    /// hand-off between the shim and the agent costs here beyond the work itself.
+    pub idle_round_trip: Vec<Duration>,
     /// `flock_netns::setup` of as many more pods, `concurrency` at a time: (pods, wall time).
     /// What the kernel allows a node to take at that concurrency with nothing but the kernel
     /// work: the ceiling of a CNI's ADD throughput here.
@@ -157,15 +166,18 @@ impl Floor {
 }
 
 /// Sets up and detaches `pods` dual-stack pods with `flock-netns` alone, in a node
-/// namespace of its own and a fresh pod namespace each, one at a time; then sets up as many
-/// more, `concurrency` at a time. Tears them all down (untimed) and lets the kernel settle,
-/// so what runs next does not pay for it.
-pub fn measure_kernel_floor(pods: usize, concurrency: usize) -> Result<Floor> {
+/// namespace of its own and a fresh pod namespace each, one at a time; sets up as many more
+/// one at a time, each right after an exec of `shim` for `VERSION`; then as many more,
+/// `concurrency` at a time. Tears them all down (untimed) and lets the kernel settle, so what
+/// runs next does not pay for it. Last, times `pods` round trips to an idle thread.
+pub fn measure_kernel_floor(pods: usize, concurrency: usize, shim: &Path) -> Result<Floor> {
     let node_ns = Netns::new("bfloor");
     let pod_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
+    let exec_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
     let conc_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
     let specs = floor_specs(&pod_nss, 0);
-    let conc_specs = floor_specs(&conc_nss, pods);
+    let exec_specs = floor_specs(&exec_nss, pods);
+    let conc_specs = floor_specs(&conc_nss, 2 * pods);
     // As in the agent: the process (here, a thread and the runtime's workers it spawns) sits
     // in the node's namespace, so node-side work needs no namespace thread.
     let node_path = node_ns.path();
@@ -180,17 +192,77 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize) -> Result<Floor> {
                 .enable_all()
                 .build()
                 .context("tokio runtime for the kernel floor")?;
-            rt.block_on(floor_cycles(specs.clone(), conc_specs.clone(), concurrency))
+            rt.block_on(floor_cycles(
+                [specs.clone(), exec_specs.clone(), conc_specs.clone()],
+                concurrency,
+                shim,
+            ))
         })
         .join()
         .unwrap_or_else(|_| bail!("the kernel floor thread panicked"))
     })?;
     drop(pod_nss);
+    drop(exec_nss);
     drop(conc_nss);
     drop(node_ns);
     // Deleted namespaces are cleaned up by the kernel in the background.
     std::thread::sleep(Duration::from_secs(2));
+    let mut floor = floor;
+    floor.idle_round_trip = idle_round_trips(pods)?;
     Ok(floor)
+}
+
+/// `n` round trips of 8 bytes over a Unix socket pair to an echoing thread on another CPU,
+/// each after both sides slept a millisecond — as the shim and the agent meet in an ADD: the
+/// scheduler wakes each on the CPU it last ran on while that one idles. On a VM whose idle
+/// vCPUs halt, every message is then the wake-up of a vCPU. Empty with fewer than two CPUs.
+fn idle_round_trips(n: usize) -> Result<Vec<Duration>> {
+    use std::io::{Read, Write};
+    let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .context("sched_getaffinity")?;
+    let cpus: Vec<usize> = (0..nix::sched::CpuSet::count())
+        .filter(|&c| allowed.is_set(c).unwrap_or(false))
+        .take(2)
+        .collect();
+    let [near_cpu, far_cpu] = cpus[..] else {
+        return Ok(Vec::new());
+    };
+    let pin = |cpu: usize| -> Result<()> {
+        let mut set = nix::sched::CpuSet::new();
+        set.set(cpu).context("CPU set")?;
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+            .with_context(|| format!("pin a thread to CPU {cpu}"))
+    };
+    let (mut near, mut far) =
+        std::os::unix::net::UnixStream::pair().context("a Unix socket pair")?;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            if pin(far_cpu).is_err() {
+                return;
+            }
+            let mut buf = [0u8; 8];
+            // Ends when the near side is dropped (0 bytes) or fails.
+            while far.read_exact(&mut buf).is_ok() && far.write_all(&buf).is_ok() {}
+        });
+        // A thread of its own, pinned: the caller's affinity stays as it was.
+        s.spawn(move || {
+            pin(near_cpu)?;
+            let mut times = Vec::with_capacity(n);
+            let mut buf = [0u8; 8];
+            for _ in 0..n {
+                std::thread::sleep(Duration::from_millis(1));
+                let t = Instant::now();
+                near.write_all(&[1; 8])
+                    .context("write to the echo thread")?;
+                near.read_exact(&mut buf)
+                    .context("read from the echo thread")?;
+                times.push(t.elapsed());
+            }
+            Ok(times)
+        })
+        .join()
+        .unwrap_or_else(|_| bail!("the round-trip thread panicked"))
+    })
 }
 
 /// Dual-stack pods in `nss`, numbered from `first` (addresses unique across calls).
@@ -219,9 +291,9 @@ fn floor_specs(nss: &[Netns], first: usize) -> Vec<PodSpec> {
 }
 
 async fn floor_cycles(
-    specs: Vec<PodSpec>,
-    conc_specs: Vec<PodSpec>,
+    [specs, exec_specs, conc_specs]: [Vec<PodSpec>; 3],
     concurrency: usize,
+    shim: &Path,
 ) -> Result<Floor> {
     // Shared by the concurrent tasks, as the agent shares it between its requests.
     let node = std::sync::Arc::new(NodeNs::current());
@@ -241,6 +313,21 @@ async fn floor_cycles(
         floor.detach.push(t.elapsed());
     }
     for spec in &specs {
+        flock_netns::teardown(&node, spec)
+            .await
+            .with_context(|| format!("floor teardown of {}", spec.container_id))?;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Each after an exec of the shim, as the runtime's exec precedes a CNI's kernel work.
+    for spec in &exec_specs {
+        exec_version(shim)?;
+        let t = Instant::now();
+        setup(&node, spec)
+            .await
+            .with_context(|| format!("floor setup of {}", spec.container_id))?;
+        floor.setup_after_exec.push(t.elapsed());
+    }
+    for spec in &exec_specs {
         flock_netns::teardown(&node, spec)
             .await
             .with_context(|| format!("floor teardown of {}", spec.container_id))?;
@@ -277,6 +364,35 @@ async fn floor_cycles(
             .with_context(|| format!("floor teardown of {}", spec.container_id))?;
     }
     Ok(floor)
+}
+
+/// Execs `shim` for `VERSION` (on the calling thread: the floor's runtime has nothing else to
+/// run meanwhile) and checks it answered.
+fn exec_version(shim: &Path) -> Result<()> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(shim)
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("exec {}", shim.display()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // The shim answers VERSION without reading its config: a closed pipe is no error.
+        match stdin.write_all(br#"{"cniVersion":"1.1.0"}"#) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                return Err(e).with_context(|| format!("write to {}", shim.display()));
+            }
+            _ => {}
+        }
+    }
+    let out = child
+        .wait_with_output()
+        .with_context(|| format!("wait for {}", shim.display()))?;
+    if !out.status.success() {
+        bail!("{} VERSION: {}", shim.display(), out.status);
+    }
+    Ok(())
 }
 
 /// Execs the first plugin of `runtime`'s list for `VERSION`, `n` times.
@@ -348,9 +464,19 @@ pub fn render(b: &Breakdown, floor: &Floor) -> String {
         &floor.detach,
     ));
     out.push_str(&floor_row(
+        "**floor**: flock-netns alone, each setup right after a shim exec",
+        &floor.setup_after_exec,
+        &[],
+    ));
+    out.push_str(&floor_row(
         "**floor**: shim exec of VERSION",
         &floor.version_exec,
         &floor.version_exec,
+    ));
+    out.push_str(&floor_row(
+        "**floor**: Unix socket round trip to an idle thread",
+        &floor.idle_round_trip,
+        &floor.idle_round_trip,
     ));
     out
 }
@@ -368,6 +494,15 @@ pub fn add_goal(add_seq: &[Duration], floor: &Floor, breakdown: Option<&Breakdow
         .map_or(f64::INFINITY, |s| percentile_ms(s, 50.0));
     let bound = 1.5 * (alone.min(in_agent) + percentile_ms(&floor.version_exec, 50.0));
     (percentile_ms(add_seq, 50.0), bound)
+}
+
+/// 1.5 × (p50 of the floor's setups after a shim exec + VERSION exec p50), in ms; `None`
+/// when the floor has no such setups.
+pub fn add_bound_after_exec(floor: &Floor) -> Option<f64> {
+    (!floor.setup_after_exec.is_empty() && !floor.version_exec.is_empty()).then(|| {
+        1.5 * (percentile_ms(&floor.setup_after_exec, 50.0)
+            + percentile_ms(&floor.version_exec, 50.0))
+    })
 }
 
 #[cfg(test)]
@@ -428,5 +563,48 @@ mod tests {
         );
         let missing = Breakdown::from_trace("", &observed).unwrap_err();
         assert!(missing.to_string().contains("no ADD of a"), "{missing}");
+    }
+
+    #[test]
+    fn the_floor_after_an_exec_gives_a_second_bound_and_rows_of_its_own() {
+        let ms = |v: &[u64]| {
+            v.iter()
+                .map(|&us| Duration::from_micros(us))
+                .collect::<Vec<_>>()
+        };
+        let mut floor = Floor {
+            setup: ms(&[500, 550, 600]),
+            version_exec: ms(&[150, 170, 190]),
+            idle_round_trip: ms(&[90, 100, 110]),
+            ..Floor::default()
+        };
+        // No setups after an exec (fewer than one pod, or an older harness): no second bound.
+        assert_eq!(add_bound_after_exec(&floor), None);
+        floor.setup_after_exec = ms(&[600, 650, 700]);
+        let bound = add_bound_after_exec(&floor).unwrap();
+        assert!((bound - 1.5 * (0.650 + 0.170)).abs() < 1e-9, "{bound}");
+        let table = render(&Breakdown::default(), &floor);
+        assert!(
+            table.contains(
+                "| **floor**: flock-netns alone, each setup right after a shim exec | 0.650 | 0.700 | — | — |"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("| **floor**: Unix socket round trip to an idle thread | 0.100 | 0.110 | 0.100 | 0.110 |"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn an_idle_round_trip_is_timed_once_per_sample() {
+        let times = idle_round_trips(3).unwrap();
+        // One CPU: nothing to measure between two.
+        let cpus = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+        let n = (0..nix::sched::CpuSet::count())
+            .filter(|&c| cpus.is_set(c).unwrap_or(false))
+            .count();
+        assert_eq!(times.len(), if n >= 2 { 3 } else { 0 });
+        assert!(times.iter().all(|t| *t > Duration::ZERO), "{times:?}");
     }
 }
