@@ -107,7 +107,9 @@ fn handle<P: Plugin + ?Sized>(
         // Answered before stdin is read: a runtime may pass no config at all.
         return (None, version_reply());
     }
-    let mut bytes = Vec::new();
+    // Room for a usual configuration from the start: one read and the one that sees the end,
+    // where an empty vector reads 32 bytes, then 64, and so on.
+    let mut bytes = Vec::with_capacity(8 * 1024);
     if let Err(e) = stdin.read_to_end(&mut bytes) {
         return (
             None,
