@@ -252,10 +252,11 @@ extern "C" fn _dl_find_object(
     -1
 }
 
-/// The shim's allocator. musl's maps and unmaps memory a page at a time as the small documents
-/// of a call come and go, each a system call and a page fault (here a trap to the hypervisor);
-/// dlmalloc keeps what it got until the process exits, which is soon. An ADD exec'd against a
-/// stand-in agent took about 70 µs less, a `VERSION` about 10 µs (BENCHMARKS.md, issue 13).
+/// The shim's allocator, in every build (the shipped one is linked against musl). musl's maps
+/// and unmaps memory a page at a time as the small documents of a call come and go, each a
+/// system call and a page fault (here a trap to the hypervisor); dlmalloc keeps what it got
+/// until the process exits, which is soon. An ADD exec'd against a stand-in agent took about
+/// 70 µs less (BENCHMARKS.md, issue 13).
 #[global_allocator]
 static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 

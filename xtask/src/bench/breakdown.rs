@@ -213,9 +213,11 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize, shim: &Path) -> Res
 }
 
 /// `n` round trips of 8 bytes over a Unix socket pair to an echoing thread on another CPU,
-/// each after both sides slept a millisecond — as the shim and the agent meet in an ADD: the
-/// scheduler wakes each on the CPU it last ran on while that one idles. On a VM whose idle
-/// vCPUs halt, every message is then the wake-up of a vCPU. Empty with fewer than two CPUs.
+/// each after a millisecond in which both threads waited (one asleep, the other in its read):
+/// as the shim and the agent meet in an ADD, the scheduler waking each on the CPU it last ran
+/// on while that one idles. On a VM whose idle vCPUs halt, every message is then the wake-up
+/// of a vCPU. Empty, with a line on stderr, when the two threads cannot be pinned to two CPUs
+/// (one CPU, or a sandbox that refuses `sched_setaffinity`): unpinned, they may share a CPU.
 fn idle_round_trips(n: usize) -> Result<Vec<Duration>> {
     use std::io::{Read, Write};
     let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
@@ -225,8 +227,10 @@ fn idle_round_trips(n: usize) -> Result<Vec<Duration>> {
         .take(2)
         .collect();
     let [near_cpu, far_cpu] = cpus[..] else {
+        eprintln!("xtask bench: one CPU: no round trip to an idle thread on another");
         return Ok(Vec::new());
     };
+    // Pins the calling thread only: the caller's own affinity stays as it was.
     let pin = |cpu: usize| -> Result<()> {
         let mut set = nix::sched::CpuSet::new();
         set.set(cpu).context("CPU set")?;
@@ -235,18 +239,30 @@ fn idle_round_trips(n: usize) -> Result<Vec<Duration>> {
     };
     let (mut near, mut far) =
         std::os::unix::net::UnixStream::pair().context("a Unix socket pair")?;
+    let (far_pinned, far_pinned_rx) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         s.spawn(move || {
-            if pin(far_cpu).is_err() {
+            let pinned = pin(far_cpu);
+            let ok = pinned.is_ok();
+            let _ = far_pinned.send(pinned);
+            if !ok {
                 return;
             }
             let mut buf = [0u8; 8];
             // Ends when the near side is dropped (0 bytes) or fails.
             while far.read_exact(&mut buf).is_ok() && far.write_all(&buf).is_ok() {}
         });
-        // A thread of its own, pinned: the caller's affinity stays as it was.
         s.spawn(move || {
-            pin(near_cpu)?;
+            let pinned = pin(near_cpu).and_then(|()| {
+                far_pinned_rx
+                    .recv()
+                    .context("the echo thread ended before it was pinned")?
+            });
+            if let Err(e) = pinned {
+                // Dropping `near` ends the echo thread.
+                eprintln!("xtask bench: no round trip to an idle thread: {e:#}");
+                return Ok(Vec::new());
+            }
             let mut times = Vec::with_capacity(n);
             let mut buf = [0u8; 8];
             for _ in 0..n {
