@@ -167,10 +167,21 @@ impl Floor {
 
 /// Sets up and detaches `pods` dual-stack pods with `flock-netns` alone, in a node
 /// namespace of its own and a fresh pod namespace each, one at a time; sets up as many more
-/// one at a time, each right after an exec of `shim` for `VERSION`; then as many more,
-/// `concurrency` at a time. Tears them all down (untimed) and lets the kernel settle, so what
-/// runs next does not pay for it. Last, times `pods` round trips to an idle thread.
-pub fn measure_kernel_floor(pods: usize, concurrency: usize, shim: &Path) -> Result<Floor> {
+/// one at a time, each right after the runtime stand-in exec'd the shim (`flock` in
+/// `bin_dir`) for `VERSION`; then as many more, `concurrency` at a time. Tears them all down
+/// (untimed) and lets the kernel settle, so what runs next does not pay for it. Last, times
+/// `pods` round trips to an idle thread.
+pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> Result<Floor> {
+    // VERSION reads no cache: the directory is never made.
+    let runtime = flock_testkit::cni::Runtime::new(
+        serde_json::json!({
+            "cniVersion": "1.1.0",
+            "name": "bench-floor",
+            "plugins": [{ "type": "flock" }],
+        }),
+        [bin_dir],
+        std::env::temp_dir().join("flock-bench-floor-cache"),
+    )?;
     let node_ns = Netns::new("bfloor");
     let pod_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
     let exec_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
@@ -195,7 +206,7 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize, shim: &Path) -> Res
             rt.block_on(floor_cycles(
                 [specs.clone(), exec_specs.clone(), conc_specs.clone()],
                 concurrency,
-                shim,
+                &runtime,
             ))
         })
         .join()
@@ -306,21 +317,45 @@ fn floor_specs(nss: &[Netns], first: usize) -> Vec<PodSpec> {
         .collect()
 }
 
+/// Sets up each of `specs` in turn, right after `before` (untimed); the time of each setup.
+async fn timed_setups(
+    node: &NodeNs,
+    specs: &[PodSpec],
+    mut before: impl FnMut() -> Result<()>,
+) -> Result<Vec<Duration>> {
+    let mut times = Vec::with_capacity(specs.len());
+    for spec in specs {
+        before()?;
+        let t = Instant::now();
+        setup(node, spec)
+            .await
+            .with_context(|| format!("floor setup of {}", spec.container_id))?;
+        times.push(t.elapsed());
+    }
+    Ok(times)
+}
+
+/// Tears down each of `specs` (untimed).
+async fn teardown_all(node: &NodeNs, specs: &[PodSpec]) -> Result<()> {
+    for spec in specs {
+        flock_netns::teardown(node, spec)
+            .await
+            .with_context(|| format!("floor teardown of {}", spec.container_id))?;
+    }
+    Ok(())
+}
+
 async fn floor_cycles(
     [specs, exec_specs, conc_specs]: [Vec<PodSpec>; 3],
     concurrency: usize,
-    shim: &Path,
+    runtime: &flock_testkit::cni::Runtime,
 ) -> Result<Floor> {
     // Shared by the concurrent tasks, as the agent shares it between its requests.
     let node = std::sync::Arc::new(NodeNs::current());
-    let mut floor = Floor::default();
-    for spec in &specs {
-        let t = Instant::now();
-        setup(&node, spec)
-            .await
-            .with_context(|| format!("floor setup of {}", spec.container_id))?;
-        floor.setup.push(t.elapsed());
-    }
+    let mut floor = Floor {
+        setup: timed_setups(&node, &specs, || Ok(())).await?,
+        ..Floor::default()
+    };
     for spec in &specs {
         let t = Instant::now();
         detach(&node, spec)
@@ -328,26 +363,18 @@ async fn floor_cycles(
             .with_context(|| format!("floor detach of {}", spec.container_id))?;
         floor.detach.push(t.elapsed());
     }
-    for spec in &specs {
-        flock_netns::teardown(&node, spec)
-            .await
-            .with_context(|| format!("floor teardown of {}", spec.container_id))?;
-    }
+    teardown_all(&node, &specs).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    // Each after an exec of the shim, as the runtime's exec precedes a CNI's kernel work.
-    for spec in &exec_specs {
-        exec_version(shim)?;
-        let t = Instant::now();
-        setup(&node, spec)
-            .await
-            .with_context(|| format!("floor setup of {}", spec.container_id))?;
-        floor.setup_after_exec.push(t.elapsed());
-    }
-    for spec in &exec_specs {
-        flock_netns::teardown(&node, spec)
-            .await
-            .with_context(|| format!("floor teardown of {}", spec.container_id))?;
-    }
+    // Each after an exec of the shim, as the runtime's exec precedes a CNI's kernel work (on
+    // this thread: the floor's runtime has nothing else to run meanwhile).
+    floor.setup_after_exec = timed_setups(&node, &exec_specs, || {
+        runtime
+            .version("flock")
+            .map(drop)
+            .context("VERSION of the shim")
+    })
+    .await?;
+    teardown_all(&node, &exec_specs).await?;
     // As before a subject's concurrent phase: let the kernel finish with the torn-down pods.
     tokio::time::sleep(Duration::from_secs(2)).await;
     // `concurrency` tasks, each taking the next pod, as the bench's runtime threads do.
@@ -374,41 +401,8 @@ async fn floor_cycles(
         task.await.context("a kernel floor task")??;
     }
     floor.setup_concurrent = Some((conc_specs.len(), start.elapsed()));
-    for spec in conc_specs.iter() {
-        flock_netns::teardown(&node, spec)
-            .await
-            .with_context(|| format!("floor teardown of {}", spec.container_id))?;
-    }
+    teardown_all(&node, &conc_specs).await?;
     Ok(floor)
-}
-
-/// Execs `shim` for `VERSION` (on the calling thread: the floor's runtime has nothing else to
-/// run meanwhile) and checks it answered.
-fn exec_version(shim: &Path) -> Result<()> {
-    use std::io::Write;
-    let mut child = std::process::Command::new(shim)
-        .env("CNI_COMMAND", "VERSION")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .with_context(|| format!("exec {}", shim.display()))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        // The shim answers VERSION without reading its config: a closed pipe is no error.
-        match stdin.write_all(br#"{"cniVersion":"1.1.0"}"#) {
-            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-                return Err(e).with_context(|| format!("write to {}", shim.display()));
-            }
-            _ => {}
-        }
-    }
-    let out = child
-        .wait_with_output()
-        .with_context(|| format!("wait for {}", shim.display()))?;
-    if !out.status.success() {
-        bail!("{} VERSION: {}", shim.display(), out.status);
-    }
-    Ok(())
 }
 
 /// Execs the first plugin of `runtime`'s list for `VERSION`, `n` times.

@@ -434,7 +434,7 @@ pub fn bench(args: &[String]) -> Result<()> {
         Some(breakdown::measure_kernel_floor(
             opts.pods,
             opts.concurrency,
-            &release_dir.join("flock"),
+            &release_dir,
         )?)
     } else {
         None
