@@ -15,16 +15,22 @@
 //!   that runs before containerd starts.
 
 mod config;
+#[cfg(feature = "cri")]
 mod containerd;
+#[cfg(feature = "cri")]
 mod cri;
 mod image;
+#[cfg(feature = "cri")]
 mod node;
 mod tar;
 
 pub use config::{ContainerdConfig, Snapshotter};
+#[cfg(feature = "cri")]
 pub use containerd::Containerd;
+#[cfg(feature = "cri")]
 pub use cri::{CriClient, PodSandboxSpec, RunConditions, SandboxNetwork, SandboxRun};
 pub use image::{OciDocuments, PauseImage, oci_arch, oci_archive, oci_documents, sha256_digest};
+#[cfg(feature = "cri")]
 pub use node::{BeforeStart, CniConf, E2eNode, NodeSetup};
 pub use tar::TarBuilder;
 
@@ -84,6 +90,7 @@ pub enum Error {
         waited: Duration,
     },
     /// The gRPC channel to the CRI socket could not be opened.
+    #[cfg(feature = "cri")]
     #[error("connect to CRI socket {socket}: {source}")]
     Connect {
         /// The containerd socket.
@@ -93,6 +100,7 @@ pub enum Error {
         source: tonic::transport::Error,
     },
     /// A CRI call returned an error.
+    #[cfg(feature = "cri")]
     #[error("CRI {rpc} for {target}: {source}")]
     Rpc {
         /// The RPC (`RunPodSandbox`).
@@ -160,5 +168,5 @@ pub(crate) fn run_checked(cmd: &mut std::process::Command) -> Result<String> {
 
 /// The README's examples, compiled (and the pure one run) as doctests.
 #[doc = include_str!("../README.md")]
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "cri"))]
 pub struct ReadmeDoctests;
