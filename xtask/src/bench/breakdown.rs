@@ -151,6 +151,10 @@ pub struct Floor {
     /// the agent waits for the next call and the shim for the agent's answer: what each
     /// hand-off between the shim and the agent costs here beyond the work itself.
     pub idle_round_trip: Vec<Duration>,
+    /// ADDs of as many more pods through the shim, exec'd by the runtime stand-in, to a
+    /// stand-in daemon that does only what no shim-and-agent design can skip (see
+    /// [`handed_off_adds`]): the floor of flock's design on this machine, as the runtime sees it.
+    pub handed_off_add: Vec<Duration>,
     /// `flock_netns::setup` of as many more pods, `concurrency` at a time: (pods, wall time).
     /// What the kernel allows a node to take at that concurrency with nothing but the kernel
     /// work: the ceiling of a CNI's ADD throughput here.
@@ -168,9 +172,10 @@ impl Floor {
 /// Sets up and detaches `pods` dual-stack pods with `flock-netns` alone, in a node
 /// namespace of its own and a fresh pod namespace each, one at a time; sets up as many more
 /// one at a time, each right after the runtime stand-in exec'd the shim (`flock` in
-/// `bin_dir`) for `VERSION`; then as many more, `concurrency` at a time. Tears them all down
-/// (untimed) and lets the kernel settle, so what runs next does not pay for it. Last, times
-/// `pods` round trips to an idle thread.
+/// `bin_dir`) for `VERSION`; ADDs as many more through the shim to a stand-in daemon that
+/// does only the kernel work ([`handed_off_adds`]); then as many more, `concurrency` at a
+/// time. Tears them all down (untimed) and lets the kernel settle, so what runs next does not
+/// pay for it. Last, times `pods` round trips to an idle thread.
 pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> Result<Floor> {
     // VERSION reads no cache: the directory is never made.
     let runtime = flock_testkit::cni::Runtime::new(
@@ -185,10 +190,12 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> 
     let node_ns = Netns::new("bfloor");
     let pod_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
     let exec_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
+    let hand_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
     let conc_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
     let specs = floor_specs(&pod_nss, 0);
     let exec_specs = floor_specs(&exec_nss, pods);
-    let conc_specs = floor_specs(&conc_nss, 2 * pods);
+    let hand_specs = floor_specs(&hand_nss, 2 * pods);
+    let conc_specs = floor_specs(&conc_nss, 3 * pods);
     // As in the agent: the process (here, a thread and the runtime's workers it spawns) sits
     // in the node's namespace, so node-side work needs no namespace thread.
     let node_path = node_ns.path();
@@ -204,9 +211,16 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> 
                 .build()
                 .context("tokio runtime for the kernel floor")?;
             rt.block_on(floor_cycles(
-                [specs.clone(), exec_specs.clone(), conc_specs.clone()],
+                [
+                    specs.clone(),
+                    exec_specs.clone(),
+                    hand_specs.clone(),
+                    conc_specs.clone(),
+                ],
                 concurrency,
                 &runtime,
+                &node_path,
+                bin_dir,
             ))
         })
         .join()
@@ -214,6 +228,7 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> 
     })?;
     drop(pod_nss);
     drop(exec_nss);
+    drop(hand_nss);
     drop(conc_nss);
     drop(node_ns);
     // Deleted namespaces are cleaned up by the kernel in the background.
@@ -346,9 +361,11 @@ async fn teardown_all(node: &NodeNs, specs: &[PodSpec]) -> Result<()> {
 }
 
 async fn floor_cycles(
-    [specs, exec_specs, conc_specs]: [Vec<PodSpec>; 3],
+    [specs, exec_specs, hand_specs, conc_specs]: [Vec<PodSpec>; 4],
     concurrency: usize,
     runtime: &flock_testkit::cni::Runtime,
+    node_path: &Path,
+    bin_dir: &Path,
 ) -> Result<Floor> {
     // Shared by the concurrent tasks, as the agent shares it between its requests.
     let node = std::sync::Arc::new(NodeNs::current());
@@ -375,6 +392,10 @@ async fn floor_cycles(
     })
     .await?;
     teardown_all(&node, &exec_specs).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Blocks this thread, as the VERSION execs above do: the daemon has a thread of its own.
+    floor.handed_off_add = handed_off_adds(&hand_specs, node_path, bin_dir)?;
+    teardown_all(&node, &hand_specs).await?;
     // As before a subject's concurrent phase: let the kernel finish with the torn-down pods.
     tokio::time::sleep(Duration::from_secs(2)).await;
     // `concurrency` tasks, each taking the next pod, as the bench's runtime threads do.
@@ -403,6 +424,160 @@ async fn floor_cycles(
     floor.setup_concurrent = Some((conc_specs.len(), start.elapsed()));
     teardown_all(&node, &conc_specs).await?;
     Ok(floor)
+}
+
+/// ADDs of `specs` through the shim (`flock` in `bin_dir`), exec'd by the runtime stand-in in
+/// the node's namespace, to a stand-in daemon on a thread of its own in that namespace (the
+/// agent's runtime: one thread). For each call the daemon does only what no design of a shim
+/// and a node agent can skip: accept, read and decode the request, parse its configuration,
+/// `flock_netns::setup`, answer with the CNI result. No lock, no allocation, no store, no
+/// trace. So this is the floor of flock's design (DESIGN §1: the runtime execs a shim, an agent
+/// owns the kernel state) on this machine, as the runtime sees an ADD; each call's time.
+fn handed_off_adds(specs: &[PodSpec], node_path: &Path, bin_dir: &Path) -> Result<Vec<Duration>> {
+    let dir = std::env::temp_dir().join(format!("flock-bench-handoff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let outcome = (|| {
+        let socket = dir.join("agent.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket)
+            .with_context(|| format!("bind {}", socket.display()))?;
+        listener
+            .set_nonblocking(true)
+            .context("a non-blocking listener")?;
+        let runtime = flock_testkit::cni::Runtime::new(
+            serde_json::json!({
+                "cniVersion": "1.1.0",
+                "name": "bench-floor",
+                "plugins": [{
+                    "type": "flock",
+                    "agentSocket": socket,
+                    "delQueueDir": dir.join("del-queue"),
+                    "mtu": 1500,
+                }],
+            }),
+            [bin_dir],
+            dir.join("cni-cache"),
+        )?
+        .in_netns(node_path);
+        let by_id: std::collections::HashMap<String, PodSpec> = specs
+            .iter()
+            .map(|s| (s.container_id.clone(), s.clone()))
+            .collect();
+        let (calls, node_path) = (specs.len(), node_path.to_owned());
+        let daemon = std::thread::spawn(move || -> Result<()> {
+            flock_testkit::cni::enter_netns(&node_path)?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("tokio runtime for the stand-in daemon")?;
+            rt.block_on(async {
+                let listener = tokio::net::UnixListener::from_std(listener)
+                    .context("the stand-in daemon's listener")?;
+                let node = NodeNs::current();
+                for _ in 0..calls {
+                    let (stream, _) = listener.accept().await.context("accept")?;
+                    serve_setup(&node, &by_id, stream).await?;
+                }
+                Ok(())
+            })
+        });
+        let mut times = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let att = flock_testkit::cni::Attachment::new(
+                spec.container_id.clone(),
+                spec.netns.clone(),
+                &spec.if_name,
+            );
+            let t = Instant::now();
+            let added = runtime.add(&att);
+            times.push(t.elapsed());
+            if let Err(e) = added {
+                // A daemon that failed has ended, and its error says more than the shim's
+                // (a closed connection). One the shim never reached still waits in `accept`:
+                // it is left to end with the process.
+                std::thread::sleep(Duration::from_millis(100));
+                let daemon_error = daemon
+                    .is_finished()
+                    .then(|| daemon.join().ok().and_then(Result::err))
+                    .flatten();
+                return Err(daemon_error.unwrap_or_else(|| e.into())).with_context(|| {
+                    format!("ADD of {} to the stand-in daemon", spec.container_id)
+                });
+            }
+        }
+        daemon
+            .join()
+            .unwrap_or_else(|_| bail!("the stand-in daemon panicked"))?;
+        Ok(times)
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}
+
+/// One call of the stand-in daemon of [`handed_off_adds`].
+async fn serve_setup(
+    node: &NodeNs,
+    specs: &std::collections::HashMap<String, PodSpec>,
+    mut stream: tokio::net::UnixStream,
+) -> Result<()> {
+    use flock_cni_proto::rpc::{self, LineDecoder, Response};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut decoder = LineDecoder::new();
+    let mut buf = [0u8; 16 * 1024];
+    let line = loop {
+        if let Some(line) = decoder.next_line()? {
+            break line;
+        }
+        let n = stream.read(&mut buf).await.context("read the request")?;
+        if n == 0 {
+            bail!("the shim closed its connection before a whole request");
+        }
+        decoder.push(&buf[..n]);
+    };
+    let req = rpc::decode_request(&line)?;
+    let conf = flock_cni_proto::NetConf::from_value(&req.config)
+        .and_then(|c| flock_cni_proto::FlockNetConf::from_netconf(&c))
+        .map_err(|e| anyhow::anyhow!("the request's configuration: {e}"))?;
+    let Some(spec) = specs.get(&req.container_id) else {
+        bail!(
+            "a request for {:?}, not a pod of the floor",
+            req.container_id
+        );
+    };
+    let done = setup(node, spec)
+        .await
+        .with_context(|| format!("setup of {}", spec.container_id))?;
+    let mut ips = Vec::new();
+    let mut routes = Vec::new();
+    for a in &spec.addresses {
+        let gw = if a.addr().is_ipv6() {
+            std::net::IpAddr::V6(flock_netns::GATEWAY6)
+        } else {
+            std::net::IpAddr::V4(flock_netns::GATEWAY4)
+        };
+        ips.push(serde_json::json!({ "address": a.to_string(), "gateway": gw, "interface": 1 }));
+        let any = if gw.is_ipv6() { "::/0" } else { "0.0.0.0/0" };
+        routes.push(serde_json::json!({ "dst": any, "gw": gw }));
+    }
+    let result = serde_json::json!({
+        "cniVersion": conf.cni_version.to_string(),
+        "interfaces": [
+            { "name": done.host_if, "mac": done.host_mac, "mtu": spec.mtu },
+            {
+                "name": done.pod_if,
+                "mac": done.pod_mac,
+                "mtu": spec.mtu,
+                "sandbox": done.sandbox,
+            },
+        ],
+        "ips": ips,
+        "routes": routes,
+    });
+    stream
+        .write_all(&rpc::encode_line(&Response::ok(result)))
+        .await
+        .context("write the answer")?;
+    let _ = stream.shutdown().await;
+    Ok(())
 }
 
 /// Execs the first plugin of `runtime`'s list for `VERSION`, `n` times.
@@ -482,6 +657,11 @@ pub fn render(b: &Breakdown, floor: &Floor) -> String {
         "**floor**: shim exec of VERSION",
         &floor.version_exec,
         &floor.version_exec,
+    ));
+    out.push_str(&floor_row(
+        "**floor**: ADD through the shim to a daemon that only sets up the pod",
+        &floor.handed_off_add,
+        &[],
     ));
     out.push_str(&floor_row(
         "**floor**: Unix socket round trip to an idle thread",

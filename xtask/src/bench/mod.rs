@@ -299,8 +299,8 @@ struct Options {
     write: bool,
 }
 
-/// The most pods a phase can have (the kernel floor numbers `3 × pods` from 1 in 16 bits).
-const MAX_PODS: usize = 21_845;
+/// The most pods a phase can have (the kernel floor numbers `4 × pods` from 1 in 16 bits).
+const MAX_PODS: usize = 16_383;
 
 const USAGE: &str = "usage: cargo xtask bench [--pods N] [--concurrency C] [--rss-pods N] [--subjects reference,flock] [--no-write]";
 
