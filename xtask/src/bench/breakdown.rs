@@ -152,8 +152,8 @@ pub struct Floor {
     /// hand-off between the shim and the agent costs here beyond the work itself.
     pub idle_round_trip: Vec<Duration>,
     /// ADDs of as many more pods through the shim, exec'd by the runtime stand-in, to a
-    /// stand-in daemon that does only what no shim-and-agent design can skip (see
-    /// [`handed_off_adds`]): the floor of flock's design on this machine, as the runtime sees it.
+    /// stand-in daemon that decodes, sets up and answers, and keeps no books (see
+    /// [`handed_off_adds`]): a lower bound here for a CNI of a shim and a node agent.
     pub handed_off_add: Vec<Duration>,
     /// `flock_netns::setup` of as many more pods, `concurrency` at a time: (pods, wall time).
     /// What the kernel allows a node to take at that concurrency with nothing but the kernel
@@ -173,7 +173,7 @@ impl Floor {
 /// namespace of its own and a fresh pod namespace each, one at a time; sets up as many more
 /// one at a time, each right after the runtime stand-in exec'd the shim (`flock` in
 /// `bin_dir`) for `VERSION`; ADDs as many more through the shim to a stand-in daemon that
-/// does only the kernel work ([`handed_off_adds`]); then as many more, `concurrency` at a
+/// keeps no books ([`handed_off_adds`]); then as many more, `concurrency` at a
 /// time. Tears them all down (untimed) and lets the kernel settle, so what runs next does not
 /// pay for it. Last, times `pods` round trips to an idle thread.
 pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> Result<Floor> {
@@ -427,33 +427,28 @@ async fn floor_cycles(
 }
 
 /// ADDs of `specs` through the shim (`flock` in `bin_dir`), exec'd by the runtime stand-in in
-/// the node's namespace, to a stand-in daemon on a thread of its own in that namespace (the
-/// agent's runtime: one thread). For each call the daemon does only what no design of a shim
-/// and a node agent can skip: accept, read and decode the request, parse its configuration,
-/// `flock_netns::setup`, answer with the CNI result. No lock, no allocation, no store, no
-/// trace. So this is the floor of flock's design (DESIGN §1: the runtime execs a shim, an agent
-/// owns the kernel state) on this machine, as the runtime sees an ADD; each call's time.
+/// the node's namespace with the conflist and the `CNI_ARGS` the bench gives flock's agent, to
+/// a stand-in daemon on a thread of its own in that namespace (one-thread runtime, as the
+/// agent's). For each call the daemon accepts, reads and decodes the request, parses its
+/// configuration, calls `flock_netns::setup` and answers with the CNI result; it takes no
+/// lock, allocates nothing and writes no store. So each call's time is an ADD as the runtime
+/// sees it, with the exec, the two hand-offs between the shim and a daemon, and the kernel
+/// work, and nothing of flock's own bookkeeping: a lower bound for a CNI of a shim and a node
+/// agent (DESIGN §1) on this machine.
 fn handed_off_adds(specs: &[PodSpec], node_path: &Path, bin_dir: &Path) -> Result<Vec<Duration>> {
     let dir = std::env::temp_dir().join(format!("flock-bench-handoff-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let outcome = (|| {
-        let socket = dir.join("agent.sock");
-        let listener = std::os::unix::net::UnixListener::bind(&socket)
-            .with_context(|| format!("bind {}", socket.display()))?;
+        let layout = flock_testkit::node::AgentLayout::new(&dir);
+        let run_dir = layout.socket.parent().unwrap_or(&dir);
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("create {}", run_dir.display()))?;
+        let listener = std::os::unix::net::UnixListener::bind(&layout.socket)
+            .with_context(|| format!("bind {}", layout.socket.display()))?;
         listener
             .set_nonblocking(true)
             .context("a non-blocking listener")?;
         let runtime = flock_testkit::cni::Runtime::new(
-            serde_json::json!({
-                "cniVersion": "1.1.0",
-                "name": "bench-floor",
-                "plugins": [{
-                    "type": "flock",
-                    "agentSocket": socket,
-                    "delQueueDir": dir.join("del-queue"),
-                    "mtu": 1500,
-                }],
-            }),
+            layout.conflist("bench-floor"),
             [bin_dir],
             dir.join("cni-cache"),
         )?
@@ -462,50 +457,60 @@ fn handed_off_adds(specs: &[PodSpec], node_path: &Path, bin_dir: &Path) -> Resul
             .iter()
             .map(|s| (s.container_id.clone(), s.clone()))
             .collect();
-        let (calls, node_path) = (specs.len(), node_path.to_owned());
-        let daemon = std::thread::spawn(move || -> Result<()> {
-            flock_testkit::cni::enter_netns(&node_path)?;
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("tokio runtime for the stand-in daemon")?;
-            rt.block_on(async {
-                let listener = tokio::net::UnixListener::from_std(listener)
-                    .context("the stand-in daemon's listener")?;
-                let node = NodeNs::current();
-                for _ in 0..calls {
-                    let (stream, _) = listener.accept().await.context("accept")?;
-                    serve_setup(&node, &by_id, stream).await?;
-                }
-                Ok(())
-            })
+        let calls = specs.len();
+        // The daemon's outcome, sent when it ends: a failure of its own says more than the
+        // shim's (a closed or refused connection).
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        // This thread is in the node's namespace already, and so is the daemon's.
+        std::thread::spawn(move || {
+            let outcome = (|| -> Result<()> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .context("tokio runtime for the stand-in daemon")?;
+                rt.block_on(async {
+                    let listener = tokio::net::UnixListener::from_std(listener)
+                        .context("the stand-in daemon's listener")?;
+                    // The node's netlink socket opened before the first call, as the
+                    // agent's is by its reconcile at start, which lists the host's veths.
+                    let node = NodeNs::current();
+                    flock_netns::list_host_ifaces(&node)
+                        .await
+                        .context("list the node's veths")?;
+                    for _ in 0..calls {
+                        let (stream, _) = listener.accept().await.context("accept")?;
+                        serve_setup(&node, &by_id, stream).await?;
+                    }
+                    Ok(())
+                })
+            })();
+            let _ = done_tx.send(outcome);
         });
         let mut times = Vec::with_capacity(specs.len());
-        for spec in specs {
-            let att = flock_testkit::cni::Attachment::new(
+        for (i, spec) in specs.iter().enumerate() {
+            let att = super::cri_attachment(
                 spec.container_id.clone(),
-                spec.netns.clone(),
-                &spec.if_name,
+                &spec.netns,
+                &format!("pod-floor-{i}"),
+                i,
             );
             let t = Instant::now();
             let added = runtime.add(&att);
             times.push(t.elapsed());
             if let Err(e) = added {
-                // A daemon that failed has ended, and its error says more than the shim's
-                // (a closed connection). One the shim never reached still waits in `accept`:
-                // it is left to end with the process.
-                std::thread::sleep(Duration::from_millis(100));
-                let daemon_error = daemon
-                    .is_finished()
-                    .then(|| daemon.join().ok().and_then(Result::err))
-                    .flatten();
+                // A shim that never reached the daemon leaves it waiting in `accept`, to end
+                // with the process.
+                let daemon_error = done_rx
+                    .recv_timeout(Duration::from_secs(1))
+                    .ok()
+                    .and_then(Result::err);
                 return Err(daemon_error.unwrap_or_else(|| e.into())).with_context(|| {
                     format!("ADD of {} to the stand-in daemon", spec.container_id)
                 });
             }
         }
-        daemon
-            .join()
+        done_rx
+            .recv()
             .unwrap_or_else(|_| bail!("the stand-in daemon panicked"))?;
         Ok(times)
     })();
@@ -520,6 +525,7 @@ async fn serve_setup(
     mut stream: tokio::net::UnixStream,
 ) -> Result<()> {
     use flock_cni_proto::rpc::{self, LineDecoder, Response};
+    use flock_cni_proto::{CniResult, Interface, IpConfig, IpPrefix, Route};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut decoder = LineDecoder::new();
     let mut buf = [0u8; 16 * 1024];
@@ -546,34 +552,50 @@ async fn serve_setup(
     let done = setup(node, spec)
         .await
         .with_context(|| format!("setup of {}", spec.container_id))?;
-    let mut ips = Vec::new();
-    let mut routes = Vec::new();
-    for a in &spec.addresses {
-        let gw = if a.addr().is_ipv6() {
-            std::net::IpAddr::V6(flock_netns::GATEWAY6)
-        } else {
-            std::net::IpAddr::V4(flock_netns::GATEWAY4)
-        };
-        ips.push(serde_json::json!({ "address": a.to_string(), "gateway": gw, "interface": 1 }));
-        let any = if gw.is_ipv6() { "::/0" } else { "0.0.0.0/0" };
-        routes.push(serde_json::json!({ "dst": any, "gw": gw }));
-    }
-    let result = serde_json::json!({
-        "cniVersion": conf.cni_version.to_string(),
-        "interfaces": [
-            { "name": done.host_if, "mac": done.host_mac, "mtu": spec.mtu },
-            {
-                "name": done.pod_if,
-                "mac": done.pod_mac,
-                "mtu": spec.mtu,
-                "sandbox": done.sandbox,
+    // The shape of the agent's result (`flock_agent::agent::result::cni_result`).
+    let mut result = CniResult {
+        interfaces: vec![
+            Interface {
+                name: done.host_if,
+                mac: Some(done.host_mac),
+                mtu: Some(spec.mtu),
+                ..Interface::default()
+            },
+            Interface {
+                name: done.pod_if,
+                mac: Some(done.pod_mac),
+                mtu: Some(spec.mtu),
+                sandbox: Some(req.netns.clone()),
+                ..Interface::default()
             },
         ],
-        "ips": ips,
-        "routes": routes,
-    });
+        ..CniResult::default()
+    };
+    for a in &spec.addresses {
+        let (gateway, any) = if a.addr().is_ipv6() {
+            (
+                std::net::IpAddr::V6(flock_netns::GATEWAY6),
+                std::net::Ipv6Addr::UNSPECIFIED.into(),
+            )
+        } else {
+            (
+                std::net::IpAddr::V4(flock_netns::GATEWAY4),
+                std::net::Ipv4Addr::UNSPECIFIED.into(),
+            )
+        };
+        result.ips.push(IpConfig {
+            address: IpPrefix::new(a.addr(), a.prefix_len())?,
+            gateway: Some(gateway),
+            interface: Some(1),
+        });
+        result
+            .routes
+            .push(Route::via(IpPrefix::new(any, 0)?, Some(gateway)));
+    }
     stream
-        .write_all(&rpc::encode_line(&Response::ok(result)))
+        .write_all(&rpc::encode_line(&Response::ok(
+            result.to_value(conf.cni_version),
+        )))
         .await
         .context("write the answer")?;
     let _ = stream.shutdown().await;
@@ -659,7 +681,7 @@ pub fn render(b: &Breakdown, floor: &Floor) -> String {
         &floor.version_exec,
     ));
     out.push_str(&floor_row(
-        "**floor**: ADD through the shim to a daemon that only sets up the pod",
+        "**floor**: a whole ADD, runtime → shim → a daemon that only decodes, sets up and answers",
         &floor.handed_off_add,
         &[],
     ));

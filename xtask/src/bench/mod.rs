@@ -342,7 +342,7 @@ fn parse_options(args: &[String]) -> Result<Options> {
     if opts.pods == 0 || opts.concurrency == 0 {
         bail!("--pods and --concurrency must be at least 1");
     }
-    // The kernel floor numbers three times as many pods from one /112 and one /16.
+    // The kernel floor numbers four times as many pods from one /112 and one /16.
     if opts.pods > MAX_PODS {
         bail!(
             "--pods {} is more than the bench can address: at most {MAX_PODS}",
@@ -427,8 +427,9 @@ pub fn bench(args: &[String]) -> Result<()> {
     // The kernel floor first, on a quiet kernel.
     let floor = if selected.iter().any(|s| s.key() == "flock") {
         eprintln!(
-            "xtask bench: kernel floor — flock-netns alone, {} pods one at a time, then {} at \
-             concurrency {}",
+            "xtask bench: floor — flock-netns alone, {} pods one at a time, as many each after a \
+             shim exec, as many ADDs through the shim to a daemon that keeps no books, then {} \
+             at concurrency {}",
             opts.pods, opts.pods, opts.concurrency
         );
         Some(breakdown::measure_kernel_floor(
@@ -666,13 +667,23 @@ fn make_pods(n: usize) -> Vec<Netns> {
     (0..n).map(|_| Netns::new("bpod")).collect()
 }
 
-/// An attachment as containerd's CRI plugin makes it.
+/// The attachment of pod `i` of `phase` for subject `key`.
 fn attachment(key: &str, phase: &str, i: usize, pod: &Netns) -> Attachment {
-    let id = format!("bench-{key}-{phase}-{i:05}");
-    Attachment::new(id.clone(), pod.path(), "eth0")
+    cri_attachment(
+        format!("bench-{key}-{phase}-{i:05}"),
+        &pod.path(),
+        &format!("pod-{phase}-{i}"),
+        i,
+    )
+}
+
+/// An attachment as containerd's CRI plugin makes it: container `id` in `netns`, pod
+/// `pod_name` (namespace `bench`) with a UID numbered `i`.
+fn cri_attachment(id: String, netns: &Path, pod_name: &str, i: usize) -> Attachment {
+    Attachment::new(id.clone(), netns, "eth0")
         .with_arg("IgnoreUnknown", "1")
         .with_arg("K8S_POD_NAMESPACE", "bench")
-        .with_arg("K8S_POD_NAME", format!("pod-{phase}-{i}"))
+        .with_arg("K8S_POD_NAME", pod_name)
         .with_arg("K8S_POD_INFRA_CONTAINER_ID", id)
         .with_arg("K8S_POD_UID", format!("00000000-0000-4000-8000-{i:012}"))
 }
