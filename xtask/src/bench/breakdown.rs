@@ -33,6 +33,7 @@ const ADD_PHASES: &[&str] = &[
     "allocate",
     "store_pending",
     "kernel",
+    "policy",
     "store_commit",
     "bird",
     "reply",
