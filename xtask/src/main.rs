@@ -47,6 +47,7 @@ fn main() -> Result<()> {
         "bench" => bench::bench(&rest),
         "lab" => lab::lab(&rest),
         "cluster" => cluster::cluster(&rest),
+        bench::HANDOFF_DAEMON => bench::handoff_daemon(&rest),
         _ => {
             eprintln!(
                 "usage: cargo xtask test [nextest filters…]\n\

@@ -135,6 +135,9 @@ impl Breakdown {
     }
 }
 
+/// Pods taken at some concurrency, and the wall time they took.
+pub type Burst = (usize, Duration);
+
 /// The kernel floor and the shim's own floor, measured in the bench's run.
 #[derive(Debug, Default)]
 pub struct Floor {
@@ -156,10 +159,13 @@ pub struct Floor {
     /// stand-in daemon that decodes, sets up and answers, and keeps no books (see
     /// [`handed_off_adds`]): a lower bound here for a CNI of a shim and a node agent.
     pub handed_off_add: Vec<Duration>,
+    /// ADDs of as many more pods to the same daemon, `concurrency` at a time, as the bench's
+    /// runtime threads make them: (pods, wall time).
+    pub handed_off_concurrent: Option<Burst>,
     /// `flock_netns::setup` of as many more pods, `concurrency` at a time: (pods, wall time).
     /// What the kernel allows a node to take at that concurrency with nothing but the kernel
     /// work: the ceiling of a CNI's ADD throughput here.
-    pub setup_concurrent: Option<(usize, Duration)>,
+    pub setup_concurrent: Option<Burst>,
 }
 
 impl Floor {
@@ -168,13 +174,20 @@ impl Floor {
         self.setup_concurrent
             .map(|(n, wall)| n as f64 / wall.as_secs_f64())
     }
+
+    /// Pods per second of [`handed_off_concurrent`](Self::handed_off_concurrent).
+    pub fn handed_off_pods_per_s(&self) -> Option<f64> {
+        self.handed_off_concurrent
+            .map(|(n, wall)| n as f64 / wall.as_secs_f64())
+    }
 }
 
 /// Sets up and detaches `pods` dual-stack pods with `flock-netns` alone, in a node
 /// namespace of its own and a fresh pod namespace each, one at a time; sets up as many more
 /// one at a time, each right after the runtime stand-in exec'd the shim (`flock` in
 /// `bin_dir`) for `VERSION`; ADDs as many more through the shim to a stand-in daemon that
-/// keeps no books ([`handed_off_adds`]); then as many more, `concurrency` at a
+/// keeps no books, one at a time and then as many `concurrency` at a time
+/// ([`handed_off_adds`]); then as many more, `concurrency` at a
 /// time. Tears them all down (untimed) and lets the kernel settle, so what runs next does not
 /// pay for it. Last, times `pods` round trips to an idle thread.
 pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> Result<Floor> {
@@ -191,12 +204,12 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> 
     let node_ns = Netns::new("bfloor");
     let pod_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
     let exec_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
-    let hand_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
+    let hand_nss: Vec<Netns> = (0..2 * pods).map(|_| Netns::new("bfpod")).collect();
     let conc_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
     let specs = floor_specs(&pod_nss, 0);
     let exec_specs = floor_specs(&exec_nss, pods);
     let hand_specs = floor_specs(&hand_nss, 2 * pods);
-    let conc_specs = floor_specs(&conc_nss, 3 * pods);
+    let conc_specs = floor_specs(&conc_nss, 4 * pods);
     // As in the agent: the process (here, a thread and the runtime's workers it spawns) sits
     // in the node's namespace, so node-side work needs no namespace thread.
     let node_path = node_ns.path();
@@ -312,25 +325,27 @@ fn idle_round_trips(n: usize) -> Result<Vec<Duration>> {
 fn floor_specs(nss: &[Netns], first: usize) -> Vec<PodSpec> {
     nss.iter()
         .enumerate()
-        .map(|(i, ns)| {
-            let i = first + i;
-            let cid = format!("floor-{i:05}");
-            PodSpec {
-                host_if: host_ifname(&cid, "eth0", 0),
-                container_id: cid,
-                netns: ns.path(),
-                if_name: "eth0".into(),
-                mtu: 1500,
-                addresses: vec![
-                    format!("2001:db8:97::{:x}/128", i + 1).parse().expect("v6"),
-                    format!("10.97.{}.{}/32", (i + 1) / 256, (i + 1) % 256)
-                        .parse()
-                        .expect("v4"),
-                ],
-                anycast: vec![],
-            }
-        })
+        .map(|(i, ns)| floor_spec(first + i, ns.path()))
         .collect()
+}
+
+/// The dual-stack pod numbered `i` of the floor, in the namespace at `netns`.
+fn floor_spec(i: usize, netns: std::path::PathBuf) -> PodSpec {
+    let cid = format!("floor-{i:05}");
+    PodSpec {
+        host_if: host_ifname(&cid, "eth0", 0),
+        container_id: cid,
+        netns,
+        if_name: "eth0".into(),
+        mtu: 1500,
+        addresses: vec![
+            format!("2001:db8:97::{:x}/128", i + 1).parse().expect("v6"),
+            format!("10.97.{}.{}/32", (i + 1) / 256, (i + 1) % 256)
+                .parse()
+                .expect("v4"),
+        ],
+        anycast: vec![],
+    }
 }
 
 /// Sets up each of `specs` in turn, right after `before` (untimed); the time of each setup.
@@ -395,7 +410,16 @@ async fn floor_cycles(
     teardown_all(&node, &exec_specs).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Blocks this thread, as the VERSION execs above do: the daemon has a thread of its own.
-    floor.handed_off_add = handed_off_adds(&hand_specs, node_path, bin_dir)?;
+    let (one_at_a_time, concurrent) = hand_specs.split_at(hand_specs.len() / 2);
+    // As numbered by `measure_kernel_floor`: after the two sets above.
+    let hand_first = specs.len() + exec_specs.len();
+    (floor.handed_off_add, floor.handed_off_concurrent) = handed_off_adds(
+        [one_at_a_time, concurrent],
+        hand_first,
+        concurrency,
+        node_path,
+        bin_dir,
+    )?;
     teardown_all(&node, &hand_specs).await?;
     // As before a subject's concurrent phase: let the kernel finish with the torn-down pods.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -427,96 +451,178 @@ async fn floor_cycles(
     Ok(floor)
 }
 
-/// ADDs of `specs` through the shim (`flock` in `bin_dir`), exec'd by the runtime stand-in in
-/// the node's namespace with the conflist and the `CNI_ARGS` the bench gives flock's agent, to
-/// a stand-in daemon on a thread of its own in that namespace (one-thread runtime, as the
-/// agent's). For each call the daemon accepts, reads and decodes the request, parses its
-/// configuration, calls `flock_netns::setup` and answers with the CNI result; it takes no
+/// ADDs through the shim (`flock` in `bin_dir`), exec'd by the runtime stand-in in the node's
+/// namespace with the conflist and the `CNI_ARGS` the bench gives flock's agent, to a stand-in
+/// daemon: this program again ([`handoff_daemon`]), a process of its own in that namespace,
+/// as the agent is. For each call the daemon accepts, reads and decodes the request, parses
+/// its configuration, calls `flock_netns::setup` and answers with the CNI result; it takes no
 /// lock, allocates nothing and writes no store. So each call's time is an ADD as the runtime
 /// sees it, with the exec, the two hand-offs between the shim and a daemon, and the kernel
 /// work, and nothing of flock's own bookkeeping: a lower bound for a CNI of a shim and a node
-/// agent (DESIGN §1) on this machine.
-fn handed_off_adds(specs: &[PodSpec], node_path: &Path, bin_dir: &Path) -> Result<Vec<Duration>> {
+/// agent (DESIGN §1) on this machine. The pods of `sequential` one at a time (each call's
+/// time), then those of `concurrent` from `concurrency` threads, as the bench's runtime makes
+/// a subject's concurrent ADDs: (pods, wall time), the ceiling of such a CNI's ADD throughput
+/// here. The pods are the floor's numbered from `first`.
+fn handed_off_adds(
+    [sequential, concurrent]: [&[PodSpec]; 2],
+    first: usize,
+    concurrency: usize,
+    node_path: &Path,
+    bin_dir: &Path,
+) -> Result<(Vec<Duration>, Option<Burst>)> {
+    use std::io::{BufRead, Write};
     let dir = std::env::temp_dir().join(format!("flock-bench-handoff-{}", std::process::id()));
+    let layout = flock_testkit::node::AgentLayout::new(&dir);
+    let run_dir = layout.socket.parent().unwrap_or(&dir);
+    std::fs::create_dir_all(run_dir).with_context(|| format!("create {}", run_dir.display()))?;
+    // Started from this thread, the daemon is in the node's namespace too.
+    let exe = std::env::current_exe().context("this program's path")?;
+    let mut daemon = std::process::Command::new(&exe)
+        .arg(HANDOFF_DAEMON)
+        .arg(&layout.socket)
+        .arg(first.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("start {} {HANDOFF_DAEMON}", exe.display()))?;
     let outcome = (|| {
-        let layout = flock_testkit::node::AgentLayout::new(&dir);
-        let run_dir = layout.socket.parent().unwrap_or(&dir);
-        std::fs::create_dir_all(run_dir)
-            .with_context(|| format!("create {}", run_dir.display()))?;
-        let listener = std::os::unix::net::UnixListener::bind(&layout.socket)
-            .with_context(|| format!("bind {}", layout.socket.display()))?;
-        listener
-            .set_nonblocking(true)
-            .context("a non-blocking listener")?;
+        // The pods' namespaces, one per line; then the daemon binds its socket and says so.
+        let mut paths = String::new();
+        for spec in sequential.iter().chain(concurrent) {
+            paths.push_str(&format!("{}\n", spec.netns.display()));
+        }
+        let mut stdin = daemon.stdin.take().context("the daemon's stdin")?;
+        stdin
+            .write_all(paths.as_bytes())
+            .context("write to the daemon")?;
+        drop(stdin);
+        let mut ready = String::new();
+        std::io::BufReader::new(daemon.stdout.take().context("the daemon's stdout")?)
+            .read_line(&mut ready)
+            .context("read from the daemon")?;
+        if ready.trim() != "ready" {
+            bail!("the stand-in daemon did not start");
+        }
         let runtime = flock_testkit::cni::Runtime::new(
             layout.conflist("bench-floor"),
             [bin_dir],
             dir.join("cni-cache"),
         )?
         .in_netns(node_path);
-        let by_id: std::collections::HashMap<String, PodSpec> = specs
+        let atts: Vec<flock_testkit::cni::Attachment> = sequential
             .iter()
-            .map(|s| (s.container_id.clone(), s.clone()))
+            .chain(concurrent)
+            .enumerate()
+            .map(|(i, spec)| {
+                super::cri_attachment(
+                    spec.container_id.clone(),
+                    &spec.netns,
+                    &format!("pod-floor-{i}"),
+                    i,
+                )
+            })
             .collect();
-        let calls = specs.len();
-        // The daemon's outcome, sent when it ends: a failure of its own says more than the
-        // shim's (a closed or refused connection).
-        let (done_tx, done_rx) = std::sync::mpsc::channel();
-        // This thread is in the node's namespace already, and so is the daemon's.
-        std::thread::spawn(move || {
-            let outcome = (|| -> Result<()> {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .context("tokio runtime for the stand-in daemon")?;
-                rt.block_on(async {
-                    let listener = tokio::net::UnixListener::from_std(listener)
-                        .context("the stand-in daemon's listener")?;
-                    // The node's netlink socket opened before the first call, as the
-                    // agent's is by its reconcile at start, which lists the host's veths.
-                    let node = NodeNs::current();
-                    flock_netns::list_host_ifaces(&node)
-                        .await
-                        .context("list the node's veths")?;
-                    for _ in 0..calls {
-                        let (stream, _) = listener.accept().await.context("accept")?;
-                        serve_setup(&node, &by_id, stream).await?;
-                    }
-                    Ok(())
-                })
-            })();
-            let _ = done_tx.send(outcome);
-        });
-        let mut times = Vec::with_capacity(specs.len());
-        for (i, spec) in specs.iter().enumerate() {
-            let att = super::cri_attachment(
-                spec.container_id.clone(),
-                &spec.netns,
-                &format!("pod-floor-{i}"),
-                i,
-            );
+        let add = |att: &flock_testkit::cni::Attachment| {
+            runtime
+                .add(att)
+                .map(drop)
+                .with_context(|| format!("ADD of {} to the stand-in daemon", att.container_id))
+        };
+        let (one_by_one, rest) = atts.split_at(sequential.len());
+        let mut times = Vec::with_capacity(one_by_one.len());
+        for att in one_by_one {
             let t = Instant::now();
-            let added = runtime.add(&att);
+            add(att)?;
             times.push(t.elapsed());
-            if let Err(e) = added {
-                // A shim that never reached the daemon leaves it waiting in `accept`, to end
-                // with the process.
-                let daemon_error = done_rx
-                    .recv_timeout(Duration::from_secs(1))
-                    .ok()
-                    .and_then(Result::err);
-                return Err(daemon_error.unwrap_or_else(|| e.into())).with_context(|| {
-                    format!("ADD of {} to the stand-in daemon", spec.container_id)
-                });
+        }
+        let burst = if rest.is_empty() {
+            None
+        } else {
+            let (_, wall) = super::concurrently(rest, concurrency, add)?;
+            Some((rest.len(), wall))
+        };
+        Ok((times, burst))
+    })();
+    if outcome.is_err() {
+        // A daemon that failed has ended, with its reason on stderr; one that still waits
+        // for calls that will not come is stopped.
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = daemon.kill();
+    }
+    let ended = daemon.wait_with_output();
+    let _ = std::fs::remove_dir_all(&dir);
+    let ended = ended.context("wait for the stand-in daemon")?;
+    let said = String::from_utf8_lossy(&ended.stderr).trim().to_owned();
+    match outcome {
+        Err(e) if !said.is_empty() => Err(e.context(format!("the stand-in daemon: {said}"))),
+        Err(e) => Err(e),
+        Ok(_) if !ended.status.success() => {
+            bail!("the stand-in daemon failed ({}): {said}", ended.status)
+        }
+        Ok(measured) => Ok(measured),
+    }
+}
+
+/// The hidden command that runs the stand-in daemon of [`handed_off_adds`].
+pub const HANDOFF_DAEMON: &str = "__bench-handoff-daemon";
+
+/// The stand-in daemon of [`handed_off_adds`]: `args` are its socket and the number of the
+/// first pod; stdin lists the pods' namespaces, one per line. Binds the socket, prints
+/// `ready`, serves one call per pod, each as a task of its own (as the agent does) on a
+/// one-thread runtime (as the agent's), and ends.
+pub fn handoff_daemon(args: &[String]) -> Result<()> {
+    use std::io::{Read, Write};
+    let [socket, first] = args else {
+        bail!("usage: xtask {HANDOFF_DAEMON} SOCKET FIRST");
+    };
+    let first: usize = first
+        .parse()
+        .with_context(|| format!("FIRST {first:?} is not a number"))?;
+    let mut paths = String::new();
+    std::io::stdin()
+        .read_to_string(&mut paths)
+        .context("read the pods' namespaces")?;
+    let by_id: std::collections::HashMap<String, PodSpec> = paths
+        .lines()
+        .enumerate()
+        .map(|(i, path)| floor_spec(first + i, path.into()))
+        .map(|spec| (spec.container_id.clone(), spec))
+        .collect();
+    let by_id = std::sync::Arc::new(by_id);
+    let listener =
+        std::os::unix::net::UnixListener::bind(socket).with_context(|| format!("bind {socket}"))?;
+    listener
+        .set_nonblocking(true)
+        .context("a non-blocking listener")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    rt.block_on(async {
+        let listener = tokio::net::UnixListener::from_std(listener).context("the listener")?;
+        // The node's netlink socket opened before the first call, as the agent's is by its
+        // reconcile at start, which lists the host's veths.
+        let node = std::sync::Arc::new(NodeNs::current());
+        flock_netns::list_host_ifaces(&node)
+            .await
+            .context("list the node's veths")?;
+        let mut stdout = std::io::stdout();
+        writeln!(stdout, "ready").and_then(|()| stdout.flush())?;
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..by_id.len() {
+            let (stream, _) = listener.accept().await.context("accept")?;
+            let (node, by_id) = (node.clone(), by_id.clone());
+            tasks.spawn(async move { serve_setup(&node, &by_id, stream).await });
+            while let Some(served) = tasks.try_join_next() {
+                served.context("a call")??;
             }
         }
-        done_rx
-            .recv()
-            .unwrap_or_else(|_| bail!("the stand-in daemon panicked"))?;
-        Ok(times)
-    })();
-    let _ = std::fs::remove_dir_all(&dir);
-    outcome
+        while let Some(served) = tasks.join_next().await {
+            served.context("a call")??;
+        }
+        Ok(())
+    })
 }
 
 /// One call of the stand-in daemon of [`handed_off_adds`].
