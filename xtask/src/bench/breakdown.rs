@@ -159,8 +159,8 @@ pub struct Floor {
     /// stand-in daemon that decodes, sets up and answers, and keeps no books (see
     /// [`handed_off_adds`]): a lower bound here for a CNI of a shim and a node agent.
     pub handed_off_add: Vec<Duration>,
-    /// ADDs of as many more pods to the same daemon, `concurrency` at a time, as the bench's
-    /// runtime threads make them: (pods, wall time).
+    /// ADDs of as many more pods to such a daemon, `concurrency` at a time, as the bench's
+    /// runtime threads make a subject's, on a node emptied and settled: (pods, wall time).
     pub handed_off_concurrent: Option<Burst>,
     /// `flock_netns::setup` of as many more pods, `concurrency` at a time: (pods, wall time).
     /// What the kernel allows a node to take at that concurrency with nothing but the kernel
@@ -409,18 +409,18 @@ async fn floor_cycles(
     .await?;
     teardown_all(&node, &exec_specs).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    // Blocks this thread, as the VERSION execs above do: the daemon has a thread of its own.
-    let (one_at_a_time, concurrent) = hand_specs.split_at(hand_specs.len() / 2);
-    // As numbered by `measure_kernel_floor`: after the two sets above.
-    let hand_first = specs.len() + exec_specs.len();
-    (floor.handed_off_add, floor.handed_off_concurrent) = handed_off_adds(
-        [one_at_a_time, concurrent],
-        hand_first,
-        concurrency,
-        node_path,
-        bin_dir,
-    )?;
-    teardown_all(&node, &hand_specs).await?;
+    // Blocks this thread, as the VERSION execs above do: the daemon is a process of its own.
+    // One set one at a time, the other at `concurrency`, each on a node emptied and settled,
+    // as a subject's are.
+    let (one_at_a_time, burst) = hand_specs.split_at(hand_specs.len() / 2);
+    floor.handed_off_add = handed_off_adds(one_at_a_time, 1, node_path, bin_dir)?.0;
+    teardown_all(&node, one_at_a_time).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    if !burst.is_empty() {
+        let (_, wall) = handed_off_adds(burst, concurrency, node_path, bin_dir)?;
+        floor.handed_off_concurrent = Some((burst.len(), wall));
+        teardown_all(&node, burst).await?;
+    }
     // As before a subject's concurrent phase: let the kernel finish with the torn-down pods.
     tokio::time::sleep(Duration::from_secs(2)).await;
     // `concurrency` tasks, each taking the next pod, as the bench's runtime threads do.
@@ -451,50 +451,48 @@ async fn floor_cycles(
     Ok(floor)
 }
 
-/// ADDs through the shim (`flock` in `bin_dir`), exec'd by the runtime stand-in in the node's
-/// namespace with the conflist and the `CNI_ARGS` the bench gives flock's agent, to a stand-in
-/// daemon: this program again ([`handoff_daemon`]), a process of its own in that namespace,
-/// as the agent is. For each call the daemon accepts, reads and decodes the request, parses
-/// its configuration, calls `flock_netns::setup` and answers with the CNI result; it takes no
-/// lock, allocates nothing and writes no store. So each call's time is an ADD as the runtime
-/// sees it, with the exec, the two hand-offs between the shim and a daemon, and the kernel
-/// work, and nothing of flock's own bookkeeping: a lower bound for a CNI of a shim and a node
-/// agent (DESIGN §1) on this machine. The pods of `sequential` one at a time (each call's
-/// time), then those of `concurrent` from `concurrency` threads, as the bench's runtime makes
-/// a subject's concurrent ADDs: (pods, wall time), the ceiling of such a CNI's ADD throughput
-/// here. The pods are the floor's numbered from `first`.
+/// ADDs of `specs` through the shim (`flock` in `bin_dir`), exec'd by the runtime stand-in
+/// in the node's namespace with the conflist and the `CNI_ARGS` the bench gives flock's agent,
+/// from `threads` threads as the bench's runtime makes a subject's ADDs, to a stand-in daemon:
+/// this program again ([`handoff_daemon`]), a process of its own in that namespace, as the
+/// agent is. For each call the daemon accepts, reads and decodes the request, parses its
+/// configuration, calls `flock_netns::setup` and answers with the CNI result; it takes no lock,
+/// allocates nothing and writes no store. So each call's time is an ADD as the runtime sees
+/// it, with the exec, the two hand-offs between the shim and a daemon, and the kernel work, and
+/// nothing of flock's own bookkeeping: what a CNI of a shim and a node agent (DESIGN §1) that
+/// keeps no books reaches on this machine. Each call's time, and the wall time of all.
 fn handed_off_adds(
-    [sequential, concurrent]: [&[PodSpec]; 2],
-    first: usize,
-    concurrency: usize,
+    specs: &[PodSpec],
+    threads: usize,
     node_path: &Path,
     bin_dir: &Path,
-) -> Result<(Vec<Duration>, Option<Burst>)> {
+) -> Result<(Vec<Duration>, Duration)> {
     use std::io::{BufRead, Write};
-    let dir = std::env::temp_dir().join(format!("flock-bench-handoff-{}", std::process::id()));
-    let layout = flock_testkit::node::AgentLayout::new(&dir);
-    let run_dir = layout.socket.parent().unwrap_or(&dir);
-    std::fs::create_dir_all(run_dir).with_context(|| format!("create {}", run_dir.display()))?;
     // Started from this thread, the daemon is in the node's namespace too.
     let exe = std::env::current_exe().context("this program's path")?;
+    let dir = std::env::temp_dir().join(format!("flock-bench-handoff-{}", std::process::id()));
+    let layout = flock_testkit::node::AgentLayout::new(&dir);
     let mut daemon = std::process::Command::new(&exe)
         .arg(HANDOFF_DAEMON)
         .arg(&layout.socket)
-        .arg(first.to_string())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .with_context(|| format!("start {} {HANDOFF_DAEMON}", exe.display()))?;
     let outcome = (|| {
-        // The pods' namespaces, one per line; then the daemon binds its socket and says so.
-        let mut paths = String::new();
-        for spec in sequential.iter().chain(concurrent) {
-            paths.push_str(&format!("{}\n", spec.netns.display()));
+        let run_dir = layout.socket.parent().unwrap_or(&dir);
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("create {}", run_dir.display()))?;
+        // The pods, one per line; then the daemon binds its socket and says so.
+        let mut pods = String::new();
+        for spec in specs {
+            pods.push_str(&handoff_line(spec));
+            pods.push('\n');
         }
         let mut stdin = daemon.stdin.take().context("the daemon's stdin")?;
         stdin
-            .write_all(paths.as_bytes())
+            .write_all(pods.as_bytes())
             .context("write to the daemon")?;
         drop(stdin);
         let mut ready = String::new();
@@ -502,7 +500,7 @@ fn handed_off_adds(
             .read_line(&mut ready)
             .context("read from the daemon")?;
         if ready.trim() != "ready" {
-            bail!("the stand-in daemon did not start");
+            bail!("the stand-in daemon did not start (it said {ready:?})");
         }
         let runtime = flock_testkit::cni::Runtime::new(
             layout.conflist("bench-floor"),
@@ -510,9 +508,8 @@ fn handed_off_adds(
             dir.join("cni-cache"),
         )?
         .in_netns(node_path);
-        let atts: Vec<flock_testkit::cni::Attachment> = sequential
+        let atts: Vec<flock_testkit::cni::Attachment> = specs
             .iter()
-            .chain(concurrent)
             .enumerate()
             .map(|(i, spec)| {
                 super::cri_attachment(
@@ -529,24 +526,22 @@ fn handed_off_adds(
                 .map(drop)
                 .with_context(|| format!("ADD of {} to the stand-in daemon", att.container_id))
         };
-        let (one_by_one, rest) = atts.split_at(sequential.len());
-        let mut times = Vec::with_capacity(one_by_one.len());
-        for att in one_by_one {
+        if threads > 1 {
+            return super::concurrently(&atts, threads, add);
+        }
+        // On this thread, as the bench times a subject's sequential ADDs.
+        let start = Instant::now();
+        let mut times = Vec::with_capacity(atts.len());
+        for att in &atts {
             let t = Instant::now();
             add(att)?;
             times.push(t.elapsed());
         }
-        let burst = if rest.is_empty() {
-            None
-        } else {
-            let (_, wall) = super::concurrently(rest, concurrency, add)?;
-            Some((rest.len(), wall))
-        };
-        Ok((times, burst))
+        Ok((times, start.elapsed()))
     })();
     if outcome.is_err() {
-        // A daemon that failed has ended, with its reason on stderr; one that still waits
-        // for calls that will not come is stopped.
+        // A daemon that failed has said why on stderr and ended; one that still waits for
+        // calls that will not come is stopped.
         std::thread::sleep(Duration::from_millis(200));
         let _ = daemon.kill();
     }
@@ -555,7 +550,9 @@ fn handed_off_adds(
     let ended = ended.context("wait for the stand-in daemon")?;
     let said = String::from_utf8_lossy(&ended.stderr).trim().to_owned();
     match outcome {
-        Err(e) if !said.is_empty() => Err(e.context(format!("the stand-in daemon: {said}"))),
+        Err(e) if !said.is_empty() => {
+            Err(e.context(format!("the stand-in daemon ({}): {said}", ended.status)))
+        }
         Err(e) => Err(e),
         Ok(_) if !ended.status.success() => {
             bail!("the stand-in daemon failed ({}): {said}", ended.status)
@@ -567,28 +564,60 @@ fn handed_off_adds(
 /// The hidden command that runs the stand-in daemon of [`handed_off_adds`].
 pub const HANDOFF_DAEMON: &str = "__bench-handoff-daemon";
 
-/// The stand-in daemon of [`handed_off_adds`]: `args` are its socket and the number of the
-/// first pod; stdin lists the pods' namespaces, one per line. Binds the socket, prints
-/// `ready`, serves one call per pod, each as a task of its own (as the agent does) on a
-/// one-thread runtime (as the agent's), and ends.
+/// A pod as [`handed_off_adds`] tells the daemon of it: container, host veth, namespace and
+/// addresses (comma-separated), separated by spaces.
+fn handoff_line(spec: &PodSpec) -> String {
+    let addresses: Vec<String> = spec.addresses.iter().map(ToString::to_string).collect();
+    format!(
+        "{} {} {} {}",
+        spec.container_id,
+        spec.host_if,
+        spec.netns.display(),
+        addresses.join(",")
+    )
+}
+
+/// The pod of a line of [`handoff_line`].
+fn parse_handoff_line(line: &str) -> Result<PodSpec> {
+    let fields: Vec<&str> = line.split(' ').collect();
+    let [container_id, host_if, netns, addresses] = fields[..] else {
+        bail!("a pod line {line:?}: not four fields");
+    };
+    let addresses = addresses
+        .split(',')
+        .map(|a| {
+            a.parse()
+                .with_context(|| format!("a pod line {line:?}: address {a:?}"))
+        })
+        .collect::<Result<_>>()?;
+    Ok(PodSpec {
+        container_id: container_id.to_owned(),
+        netns: netns.into(),
+        if_name: "eth0".into(),
+        host_if: host_if.to_owned(),
+        mtu: 1500,
+        addresses,
+        anycast: vec![],
+    })
+}
+
+/// The stand-in daemon of [`handed_off_adds`]: `args` is its socket; stdin lists the pods,
+/// one [`handoff_line`] each. Binds the socket, prints `ready`, serves one call per pod, each
+/// as a task of its own (as the agent does) on a one-thread runtime (as the agent's), and
+/// ends. A call that fails is printed on stderr at once, and ends the daemon.
 pub fn handoff_daemon(args: &[String]) -> Result<()> {
     use std::io::{Read, Write};
-    let [socket, first] = args else {
-        bail!("usage: xtask {HANDOFF_DAEMON} SOCKET FIRST");
+    let [socket] = args else {
+        bail!("usage: xtask {HANDOFF_DAEMON} SOCKET, the pods on stdin");
     };
-    let first: usize = first
-        .parse()
-        .with_context(|| format!("FIRST {first:?} is not a number"))?;
-    let mut paths = String::new();
+    let mut lines = String::new();
     std::io::stdin()
-        .read_to_string(&mut paths)
-        .context("read the pods' namespaces")?;
-    let by_id: std::collections::HashMap<String, PodSpec> = paths
+        .read_to_string(&mut lines)
+        .context("read the pods")?;
+    let by_id: std::collections::HashMap<String, PodSpec> = lines
         .lines()
-        .enumerate()
-        .map(|(i, path)| floor_spec(first + i, path.into()))
-        .map(|spec| (spec.container_id.clone(), spec))
-        .collect();
+        .map(|line| parse_handoff_line(line).map(|spec| (spec.container_id.clone(), spec)))
+        .collect::<Result<_>>()?;
     let by_id = std::sync::Arc::new(by_id);
     let listener =
         std::os::unix::net::UnixListener::bind(socket).with_context(|| format!("bind {socket}"))?;
@@ -613,13 +642,19 @@ pub fn handoff_daemon(args: &[String]) -> Result<()> {
         for _ in 0..by_id.len() {
             let (stream, _) = listener.accept().await.context("accept")?;
             let (node, by_id) = (node.clone(), by_id.clone());
-            tasks.spawn(async move { serve_setup(&node, &by_id, stream).await });
+            tasks.spawn(async move {
+                let served = serve_setup(&node, &by_id, stream).await;
+                if let Err(e) = &served {
+                    eprintln!("{e:#}");
+                }
+                served
+            });
             while let Some(served) = tasks.try_join_next() {
-                served.context("a call")??;
+                served.context("a call panicked")??;
             }
         }
         while let Some(served) = tasks.join_next().await {
-            served.context("a call")??;
+            served.context("a call panicked")??;
         }
         Ok(())
     })
@@ -827,6 +862,18 @@ pub fn add_bound_after_exec(floor: &Floor) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hand_off_daemon_reads_back_the_pods_it_is_told_of() {
+        let spec = floor_spec(4097, "/run/netns/bfpod-x".into());
+        let line = handoff_line(&spec);
+        assert_eq!(parse_handoff_line(&line).expect("parse"), spec);
+        let e = parse_handoff_line("floor-1 veth /run/netns/p 2001:db8::1/128,nope")
+            .expect_err("a bad address");
+        assert!(format!("{e:#}").contains(r#"address "nope""#), "{e:#}");
+        let e = parse_handoff_line("floor-1 veth").expect_err("two fields");
+        assert!(format!("{e:#}").contains("not four fields"), "{e:#}");
+    }
 
     #[test]
     fn outside_the_agent_is_the_runtimes_time_less_the_agents() {

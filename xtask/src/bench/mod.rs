@@ -429,10 +429,11 @@ pub fn bench(args: &[String]) -> Result<()> {
     // The kernel floor first, on a quiet kernel.
     let floor = if selected.iter().any(|s| s.key() == "flock") {
         eprintln!(
-            "xtask bench: floor — flock-netns alone, {} pods one at a time, as many each after a \
-             shim exec, as many ADDs through the shim to a daemon that keeps no books, then {} \
-             at concurrency {}",
-            opts.pods, opts.pods, opts.concurrency
+            "xtask bench: floor — flock-netns alone, {n} pods one at a time and as many each \
+             after a shim exec; {n} ADDs through the shim to a daemon that keeps no books one at \
+             a time and {n} at concurrency {c}; {n} with flock-netns alone at concurrency {c}",
+            n = opts.pods,
+            c = opts.concurrency
         );
         Some(breakdown::measure_kernel_floor(
             opts.pods,
