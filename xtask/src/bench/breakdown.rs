@@ -138,6 +138,11 @@ impl Breakdown {
 /// Pods taken at some concurrency, and the wall time they took.
 pub type Burst = (usize, Duration);
 
+/// Pods per second of a burst.
+fn pods_per_s(burst: Option<Burst>) -> Option<f64> {
+    burst.map(|(n, wall)| n as f64 / wall.as_secs_f64())
+}
+
 /// The kernel floor and the shim's own floor, measured in the bench's run.
 #[derive(Debug, Default)]
 pub struct Floor {
@@ -157,7 +162,8 @@ pub struct Floor {
     pub idle_round_trip: Vec<Duration>,
     /// ADDs of as many more pods through the shim, exec'd by the runtime stand-in, to a
     /// stand-in daemon that decodes, sets up and answers, and keeps no books (see
-    /// [`handed_off_adds`]): a lower bound here for a CNI of a shim and a node agent.
+    /// [`handed_off_adds`]): what a CNI of a shim and a node agent reaches here without
+    /// flock's bookkeeping.
     pub handed_off_add: Vec<Duration>,
     /// ADDs of as many more pods to such a daemon, `concurrency` at a time, as the bench's
     /// runtime threads make a subject's, on a node emptied and settled: (pods, wall time).
@@ -171,14 +177,12 @@ pub struct Floor {
 impl Floor {
     /// Pods per second of [`setup_concurrent`](Self::setup_concurrent).
     pub fn concurrent_pods_per_s(&self) -> Option<f64> {
-        self.setup_concurrent
-            .map(|(n, wall)| n as f64 / wall.as_secs_f64())
+        pods_per_s(self.setup_concurrent)
     }
 
     /// Pods per second of [`handed_off_concurrent`](Self::handed_off_concurrent).
     pub fn handed_off_pods_per_s(&self) -> Option<f64> {
-        self.handed_off_concurrent
-            .map(|(n, wall)| n as f64 / wall.as_secs_f64())
+        pods_per_s(self.handed_off_concurrent)
     }
 }
 
