@@ -1,4 +1,6 @@
-//! containerd 1.6's configuration for a harness instance (version 2 TOML).
+//! containerd's configuration, the one renderer of the workspace: version 3 for containerd 2
+//! (what the test bed's nodes and the harness run), version 2 for containerd 1.6 and 1.7 (the
+//! releases Kubernetes 1.35 and 1.36 still run on).
 
 use std::path::{Path, PathBuf};
 
@@ -39,6 +41,12 @@ pub struct ContainerdConfig {
     pub sandbox_image: String,
     /// The snapshotter for images.
     pub snapshotter: Snapshotter,
+    /// runc, when not the one on `PATH`.
+    pub runc: Option<PathBuf>,
+    /// Pin sandbox network namespaces under [`ContainerdConfig::state`] rather than the
+    /// machine's `/run/netns` (a harness sharing the machine); a node that has its own
+    /// `/run/netns` leaves them there, where the CNI agent looks.
+    pub netns_under_state: bool,
 }
 
 impl ContainerdConfig {
@@ -53,10 +61,97 @@ impl ContainerdConfig {
             cni_conf_dir: cni_conf_dir.to_owned(),
             sandbox_image: image.to_owned(),
             snapshotter: Snapshotter::default(),
+            runc: None,
+            netns_under_state: true,
         }
     }
 
-    /// Renders the TOML. Notes on the choices:
+    /// Renders the TOML for containerd 2 (config version 3). The choices are those of
+    /// [`ContainerdConfig::render_v2`], under version 3's plugin names, and:
+    /// - NRI's socket under our state (NRI is on by default, one socket per machine otherwise);
+    /// - the sandbox image as the pinned image `sandbox` (the kubelet no longer names it);
+    /// - `bin_dirs`, the list that replaced `bin_dir`.
+    pub fn render(&self) -> String {
+        let q = |p: &Path| toml_string(&p.display().to_string());
+        let runc = match &self.runc {
+            Some(path) => format!("\n        BinaryName = {}", q(path)),
+            None => String::new(),
+        };
+        format!(
+            r#"version = 3
+root = {root}
+state = {state}
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.erofs"]
+
+[grpc]
+  address = {socket}
+
+[ttrpc]
+  address = {ttrpc}
+
+[debug]
+  address = ""
+  level = "info"
+
+[metrics]
+  address = ""
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = {opt}
+
+[plugins.'io.containerd.nri.v1.nri']
+  socket_path = {nri}
+
+[plugins.'io.containerd.grpc.v1.cri']
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = {snapshotter}
+
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = {image}
+
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = {netns_under_state}
+  enable_selinux = false
+  disable_apparmor = true
+  tolerate_missing_hugetlb_controller = true
+  disable_hugetlb_controller = true
+
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = {runc_root}{runc}
+
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = [{bin_dir}]
+    conf_dir = {conf_dir}
+    max_conf_num = 1
+"#,
+            root = q(&self.root),
+            state = q(&self.state),
+            socket = q(&self.socket),
+            ttrpc = toml_string(&format!("{}.ttrpc", self.socket.display())),
+            opt = q(&self.root.join("opt")),
+            nri = q(&self.state.join("nri.sock")),
+            image = toml_string(&self.sandbox_image),
+            snapshotter = toml_string(self.snapshotter.as_str()),
+            netns_under_state = self.netns_under_state,
+            runc_root = q(&self.state.join("runc")),
+            bin_dir = q(&self.cni_bin_dir),
+            conf_dir = q(&self.cni_conf_dir),
+        )
+    }
+
+    /// Renders the TOML for containerd 1.6 and 1.7 (config version 2). Notes on the choices:
     /// - `restrict_oom_score_adj`: root here lacks CAP_SYS_RESOURCE.
     /// - `netns_mounts_under_state_dir`: sandbox netns pins live under our
     ///   state dir, not the machine's `/run/netns`.
@@ -64,8 +159,12 @@ impl ContainerdConfig {
     /// - no TCP, no streaming on a fixed port: two instances can run at once.
     /// - `max_conf_num = 1`: the CRI plugin uses the first conflist, as
     ///   kubelet's containerd does.
-    pub fn render(&self) -> String {
+    pub fn render_v2(&self) -> String {
         let q = |p: &Path| toml_string(&p.display().to_string());
+        let runc = match &self.runc {
+            Some(path) => format!("\n        BinaryName = {}", q(path)),
+            None => String::new(),
+        };
         format!(
             r#"version = 2
 root = {root}
@@ -88,7 +187,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = {image}
   restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
+  netns_mounts_under_state_dir = {netns_under_state}
   disable_tcp_service = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
@@ -106,7 +205,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-        Root = {runc_root}
+        Root = {runc_root}{runc}
 
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = {bin_dir}
@@ -119,6 +218,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             ttrpc = toml_string(&format!("{}.ttrpc", self.socket.display())),
             image = toml_string(&self.sandbox_image),
             snapshotter = toml_string(self.snapshotter.as_str()),
+            netns_under_state = self.netns_under_state,
             runc_root = q(&self.state.join("runc")),
             bin_dir = q(&self.cni_bin_dir),
             conf_dir = q(&self.cni_conf_dir),
@@ -144,6 +244,18 @@ mod tests {
             "flock.test/pause:e2e",
         );
         insta::assert_snapshot!(cfg.render());
+    }
+
+    #[test]
+    fn config_v2_snapshot() {
+        let mut cfg = ContainerdConfig::in_dir(
+            Path::new("/tmp/e2e"),
+            Path::new("/usr/lib/cni"),
+            Path::new("/tmp/e2e/net.d"),
+            "flock.test/pause:e2e",
+        );
+        cfg.runc = Some("/opt/runc".into());
+        insta::assert_snapshot!(cfg.render_v2());
     }
 
     #[test]

@@ -12,7 +12,30 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::config::ContainerdConfig;
+use crate::program;
 use crate::{Error, Result};
+
+/// The major version of the containerd [`program`] finds: 1 takes config version 2, 2 takes
+/// version 3.
+pub fn major_version() -> Result<u32> {
+    let mut cmd = Command::new(program("containerd"));
+    cmd.arg("--version");
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().map_err(|source| Error::Spawn {
+        program: shown.clone(),
+        source,
+    })?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    // `containerd github.com/containerd/containerd/v2 v2.4.2 …`, `containerd containerd.io 1.6.20~ds1 …`
+    text.split_whitespace()
+        .nth(2)
+        .and_then(|v| v.trim_start_matches('v').split('.').next()?.parse().ok())
+        .ok_or(Error::CommandFailed {
+            command: shown,
+            status: out.status.to_string(),
+            stderr: format!("no version in {text:?}"),
+        })
+}
 
 /// How long containerd may take to answer on its socket.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -40,7 +63,11 @@ impl Containerd {
             })?;
         }
         let config_path = dir.join("containerd.toml");
-        std::fs::write(&config_path, config.render()).map_err(|source| Error::Io {
+        let rendered = match major_version()? {
+            1 => config.render_v2(),
+            _ => config.render(),
+        };
+        std::fs::write(&config_path, rendered).map_err(|source| Error::Io {
             op: "write containerd config",
             path: config_path.clone(),
             source,
@@ -59,7 +86,7 @@ impl Containerd {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net={}", netns_path.display()))
             .args(["--", "unshare", "--mount", "--propagation", "slave", "--"])
-            .arg("containerd")
+            .arg(program("containerd"))
             .arg("--config")
             .arg(&config_path)
             .stdin(Stdio::null())
@@ -90,7 +117,7 @@ impl Containerd {
                 });
             }
             if self.config.socket.exists() {
-                let answered = Command::new("ctr")
+                let answered = Command::new(program("ctr"))
                     .arg("--address")
                     .arg(&self.config.socket)
                     .arg("version")

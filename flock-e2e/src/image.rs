@@ -191,7 +191,7 @@ impl PauseImage {
     /// CRI plugin looks) through `socket`, unpacked for `snapshotter`.
     pub fn import(&self, socket: &Path, snapshotter: &str) -> Result<()> {
         run_checked(
-            Command::new("ctr")
+            Command::new(crate::program("ctr"))
                 .arg("--address")
                 .arg(socket)
                 .args(["--namespace", "k8s.io", "images", "import"])

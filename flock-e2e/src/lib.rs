@@ -37,7 +37,7 @@ pub use image::{OciDocuments, PauseImage, oci_arch, oci_archive, oci_documents, 
 pub use node::{BeforeStart, CniConf, E2eNode, NodeSetup};
 pub use tar::TarBuilder;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Everything the harness can fail at; each message names the operation and
@@ -173,3 +173,15 @@ pub(crate) fn run_checked(cmd: &mut std::process::Command) -> Result<String> {
 #[doc = include_str!("../README.md")]
 #[cfg(all(doctest, feature = "cri"))]
 pub struct ReadmeDoctests;
+
+/// The folder of the containerd to run (`containerd`, `ctr`, `containerd-shim-runc-v2`), when
+/// not the one on `PATH`: the test bed's build of containerd 2.
+pub const CONTAINERD_DIR_ENV: &str = "FLOCK_CONTAINERD_DIR";
+
+/// `containerd` or `ctr`: from [`CONTAINERD_DIR_ENV`] when set, else from `PATH`.
+pub fn program(name: &str) -> PathBuf {
+    match std::env::var_os(CONTAINERD_DIR_ENV) {
+        Some(dir) => Path::new(&dir).join(name),
+        None => PathBuf::from(name),
+    }
+}

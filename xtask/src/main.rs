@@ -16,10 +16,9 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
+use flock_testbed::{binaries, cluster, lab, sys};
+
 mod bench;
-mod cluster;
-mod lab;
-mod sys;
 
 /// Debian packages the test suite drives for real.
 const TEST_PACKAGES: &[&str] = &[
@@ -90,7 +89,7 @@ fn test(filters: &[String]) -> Result<()> {
     // The shim as a node has it (static, musl): the tests exec this copy, which the next
     // cargo build cannot overwrite, since cargo puts its own link of the shim back in
     // target/debug.
-    let shim = bench::build_shim_copy()?;
+    let shim = binaries::build_shim_copy()?;
     // The workspace is virtual: without `-p`, nextest runs every member, and an explicit
     // `--workspace` would override a `-p` among the filters.
     let mut nextest: Vec<String> = ["nextest", "run", "--all-features"]
@@ -118,7 +117,7 @@ fn test(filters: &[String]) -> Result<()> {
     if filters.is_empty() {
         // The lab end to end on the debug binaries (replaces a lab that is up); the shim is
         // relinked statically, as every build of a node's binaries has it.
-        lab::ci(&bench::build(bench::FLOCK, false)?)?;
+        lab::ci(&binaries::build(binaries::FLOCK, false)?)?;
         sys::cargo(["test", "--doc", "--workspace", "--all-features"])?;
         // Last, the real Kubernetes cluster on the same debug binaries: up, checks, down (the
         // first run on a machine builds Kubernetes into /var/cache/flock, about 10 minutes).

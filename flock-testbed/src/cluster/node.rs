@@ -23,6 +23,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use flock_e2e::ContainerdConfig;
+
 use super::kube::KubeBuild;
 use super::proc::{self, Place};
 use super::{Node, RUN_DIR, images, pki};
@@ -57,8 +59,6 @@ const KUBELET_TUNABLES: &[(&str, &str)] = &[
 const CREATED_DIRS: &str = "created-host-dirs";
 /// How long a node's daemons may take to answer.
 const START_LIMIT: Duration = Duration::from_secs(60);
-/// The reference plugin containerd's CRI plugin runs for every sandbox's loopback.
-const LOOPBACK_PLUGIN: &str = "/usr/lib/cni/loopback";
 
 /// `RUN_DIR/nodes/NODE`.
 pub fn dir(node: &Node) -> PathBuf {
@@ -90,8 +90,9 @@ pub fn start(node: &Node, kube: &KubeBuild, archives: &[PathBuf]) -> Result<()> 
     // A node's CNI directory holds the loopback plugin, as the distribution's package of
     // the reference plugins puts it there; flock's installer adds the rest.
     let bin = dir.join("host/opt-cni-bin/loopback");
-    std::fs::copy(LOOPBACK_PLUGIN, &bin)
-        .with_context(|| format!("copy {LOOPBACK_PLUGIN} to {}", bin.display()))?;
+    let loopback = kube.cni_plugin("loopback");
+    std::fs::copy(&loopback, &bin)
+        .with_context(|| format!("copy {} to {}", loopback.display(), bin.display()))?;
     cover_kernel_tunables(node, &here)?;
     // Shared inside the node, as on a systemd machine: mounts the node makes (containerd's
     // netns pins under /var/run/netns) reach the containers that mount a host path with
@@ -99,9 +100,9 @@ pub fn start(node: &Node, kube: &KubeBuild, archives: &[PathBuf]) -> Result<()> 
     // from a shared or slave mount. The machine's mounts are private, so nothing of the
     // node's propagates back to it.
     here.run(&["mount", "--make-rshared", "/"])?;
-    start_containerd(node, &here)?;
+    start_containerd(node, &here, kube)?;
     for archive in archives {
-        images::import(&containerd_socket(node), archive)
+        images::import(kube, &containerd_socket(node), archive)
             .with_context(|| format!("import {} on {}", archive.display(), node.name))?;
     }
     start_kubelet(node, &here, kube)?;
@@ -241,88 +242,47 @@ fn cover_kernel_tunables(node: &Node, here: &Place) -> Result<()> {
     Ok(())
 }
 
-fn containerd_config(node: &Node) -> String {
+/// containerd's configuration on `node` (version 3): its own root, state and sockets; the CNI
+/// directories are the node's (bind-mounted over `/etc/cni/net.d` and `/opt/cni/bin` in its
+/// mount namespace), and sandbox network namespaces are pinned under `/var/run/netns`, where
+/// the flock agent opens them, as on any node.
+fn containerd_config(node: &Node, kube: &KubeBuild) -> String {
     let d = dir(node).join("containerd");
-    let q = |p: PathBuf| serde_json::Value::String(p.to_string_lossy().into_owned()).to_string();
-    format!(
-        r#"# containerd 1.6 of {name}: its own root, state and sockets; the CNI directories are the
-# node's (bind-mounted over /etc/cni/net.d and /opt/cni/bin in its mount namespace).
-version = 2
-root = {root}
-state = {state}
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]
-
-[grpc]
-  address = {socket}
-
-[ttrpc]
-  address = {ttrpc}
-
-[debug]
-  address = ""
-  level = "info"
-
-[metrics]
-  address = ""
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = {opt}
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause}"
-  # Root here lacks CAP_SYS_RESOURCE: no negative oom_score_adj.
-  restrict_oom_score_adj = true
-  disable_tcp_service = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  enable_selinux = false
-  disable_apparmor = true
-  tolerate_missing_hugetlb_controller = true
-  disable_hugetlb_controller = true
-
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/opt/cni/bin"
-    conf_dir = "/etc/cni/net.d"
-    max_conf_num = 1
-"#,
-        name = node.name,
-        root = q(d.join("root")),
-        state = q(d.join("state")),
-        socket = q(d.join("containerd.sock")),
-        ttrpc = q(d.join("containerd.sock.ttrpc")),
-        opt = q(d.join("opt")),
-        pause = images::PAUSE,
-    )
+    let mut config = ContainerdConfig::in_dir(
+        &d,
+        Path::new("/opt/cni/bin"),
+        Path::new("/etc/cni/net.d"),
+        images::PAUSE,
+    );
+    config.runc = Some(kube.runc());
+    config.netns_under_state = false;
+    format!("# containerd of {}\n{}", node.name, config.render())
 }
 
-fn start_containerd(node: &Node, here: &Place) -> Result<()> {
+fn start_containerd(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
     let d = dir(node).join("containerd");
     std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
     let config = d.join("config.toml");
-    std::fs::write(&config, containerd_config(node))
+    std::fs::write(&config, containerd_config(node, kube))
         .with_context(|| format!("write {}", config.display()))?;
     let name = format!("{}-containerd", node.name);
+    // containerd finds its shim on PATH.
+    let path = format!(
+        "{}:{}",
+        kube.containerd_bin().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     proc::spawn(
         &name,
         here,
-        "containerd",
+        kube.containerd_bin().join("containerd"),
         &["--config", &config.to_string_lossy()],
-        &[],
+        &[("PATH", &path)],
     )?;
     let socket = containerd_socket(node);
     proc::wait_daemon(&name, "containerd to answer", START_LIMIT, || {
         socket.exists()
-            && Command::new("ctr")
+            && Command::new(kube.ctr())
                 .arg("--address")
                 .arg(&socket)
                 .arg("version")
@@ -332,6 +292,57 @@ fn start_containerd(node: &Node, here: &Place) -> Result<()> {
     Ok(())
 }
 
+/// The kubelet's configuration on `node`, as a user writes it (`--config`): cgroup v1 through
+/// cgroupfs (no systemd here), no QoS hierarchy, pods' cgroups under `/flockcluster/NODE`
+/// (where `down` finds and removes them), no eviction, no image garbage collection (the images
+/// cannot be pulled again), the cluster DNS.
+fn kubelet_config(node: &Node) -> String {
+    let plugins = dir(node).join("volume-plugins");
+    format!(
+        r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# This machine runs cgroup v1, which the kubelet refuses since 1.35 unless told.
+failCgroupV1: false
+containerRuntimeEndpoint: unix://{socket}
+address: "{addr}"
+healthzBindAddress: 127.0.0.1
+readOnlyPort: 0
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: {ca}
+authorization:
+  mode: Webhook
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+cgroupRoot: /{cgroup}/{name}
+enforceNodeAllocatable: []
+failSwapOn: false
+evictionHard: {{}}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+oomScoreAdj: 0
+nodeStatusUpdateFrequency: 4s
+volumePluginDir: {plugins}
+# 100 pods of the policy benchmark besides the demo's: more than the default 110.
+maxPods: 250
+clusterDomain: {domain}
+clusterDNS: ["{dns}"]
+"#,
+        socket = containerd_socket(node).display(),
+        addr = node.addr,
+        ca = pki::file("ca.crt"),
+        cgroup = proc::CGROUP,
+        name = node.name,
+        plugins = plugins.display(),
+        domain = super::CLUSTER_DOMAIN,
+        dns = super::CLUSTER_DNS,
+    )
+}
+
 fn start_kubelet(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
     let d = dir(node);
     let root = d.join("kubelet");
@@ -339,50 +350,26 @@ fn start_kubelet(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
     for p in [&root, &plugins] {
         std::fs::create_dir_all(p).with_context(|| format!("create {}", p.display()))?;
     }
+    let config = d.join("kubelet.yaml");
+    std::fs::write(&config, kubelet_config(node))
+        .with_context(|| format!("write {}", config.display()))?;
     let name = format!("{}-kubelet", node.name);
     proc::spawn(
         &name,
         here,
         kube.tool("kubelet"),
         &[
+            format!("--config={}", config.display()),
             format!(
                 "--kubeconfig={}",
                 pki::kubeconfig(&format!("kubelet-{}", node.name))
             ),
-            "--container-runtime=remote".to_owned(),
-            format!(
-                "--container-runtime-endpoint=unix://{}",
-                containerd_socket(node).display()
-            ),
             format!("--root-dir={}", root.display()),
-            format!("--volume-plugin-dir={}", plugins.display()),
+            // IPv6 first: the kubelet lists a dual-stack pod's addresses in this order.
             format!("--node-ip={}", node.addr),
             format!("--hostname-override={}", node.name),
             // Its rack: the label its NodePool selects it by.
             format!("--node-labels={}={}", super::deploy::RACK_LABEL, node.rack),
-            format!("--address={}", node.addr),
-            "--healthz-bind-address=127.0.0.1".to_owned(),
-            "--read-only-port=0".to_owned(),
-            format!("--client-ca-file={}", pki::file("ca.crt")),
-            "--anonymous-auth=false".to_owned(),
-            "--authorization-mode=Webhook".to_owned(),
-            // cgroup v1, no systemd, no QoS hierarchy: pods' cgroups go under
-            // /flockcluster/NODE, where `down` finds (and removes) them.
-            "--cgroup-driver=cgroupfs".to_owned(),
-            "--cgroups-per-qos=false".to_owned(),
-            format!("--cgroup-root=/{}/{}", proc::CGROUP, node.name),
-            "--enforce-node-allocatable=".to_owned(),
-            "--fail-swap-on=false".to_owned(),
-            "--eviction-hard=".to_owned(),
-            // The images cannot be pulled again: never collect them.
-            "--image-gc-high-threshold=100".to_owned(),
-            "--image-gc-low-threshold=99".to_owned(),
-            "--oom-score-adj=0".to_owned(),
-            format!("--pod-infra-container-image={}", images::PAUSE),
-            "--node-status-update-frequency=4s".to_owned(),
-            // 100 pods of the policy benchmark besides the demo's: more than the default 110.
-            "--max-pods=250".to_owned(),
-            "--feature-gates=IPv6DualStack=true".to_owned(),
         ],
         &[],
     )?;
@@ -400,34 +387,159 @@ fn wait_registered(node: &Node) -> Result<()> {
     Ok(())
 }
 
+/// kube-proxy's configuration on `node`: nftables mode unless the cluster was brought up with
+/// iptables; the node's address first (IPv6: the proxier's primary family); the machine-wide
+/// conntrack settings left alone.
+fn kube_proxy_config(node: &Node, mode: ProxyMode) -> String {
+    format!(
+        r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: {mode}
+clientConnection:
+  kubeconfig: {kubeconfig}
+hostnameOverride: {name}
+bindAddress: "{addr}"
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+"#,
+        mode = mode.as_str(),
+        kubeconfig = pki::kubeconfig("kube-proxy"),
+        name = node.name,
+        addr = node.addr,
+    )
+}
+
 fn start_kube_proxy(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
+    let config = dir(node).join("kube-proxy.yaml");
+    std::fs::write(&config, kube_proxy_config(node, ProxyMode::current()))
+        .with_context(|| format!("write {}", config.display()))?;
     let name = format!("{}-kube-proxy", node.name);
     proc::spawn(
         &name,
         here,
         kube.tool("kube-proxy"),
-        &[
-            format!("--kubeconfig={}", pki::kubeconfig("kube-proxy")),
-            format!("--hostname-override={}", node.name),
-            // IPv6 first: the node's address picks the proxier's primary family.
-            format!("--bind-address={}", node.addr),
-            "--proxy-mode=iptables".to_owned(),
-            // Machine-wide conntrack settings are not the node's to change.
-            "--conntrack-max-per-core=0".to_owned(),
-            "--conntrack-tcp-timeout-established=0".to_owned(),
-            "--conntrack-tcp-timeout-close-wait=0".to_owned(),
-            "--feature-gates=IPv6DualStack=true".to_owned(),
-            "--profiling=false".to_owned(),
-        ],
+        &[format!("--config={}", config.display())],
         &[],
     )?;
     Ok(())
 }
 
-/// kube-proxy's service chain (`KUBE-SERVICES` of the nat table) in `place`, as `tables`
-/// (`ip6tables` or `iptables`) lists it.
-pub fn kube_services(place: &Place, tables: &str) -> Result<String> {
-    place.run(&[tables, "-t", "nat", "-S", "KUBE-SERVICES"])
+/// kube-proxy's mode, chosen at `up` (`--proxy-mode`), recorded for the cluster's lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// nftables (GA since 1.33): tables `ip kube-proxy` and `ip6 kube-proxy`. The default.
+    Nftables,
+    /// iptables (through Debian's nftables-backed `iptables`).
+    Iptables,
+}
+
+impl ProxyMode {
+    /// The name kube-proxy and `--proxy-mode` use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyMode::Nftables => "nftables",
+            ProxyMode::Iptables => "iptables",
+        }
+    }
+
+    /// `nftables` or `iptables`.
+    pub fn parse(text: &str) -> Result<ProxyMode> {
+        match text {
+            "nftables" => Ok(ProxyMode::Nftables),
+            "iptables" => Ok(ProxyMode::Iptables),
+            other => anyhow::bail!("--proxy-mode {other:?}: nftables or iptables"),
+        }
+    }
+
+    fn file() -> PathBuf {
+        Path::new(RUN_DIR).join("proxy-mode")
+    }
+
+    /// The mode of the cluster that is up (nftables when none was recorded).
+    pub fn current() -> ProxyMode {
+        std::fs::read_to_string(Self::file())
+            .ok()
+            .and_then(|t| ProxyMode::parse(t.trim()).ok())
+            .unwrap_or(ProxyMode::Nftables)
+    }
+
+    /// Records the mode of the cluster that is coming up.
+    pub fn record(self) -> Result<()> {
+        std::fs::write(Self::file(), self.as_str())
+            .with_context(|| format!("write {}", Self::file().display()))
+    }
+}
+
+/// kube-proxy's rules for the Services of `family` in `place`, as text: its nftables table,
+/// or the `KUBE-SERVICES` chain of its iptables nat table. Either names each Service in a
+/// comment (`"NAMESPACE/NAME:PORT…"`).
+pub fn kube_services(place: &Place, family: Family) -> Result<String> {
+    match ProxyMode::current() {
+        ProxyMode::Nftables => place.run(&["nft", "list", "table", family.nft(), "kube-proxy"]),
+        ProxyMode::Iptables => place.run(&[family.iptables(), "-t", "nat", "-S", "KUBE-SERVICES"]),
+    }
+}
+
+/// Whether kube-proxy in `place` forwards the Service address `ip` (of `family`) to
+/// endpoints. A Service without endpoints is rejected instead (nftables: its address is in
+/// the `no-endpoint-services` map, not in `service-ips`; iptables: a REJECT in the filter
+/// table, nothing in the nat table's `KUBE-SERVICES`).
+pub fn forwards(place: &Place, family: Family, ip: &str) -> bool {
+    match ProxyMode::current() {
+        ProxyMode::Nftables => place
+            .run(&[
+                "nft",
+                "list",
+                "map",
+                family.nft(),
+                "kube-proxy",
+                "service-ips",
+            ])
+            .is_ok_and(|map| map.contains(&format!("{ip} . "))),
+        ProxyMode::Iptables => kube_services(place, family).is_ok_and(|rules| {
+            let dest = format!("-d {ip}/{} ", family.bits());
+            rules
+                .lines()
+                .any(|l| l.contains(&dest) && l.contains("-j KUBE-SVC-"))
+        }),
+    }
+}
+
+/// An IP family, as the tools that list kube-proxy's rules name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// IPv6.
+    V6,
+    /// IPv4.
+    V4,
+}
+
+impl Family {
+    fn nft(self) -> &'static str {
+        match self {
+            Family::V6 => "ip6",
+            Family::V4 => "ip",
+        }
+    }
+
+    fn iptables(self) -> &'static str {
+        match self {
+            Family::V6 => "ip6tables",
+            Family::V4 => "iptables",
+        }
+    }
+
+    fn bits(self) -> u8 {
+        match self {
+            Family::V6 => 128,
+            Family::V4 => 32,
+        }
+    }
 }
 
 fn wait_service_rules(node: &Node, here: &Place) -> Result<()> {
@@ -435,9 +547,9 @@ fn wait_service_rules(node: &Node, here: &Place) -> Result<()> {
     let place = here.clone();
     proc::wait_daemon(
         &name,
-        "kube-proxy to program the service rules (KUBE-SERVICES in ip6tables)",
+        "kube-proxy to program the service of the apiserver",
         START_LIMIT,
-        || kube_services(&place, "ip6tables").is_ok_and(|s| s.contains("KUBE-SVC")),
+        || forwards(&place, Family::V6, super::KUBERNETES_SERVICE_IP),
     )?;
     Ok(())
 }

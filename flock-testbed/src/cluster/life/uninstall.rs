@@ -45,11 +45,8 @@ fn flock_rules(n: &Node) -> Result<Vec<String>> {
 /// are left out: the e2e suites' namespaces may still be terminating, and their Services'
 /// rules go with them while this test runs.
 fn kube_proxy_rules(n: &Node) -> Vec<String> {
-    let ours = [
-        "--comment \"default/".to_owned(),
-        format!("--comment \"{DEMO_NS}/"),
-    ];
-    node::kube_services(&Place::Net(n.ns()), "ip6tables")
+    let ours = ["\"default/".to_owned(), format!("\"{DEMO_NS}/")];
+    node::kube_services(&Place::Net(n.ns()), node::Family::V6)
         .map(|s| {
             let mut rules: Vec<String> = s
                 .lines()

@@ -40,20 +40,20 @@ fn here() -> Place {
 /// before answers.
 pub fn start(kube: &KubeBuild) -> Result<()> {
     std::fs::create_dir_all(dir()).with_context(|| format!("create {}", dir().display()))?;
-    start_etcd()?;
+    start_etcd(kube)?;
     start_apiserver(kube, ServiceFamily::Ipv6)?;
     start_controller_manager(kube)?;
     start_scheduler(kube)?;
     Ok(())
 }
 
-fn start_etcd() -> Result<()> {
+fn start_etcd(kube: &KubeBuild) -> Result<()> {
     let data = dir().join("etcd");
     let data = data.to_string_lossy();
     proc::spawn(
         "etcd",
         &here(),
-        "etcd",
+        kube.etcd(),
         &[
             "--name=control",
             &format!("--data-dir={data}"),
@@ -160,7 +160,6 @@ fn start_apiserver(kube: &KubeBuild, family: ServiceFamily) -> Result<()> {
             "--enable-admission-plugins=NodeRestriction".to_owned(),
             // The flock agent is privileged.
             "--allow-privileged=true".to_owned(),
-            "--feature-gates=IPv6DualStack=true".to_owned(),
             format!("--audit-policy-file={}", policy.display()),
             format!("--audit-log-path={}", audit_log().display()),
             "--audit-log-format=json".to_owned(),
@@ -198,7 +197,6 @@ fn start_controller_manager(kube: &KubeBuild) -> Result<()> {
                 "--service-cluster-ip-range={}",
                 ServiceFamily::Ipv6.ranges()
             ),
-            "--feature-gates=IPv6DualStack=true".to_owned(),
             "--profiling=false".to_owned(),
         ],
         &[],

@@ -22,7 +22,7 @@ use anyhow::{Context, Result, bail};
 use flock_e2e::{PauseImage, TarBuilder, oci_archive};
 
 use super::RUN_DIR;
-use super::kube::CACHE_DIR;
+use super::kube::{CACHE_DIR, KubeBuild};
 use crate::sys;
 
 /// The sandbox image every node's containerd runs pods in.
@@ -309,9 +309,9 @@ fn save(image: &str, archive: &Path) -> Result<()> {
 }
 
 /// Imports an archive into the `k8s.io` namespace of the containerd at `socket`.
-pub fn import(socket: &Path, archive: &Path) -> Result<()> {
+pub fn import(kube: &KubeBuild, socket: &Path, archive: &Path) -> Result<()> {
     sys::output(
-        Command::new("ctr")
+        Command::new(kube.ctr())
             .arg("--address")
             .arg(socket)
             .args(["--namespace", "k8s.io", "images", "import"])

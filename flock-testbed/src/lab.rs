@@ -152,7 +152,7 @@ pub fn lab(args: &[String]) -> Result<()> {
         None | Some("up") => {
             sys::require_root("cargo xtask lab")?;
             sys::ensure_packages(PACKAGES)?;
-            let bins = crate::bench::build(crate::bench::FLOCK, true)?;
+            let bins = crate::binaries::build(crate::binaries::FLOCK, true)?;
             let started = Instant::now();
             let report = match up(&bins) {
                 Ok(report) => report,
@@ -172,7 +172,7 @@ pub fn lab(args: &[String]) -> Result<()> {
             // What `cargo xtask test` runs: the debug binaries, up, checks, down.
             sys::require_root("cargo xtask lab check")?;
             sys::ensure_packages(PACKAGES)?;
-            ci(&crate::bench::build(crate::bench::FLOCK, false)?)
+            ci(&crate::binaries::build(crate::binaries::FLOCK, false)?)
         }
         Some("down") => {
             sys::require_root("cargo xtask lab down")?;

@@ -768,7 +768,10 @@ spec:
     let plugin: Value = serde_json::from_str(&text).context("parse the recorded network config")?;
     let conf = &plugin;
     let from_runtime = &plugin["runtimeConfig"]["io.kubernetes.cri.pod-annotations"];
-    let containerd = sys::output(Command::new("containerd").arg("--version"))
+    let containerd = super::kube::ensure_built()
+        .and_then(|kube| {
+            sys::output(Command::new(kube.containerd_bin().join("containerd")).arg("--version"))
+        })
         .unwrap_or_default()
         .split_whitespace()
         .nth(2)

@@ -228,7 +228,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let archives = super::step("e2e images", || images::build_e2e(&kube.tool("agnhost")))?;
     for n in &NODES {
         for archive in &archives {
-            images::import(&node::containerd_socket(n), archive)
+            images::import(&kube, &node::containerd_socket(n), archive)
                 .with_context(|| format!("import {} on {}", archive.display(), n.name))?;
         }
     }
@@ -293,7 +293,7 @@ pub fn run(args: &[String]) -> Result<()> {
     out.push_str(&format!(
         "KUBERNETES E2E ({} e2e.test, --provider=local, from {CONTROL}, {parallel} processes; \
          {} pods; {} Services; focus {focus:?}; skipped tags {skip_tags:?})\n",
-        kube::VERSION,
+        kube.kubernetes,
         pods.describe(),
         match services {
             ServiceFamily::Ipv6 => "IPv6",
@@ -486,21 +486,16 @@ spec:
             "jsonpath={.spec.clusterIP}",
         ])?;
         let ip = ip.trim().to_owned();
-        let (tables, prefix) = match family {
-            ServiceFamily::Ipv6 => ("ip6tables", 128),
-            ServiceFamily::Ipv4 => ("iptables", 32),
+        let tables = match family {
+            ServiceFamily::Ipv6 => node::Family::V6,
+            ServiceFamily::Ipv4 => node::Family::V4,
         };
         if ip.contains(':') != (family == ServiceFamily::Ipv6) {
             bail!("Service {DEMO_NS}/{PROBE} got clusterIP {ip:?}, not one of {family:?}");
         }
-        let rule = format!("-d {ip}/{prefix} ");
         for n in &NODES {
             sys::wait_for(Duration::from_secs(120), || {
-                node::kube_services(&proc::Place::Net(n.ns()), tables).is_ok_and(|rules| {
-                    rules
-                        .lines()
-                        .any(|l| l.contains(&rule) && l.contains("-j KUBE-SVC-"))
-                })
+                node::forwards(&proc::Place::Net(n.ns()), tables, &ip)
             })
             .with_context(|| {
                 format!(

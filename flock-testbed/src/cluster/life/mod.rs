@@ -920,9 +920,10 @@ fn startup(out: &mut String) -> Result<Vec<String>> {
 
     // The reference plugins, put first on the other node for the run.
     let host = node::dir(ptp_node).join("host");
+    let kube = kube::ensure_built()?;
     for plugin in ["ptp", "host-local"] {
         let to = host.join("opt-cni-bin").join(plugin);
-        std::fs::copy(Path::new("/usr/lib/cni").join(plugin), &to)
+        std::fs::copy(kube.cni_plugin(plugin), &to)
             .with_context(|| format!("copy {plugin} to {}", to.display()))?;
     }
     let conflist = host.join("etc-cni-net.d").join(PTP_CONFLIST);

@@ -29,6 +29,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::sys;
+use crate::versions::Kubernetes;
+
+pub use node::ProxyMode;
 
 mod control;
 mod deploy;
@@ -55,10 +58,7 @@ const PACKAGES: &[&str] = &[
     "curl",
     "openssl",
     "bird2",
-    "etcd-server",
-    "containerd",
-    "runc",
-    "containernetworking-plugins",
+    "nftables",
     "iptables",
     "conntrack",
     "busybox-static",
@@ -88,6 +88,9 @@ const LB_CIDR4: &str = "10.204.0.0/24";
 const EXTERNAL_CIDR6: &str = "2001:db8:c8:e::/112";
 /// The first service address: `kubernetes.default`.
 const KUBERNETES_SERVICE_IP: &str = "2001:db8:c5::1";
+/// The cluster's DNS domain and the address of its DNS Service (CoreDNS, `kube-system/kube-dns`).
+const CLUSTER_DOMAIN: &str = "cluster.local";
+const CLUSTER_DNS: &str = "2001:db8:c5::a";
 /// The anycast addresses the demo DaemonSet's pods share.
 const ANYCAST6: &str = "2001:db8:c3::53";
 const ANYCAST4: &str = "10.203.0.53";
@@ -176,8 +179,7 @@ fn every_node() -> impl Iterator<Item = &'static Node> {
 
 /// `kubectl` as admin, from the control plane's namespace.
 fn kubectl_command() -> Command {
-    let mut cmd =
-        proc::Place::Net(CONTROL.to_owned()).command(kube::version_dir().join("bin/kubectl"));
+    let mut cmd = proc::Place::Net(CONTROL.to_owned()).command(kube::kubectl());
     cmd.arg(format!("--kubeconfig={}", pki::kubeconfig("admin")));
     cmd
 }
@@ -257,14 +259,15 @@ pub fn cluster(args: &[String]) -> Result<()> {
         None | Some("up") => {
             sys::require_root("cargo xtask cluster up")?;
             let started = Instant::now();
-            let bins = match args.iter().position(|a| a == "--bins") {
-                Some(i) => PathBuf::from(args.get(i + 1).context("--bins needs a directory")?),
+            let options = UpOptions::parse(args.get(1..).unwrap_or_default())?;
+            let bins = match &options.bins {
+                Some(dir) => dir.clone(),
                 None => {
                     sys::ensure_packages(PACKAGES)?;
-                    crate::bench::build(crate::bench::FLOCK, true)?
+                    crate::binaries::build(crate::binaries::FLOCK, true)?
                 }
             };
-            let report = match up(&bins, started) {
+            let report = match up(&bins, &options, started) {
                 Ok(report) => report,
                 Err(e) => bail!(
                     "{e:#}\n(the cluster is left up for inspection: logs under {RUN_DIR}/logs; \
@@ -286,10 +289,11 @@ pub fn cluster(args: &[String]) -> Result<()> {
         }
         Some("build") => {
             sys::require_root("cargo xtask cluster build")?;
-            let build = kube::ensure_built()?;
-            println!("Kubernetes {} in {}", kube::VERSION, build.bin.display());
+            let options = UpOptions::parse(args.get(1..).unwrap_or_default())?;
+            kube::ensure_release(options.kubernetes)?;
             Ok(())
         }
+        Some("gomod") => crate::gomod::write_all(),
         Some("e2e") => e2e::run(&args[1..]),
         Some("life") => life::run(&args[1..]),
         Some("kubectl") => {
@@ -315,7 +319,50 @@ pub fn cluster(args: &[String]) -> Result<()> {
 pub fn check() -> Result<()> {
     sys::require_root("cargo xtask cluster check")?;
     sys::ensure_packages(PACKAGES)?;
-    ci(&crate::bench::build(crate::bench::FLOCK, false)?)
+    ci(&crate::binaries::build(crate::binaries::FLOCK, false)?)
+}
+
+/// What `up` (and `build`) is told: `--kubernetes 1.N`, `--proxy-mode nftables|iptables`,
+/// `--bins DIR`.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    /// The release to run (the newest unless named).
+    pub kubernetes: Kubernetes,
+    /// kube-proxy's mode (nftables unless named).
+    pub proxy_mode: ProxyMode,
+    /// flock's binaries, instead of `cargo build --release`.
+    pub bins: Option<PathBuf>,
+}
+
+impl Default for UpOptions {
+    fn default() -> Self {
+        UpOptions {
+            kubernetes: Kubernetes::newest(),
+            proxy_mode: ProxyMode::Nftables,
+            bins: None,
+        }
+    }
+}
+
+impl UpOptions {
+    /// Parses `up`'s options; an unknown one, or one without its value, is an error naming it.
+    pub fn parse(args: &[String]) -> Result<UpOptions> {
+        let mut options = UpOptions::default();
+        let mut args = args.iter();
+        while let Some(flag) = args.next() {
+            let mut value = || {
+                args.next()
+                    .with_context(|| format!("{flag} needs a value\n{USAGE}"))
+            };
+            match flag.as_str() {
+                "--kubernetes" => options.kubernetes = Kubernetes::parse(value()?)?,
+                "--proxy-mode" => options.proxy_mode = ProxyMode::parse(value()?)?,
+                "--bins" => options.bins = Some(PathBuf::from(value()?)),
+                other => bail!("unknown option {other:?}\n{USAGE}"),
+            }
+        }
+        Ok(options)
+    }
 }
 
 /// The cluster as a check: up with the binaries in `bins`, the report and the life tests
@@ -323,7 +370,7 @@ pub fn check() -> Result<()> {
 pub fn ci(bins: &Path) -> Result<()> {
     let started = Instant::now();
     let result = (|| -> Result<()> {
-        let mut text = up(bins, started)?;
+        let mut text = up(bins, &UpOptions::default(), started)?;
         let failures = life::tests(life::ALL, &mut text);
         print!("{text}");
         if !failures.is_empty() {
@@ -384,16 +431,20 @@ fn step<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 /// up), checks it and returns the printed report. Fails (with the report in the error) when
 /// a check fails; the cluster stays up until [`down`] (`cluster up` leaves it for
 /// inspection, `cluster check` removes it).
-pub fn up(bins: &Path, started: Instant) -> Result<String> {
+pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> {
     for bin in ["flock-agent", "flock"] {
         if !bins.join(bin).exists() {
             bail!("{} is not built", bins.join(bin).display());
         }
     }
     sys::ensure_packages(PACKAGES)?;
-    let kube = step("Kubernetes binaries", kube::ensure_built)?;
+    let kube = step("Kubernetes and its peers", || {
+        kube::ensure_release(options.kubernetes)
+    })?;
     step("remove the previous cluster", down)?;
     std::fs::create_dir_all(RUN_DIR).with_context(|| format!("create {RUN_DIR}"))?;
+    kube::record(options.kubernetes)?;
+    options.proxy_mode.record()?;
     let repo = repo_root();
     let mut timings = vec![("build and clean up", started.elapsed())];
     let t = Instant::now();

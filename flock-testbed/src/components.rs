@@ -1,0 +1,538 @@
+//! The cluster's components, each built from its Go module and cached per version.
+//!
+//! No registry ships Kubernetes, containerd or etcd binaries to this machine, but the Go module
+//! proxy serves their source. Each component has a wrapper module of its own under
+//! `flock-testbed/go/` (its `go.mod` and `go.sum` committed) that requires the component at the
+//! version of [`crate::versions`] and lists its commands as `tool`s; one module per component,
+//! so that Go's version selection never raises a dependency (grpc, otel, cri-api) above what
+//! that component was released with. [`Component::ensure_built`] runs `go build` (or `go test
+//! -c` for `e2e.test`) in that module under `nice -n 19` and copies nothing: the binaries go
+//! straight to `/var/cache/flock/NAME-VERSION/bin`, and a stamp written last names the recipe
+//! (a digest of the module files and the build commands), so an interrupted or changed build is
+//! redone and a finished one is found at once. The module and build caches live under
+//! [`CACHE_DIR`] too, so a machine pays for a cold build once.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+
+use crate::sys;
+use crate::versions::{self, Kubernetes};
+
+/// Everything the test bed caches across runs (kept between CI jobs on one machine).
+pub const CACHE_DIR: &str = "/var/cache/flock";
+/// Debian packages a build needs: runc links libseccomp through cgo.
+const BUILD_PACKAGES: &[&str] = &["gcc", "libc6-dev", "libseccomp-dev", "pkg-config"];
+/// Where the machine image puts Go when it is not on `PATH`.
+const GO_FALLBACK: &str = "/usr/local/go/bin/go";
+
+/// How one binary of a component is built.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// The file name under `bin/`.
+    pub name: &'static str,
+    /// The Go package (a `main` package, or the test package of [`Output::test_binary`]).
+    pub package: String,
+    /// `go test -c` (a test binary such as `e2e.test`) instead of `go build`.
+    pub test_binary: bool,
+    /// Link C code (runc's `nsenter` and seccomp); everything else is static Go.
+    pub cgo: bool,
+    /// `-tags`.
+    pub tags: &'static [&'static str],
+    /// `-ldflags` (version stamps, `-s -w`).
+    pub ldflags: String,
+}
+
+/// One component at one version: its wrapper module and the binaries built from it.
+#[derive(Debug, Clone)]
+pub struct Component {
+    /// `kubernetes`, `containerd`, …: the cache folder's stem.
+    pub name: &'static str,
+    /// The version built, as upstream spells it without `v`.
+    pub version: String,
+    /// The wrapper module's folder under `flock-testbed/go/`.
+    pub module: String,
+    /// The upstream Go module it requires.
+    pub upstream: &'static str,
+    /// What is built.
+    pub outputs: Vec<Output>,
+}
+
+/// A finished build: where its binaries are.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// The folder holding every [`Output`].
+    pub bin: PathBuf,
+    /// How long the build took when it was made (from the stamp), if it recorded it.
+    pub took: Option<Duration>,
+    /// Built by this call (not found in the cache).
+    pub fresh: bool,
+}
+
+impl Built {
+    /// The path of one binary.
+    pub fn tool(&self, name: &str) -> PathBuf {
+        self.bin.join(name)
+    }
+}
+
+/// Static Go, stripped: as upstream's release builds.
+const STRIP: &str = "-s -w";
+
+/// Kubernetes `k`: the control plane, the kubelet, kube-proxy, kubectl, our own `e2e.test`
+/// (the networking suites only, see `go/kubernetes-1.N/e2e`), agnhost and ginkgo.
+pub fn kubernetes(k: Kubernetes) -> Component {
+    let version = k.to_string();
+    // What `hack/lib/version.sh` stamps, or the binaries say v0.0.0-master.
+    let mut ldflags = STRIP.to_owned();
+    for pkg in [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ] {
+        let _ = write!(
+            ldflags,
+            " -X {pkg}.gitVersion=v{version} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={} \
+             -X {pkg}.gitTreeState=clean",
+            k.minor
+        );
+    }
+    let go = |name: &'static str, package: &str| Output {
+        name,
+        package: package.to_owned(),
+        test_binary: false,
+        cgo: false,
+        tags: &[],
+        ldflags: ldflags.clone(),
+    };
+    let mut outputs: Vec<Output> = [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubelet",
+        "kube-proxy",
+        "kubectl",
+    ]
+    .into_iter()
+    .map(|c| go(c, &format!("k8s.io/kubernetes/cmd/{c}")))
+    .collect();
+    outputs.push(go("agnhost", "k8s.io/kubernetes/test/images/agnhost"));
+    outputs.push(go("ginkgo", "github.com/onsi/ginkgo/v2/ginkgo"));
+    outputs.push(Output {
+        test_binary: true,
+        ..go("e2e.test", "./e2e")
+    });
+    Component {
+        name: "kubernetes",
+        version,
+        module: k.module_dir(),
+        upstream: "k8s.io/kubernetes",
+        outputs,
+    }
+}
+
+/// containerd 2, its runc shim and `ctr`, as containerd's Makefile builds them.
+pub fn containerd() -> Component {
+    let version = versions::CONTAINERD;
+    let ldflags = format!(
+        "{STRIP} -X github.com/containerd/containerd/v2/version.Version=v{version} \
+         -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
+    );
+    let cmd = |name: &'static str, tags: &'static [&'static str]| Output {
+        name,
+        package: format!("github.com/containerd/containerd/v2/cmd/{name}"),
+        test_binary: false,
+        cgo: false,
+        tags,
+        ldflags: ldflags.clone(),
+    };
+    Component {
+        name: "containerd",
+        version: version.to_owned(),
+        module: "containerd".to_owned(),
+        upstream: "github.com/containerd/containerd/v2",
+        outputs: vec![
+            cmd("containerd", &["urfave_cli_no_docs", "no_btrfs"]),
+            cmd(
+                "containerd-shim-runc-v2",
+                &["urfave_cli_no_docs", "no_grpc"],
+            ),
+            cmd("ctr", &["urfave_cli_no_docs", "no_btrfs"]),
+        ],
+    }
+}
+
+/// runc with seccomp (cgo: its `nsenter` is C).
+pub fn runc() -> Component {
+    let version = versions::RUNC;
+    Component {
+        name: "runc",
+        version: version.to_owned(),
+        module: "runc".to_owned(),
+        upstream: "github.com/opencontainers/runc",
+        outputs: vec![Output {
+            name: "runc",
+            package: "github.com/opencontainers/runc".to_owned(),
+            test_binary: false,
+            cgo: true,
+            tags: &["seccomp", "urfave_cli_no_docs"],
+            ldflags: format!("{STRIP} -X main.version={version}"),
+        }],
+    }
+}
+
+/// The etcd server.
+pub fn etcd() -> Component {
+    let version = versions::ETCD;
+    Component {
+        name: "etcd",
+        version: version.to_owned(),
+        module: "etcd".to_owned(),
+        upstream: "go.etcd.io/etcd/server/v3",
+        outputs: vec![Output {
+            name: "etcd",
+            package: "go.etcd.io/etcd/server/v3".to_owned(),
+            test_binary: false,
+            cgo: false,
+            tags: &[],
+            ldflags: STRIP.to_owned(),
+        }],
+    }
+}
+
+/// CoreDNS, with its default plugins.
+pub fn coredns() -> Component {
+    let version = versions::COREDNS;
+    Component {
+        name: "coredns",
+        version: version.to_owned(),
+        module: "coredns".to_owned(),
+        upstream: "github.com/coredns/coredns",
+        outputs: vec![Output {
+            name: "coredns",
+            package: "github.com/coredns/coredns".to_owned(),
+            test_binary: false,
+            cgo: false,
+            tags: &[],
+            ldflags: STRIP.to_owned(),
+        }],
+    }
+}
+
+/// The reference CNI plugins the test bed uses.
+pub fn cni_plugins() -> Component {
+    let version = versions::CNI_PLUGINS;
+    let plugin = |name: &'static str, dir: &str| Output {
+        name,
+        package: format!("github.com/containernetworking/plugins/plugins/{dir}/{name}"),
+        test_binary: false,
+        cgo: false,
+        tags: &[],
+        ldflags: format!(
+            "{STRIP} -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=v{version}"
+        ),
+    };
+    Component {
+        name: "cni-plugins",
+        version: version.to_owned(),
+        module: "cni-plugins".to_owned(),
+        upstream: "github.com/containernetworking/plugins",
+        outputs: vec![
+            plugin("loopback", "main"),
+            plugin("ptp", "main"),
+            plugin("host-local", "ipam"),
+            plugin("portmap", "meta"),
+            plugin("bandwidth", "meta"),
+        ],
+    }
+}
+
+/// Every component a cluster of Kubernetes `k` runs, in build order (the small ones first).
+pub fn cluster(k: Kubernetes) -> Vec<Component> {
+    vec![
+        cni_plugins(),
+        runc(),
+        etcd(),
+        containerd(),
+        coredns(),
+        kubernetes(k),
+    ]
+}
+
+/// The wrapper modules' folder: `flock-testbed/go`.
+pub fn modules_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("go")
+}
+
+/// The Go toolchain: `go` on `PATH`, else where the machine image installs it.
+pub fn go() -> Result<PathBuf> {
+    let on_path = Command::new("go")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if on_path {
+        return Ok(PathBuf::from("go"));
+    }
+    if Path::new(GO_FALLBACK).exists() {
+        return Ok(PathBuf::from(GO_FALLBACK));
+    }
+    bail!(
+        "no Go toolchain: `go` is not on PATH and {GO_FALLBACK} does not exist (the test bed \
+         builds Kubernetes and its peers from Go modules; install Go 1.26 or newer)"
+    )
+}
+
+/// `go ARGS…` with the test bed's caches, the machine's toolchain only (no toolchain
+/// download) and the module files as committed (`-mod=readonly`).
+pub fn go_command(dir: &Path) -> Result<Command> {
+    let mut cmd = Command::new("nice");
+    cmd.args(["-n", "19"])
+        .arg(go()?)
+        .current_dir(dir)
+        .env("GOCACHE", Path::new(CACHE_DIR).join("go-build"))
+        .env("GOMODCACHE", Path::new(CACHE_DIR).join("go-mod"))
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=readonly -buildvcs=false");
+    Ok(cmd)
+}
+
+impl Component {
+    /// `/var/cache/flock/NAME-VERSION`.
+    pub fn dir(&self) -> PathBuf {
+        Path::new(CACHE_DIR).join(format!("{}-{}", self.name, self.version))
+    }
+
+    /// The wrapper module's folder.
+    pub fn module_dir(&self) -> PathBuf {
+        modules_dir().join(&self.module)
+    }
+
+    fn stamp(&self) -> PathBuf {
+        self.dir().join("BUILT")
+    }
+
+    /// What a build depends on: the module files and every build command. A stamp that names
+    /// another recipe is a build to redo.
+    fn recipe(&self) -> Result<String> {
+        let mut hash = Sha256::new();
+        for file in ["go.mod", "go.sum"] {
+            let path = self.module_dir().join(file);
+            let text = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
+            hash.update(&text);
+        }
+        hash.update(format!("{:?}", self.outputs).as_bytes());
+        let digest = hash.finalize();
+        Ok(digest.iter().fold(String::new(), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        }))
+    }
+
+    /// The cached build, if complete and of the current recipe.
+    pub fn cached(&self) -> Result<Option<Built>> {
+        let recipe = self.recipe()?;
+        let bin = self.dir().join("bin");
+        let Ok(stamp) = std::fs::read_to_string(self.stamp()) else {
+            return Ok(None);
+        };
+        let mut lines = stamp.lines();
+        if lines.next() != Some(recipe.as_str())
+            || !self.outputs.iter().all(|o| bin.join(o.name).exists())
+        {
+            return Ok(None);
+        }
+        let took = lines
+            .find_map(|l| {
+                l.strip_prefix("built in ")?
+                    .strip_suffix(" s")?
+                    .parse()
+                    .ok()
+            })
+            .map(Duration::from_secs_f64);
+        Ok(Some(Built {
+            bin,
+            took,
+            fresh: false,
+        }))
+    }
+
+    /// Returns the cached build, building it first when the cache has none (printing each
+    /// binary's time).
+    pub fn ensure_built(&self) -> Result<Built> {
+        if let Some(built) = self.cached()? {
+            return Ok(built);
+        }
+        if self.outputs.iter().any(|o| o.cgo) {
+            sys::ensure_packages(BUILD_PACKAGES)?;
+        }
+        let bin = self.dir().join("bin");
+        std::fs::create_dir_all(&bin).with_context(|| format!("create {}", bin.display()))?;
+        eprintln!(
+            "testbed: building {} {} from its Go module ({}) into {}",
+            self.name,
+            self.version,
+            self.module_dir().display(),
+            bin.display()
+        );
+        let started = Instant::now();
+        let mut times = String::new();
+        for output in &self.outputs {
+            let t = Instant::now();
+            self.build_one(output, &bin).with_context(|| {
+                format!("build {} of {} {}", output.name, self.name, self.version)
+            })?;
+            let took = t.elapsed().as_secs_f64();
+            eprintln!("testbed:   {} in {took:.0} s", output.name);
+            let _ = writeln!(times, "{} {took:.1} s", output.name);
+        }
+        let took = started.elapsed();
+        std::fs::write(
+            self.stamp(),
+            format!(
+                "{}\nbuilt in {:.1} s\n{times}",
+                self.recipe()?,
+                took.as_secs_f64()
+            ),
+        )
+        .with_context(|| format!("write {}", self.stamp().display()))?;
+        eprintln!(
+            "testbed: {} {} built in {}:{:02} min",
+            self.name,
+            self.version,
+            took.as_secs() / 60,
+            took.as_secs() % 60
+        );
+        Ok(Built {
+            bin,
+            took: Some(took),
+            fresh: true,
+        })
+    }
+
+    fn build_one(&self, output: &Output, bin: &Path) -> Result<()> {
+        let mut cmd = go_command(&self.module_dir())?;
+        cmd.arg(if output.test_binary { "test" } else { "build" });
+        if output.test_binary {
+            cmd.arg("-c");
+        }
+        cmd.arg("-trimpath")
+            .arg("-o")
+            .arg(bin.join(output.name))
+            .arg(format!("-ldflags={}", output.ldflags));
+        if !output.tags.is_empty() {
+            cmd.arg(format!("-tags={}", output.tags.join(",")));
+        }
+        cmd.arg(&output.package)
+            .env("CGO_ENABLED", if output.cgo { "1" } else { "0" });
+        // Quiet unless it fails: the output of a failed build is in the error.
+        sys::output(&mut cmd).map(drop)
+    }
+}
+
+/// Builds (or finds) every component of `list`, then prints a table of each: version, where,
+/// and the time its build took.
+pub fn ensure_all(list: &[Component]) -> Result<Vec<Built>> {
+    let built = list
+        .iter()
+        .map(Component::ensure_built)
+        .collect::<Result<Vec<_>>>()?;
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .zip(&built)
+        .map(|(c, b)| {
+            vec![
+                c.name.to_owned(),
+                c.version.clone(),
+                match (b.took, b.fresh) {
+                    (Some(t), true) => format!("{:.0} s (now)", t.as_secs_f64()),
+                    (Some(t), false) => format!("{:.0} s (cached)", t.as_secs_f64()),
+                    (None, _) => "cached".to_owned(),
+                },
+                b.bin.display().to_string(),
+            ]
+        })
+        .collect();
+    let mut out = String::new();
+    sys::table(
+        &mut out,
+        &["component", "version", "build", "binaries"],
+        &rows,
+    );
+    eprint!("{out}");
+    Ok(built)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `require` line of a wrapper module for `module`, if any.
+    fn required(go_mod: &str, module: &str) -> Option<String> {
+        go_mod.lines().find_map(|l| {
+            let mut words = l.split_whitespace();
+            let first = words.next()?;
+            let (name, version) = if first == "require" {
+                (words.next()?, words.next()?)
+            } else {
+                (first, words.next()?)
+            };
+            (name == module).then(|| version.to_owned())
+        })
+    }
+
+    #[test]
+    fn every_wrapper_module_requires_the_version_named_in_versions() {
+        let mut all: Vec<Component> = versions::KUBERNETES
+            .iter()
+            .map(|k| kubernetes(*k))
+            .collect();
+        all.extend(
+            cluster(Kubernetes::newest())
+                .into_iter()
+                .filter(|c| c.name != "kubernetes"),
+        );
+        for c in all {
+            let path = c.module_dir().join("go.mod");
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(
+                required(&text, c.upstream).as_deref(),
+                Some(format!("v{}", c.version).as_str()),
+                "{} must require {} v{}",
+                path.display(),
+                c.upstream,
+                c.version
+            );
+            assert!(
+                c.module_dir().join("go.sum").exists(),
+                "{} has no go.sum",
+                c.module
+            );
+        }
+    }
+
+    #[test]
+    fn kubernetes_binaries_carry_their_version() {
+        let k = kubernetes(Kubernetes::newest());
+        let apiserver = k
+            .outputs
+            .iter()
+            .find(|o| o.name == "kube-apiserver")
+            .unwrap();
+        assert!(
+            apiserver
+                .ldflags
+                .contains(&format!("gitVersion=v{}", Kubernetes::newest()))
+        );
+        assert!(
+            k.outputs
+                .iter()
+                .any(|o| o.name == "e2e.test" && o.test_binary)
+        );
+    }
+}

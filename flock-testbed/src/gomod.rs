@@ -1,0 +1,192 @@
+//! `cargo xtask cluster gomod`: writes each component's wrapper module from
+//! [`crate::versions`], then lets `go mod tidy` pin every dependency in its `go.sum`.
+//!
+//! A wrapper module requires its component at the named version and lists what the test bed
+//! builds from it as `tool`s, so `go mod tidy` keeps exactly their dependencies. Kubernetes
+//! needs more: its `go.mod` requires its staging modules (`k8s.io/api` …) at `v0.0.0` and
+//! replaces them with folders of its own repository, which a dependent module does not see.
+//! The wrapper replaces each with the release's `v0.N.P` instead; the list is read from the
+//! release's own `go.mod` (served by the module proxy), since it grows between releases (1.36
+//! added `k8s.io/streaming` and `k8s.io/cri-streaming`). Its `godebug` line is copied too, so
+//! the binaries run with the runtime settings upstream's do.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context, Result, bail};
+
+use crate::components::{self, Component};
+use crate::sys;
+use crate::versions::{KUBERNETES, Kubernetes};
+
+/// Rewrites the wrapper module of every component (every supported Kubernetes release, and
+/// the others once) and tidies it.
+pub fn write_all() -> Result<()> {
+    for k in KUBERNETES {
+        write_kubernetes(k)?;
+    }
+    for c in components::cluster(Kubernetes::newest()) {
+        if c.name != "kubernetes" {
+            write(&c, "")?;
+        }
+    }
+    Ok(())
+}
+
+/// The `replace` block and `godebug` line of Kubernetes `k`'s wrapper, from its `go.mod`.
+pub fn kubernetes_extras(k: Kubernetes, upstream_go_mod: &str) -> Result<String> {
+    let staging = staging_modules(upstream_go_mod);
+    if staging.is_empty() {
+        bail!("k8s.io/kubernetes v{k}'s go.mod requires no staging module at v0.0.0");
+    }
+    let mut out = String::new();
+    for line in upstream_go_mod
+        .lines()
+        .filter(|l| l.starts_with("godebug "))
+    {
+        let _ = writeln!(out, "{line}\n");
+    }
+    out.push_str("replace (\n");
+    for m in staging {
+        let _ = writeln!(out, "\t{m} => {m} {}", k.staging());
+    }
+    out.push_str(")\n");
+    Ok(out)
+}
+
+/// The modules a Kubernetes `go.mod` requires at `v0.0.0`: its staging modules.
+pub fn staging_modules(go_mod: &str) -> Vec<String> {
+    go_mod
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let mut name = words.next()?;
+            if name == "require" {
+                name = words.next()?;
+            }
+            (words.next()? == "v0.0.0" && name.starts_with("k8s.io/")).then(|| name.to_owned())
+        })
+        .collect()
+}
+
+fn write_kubernetes(k: Kubernetes) -> Result<()> {
+    let c = components::kubernetes(k);
+    let dir = c.module_dir();
+    let json = sys::output(
+        components::go_command(&components::modules_dir())?
+            .args(["mod", "download", "-json"])
+            .arg(format!("k8s.io/kubernetes@v{k}")),
+    )?;
+    let go_mod_path = json_field(&json, "GoMod")
+        .with_context(|| format!("no GoMod in `go mod download -json`: {json}"))?;
+    let upstream =
+        std::fs::read_to_string(&go_mod_path).with_context(|| format!("read {go_mod_path}"))?;
+    // The e2e package is the same source for every release; the newest's is the original.
+    let e2e = dir.join("e2e");
+    let newest = components::kubernetes(Kubernetes::newest())
+        .module_dir()
+        .join("e2e");
+    if e2e != newest {
+        std::fs::create_dir_all(&e2e).with_context(|| format!("create {}", e2e.display()))?;
+        let from = newest.join("e2e_test.go");
+        std::fs::copy(&from, e2e.join("e2e_test.go"))
+            .with_context(|| format!("copy {}", from.display()))?;
+    }
+    write(&c, &kubernetes_extras(k, &upstream)?)
+}
+
+/// A string field of `go mod download -json`'s output.
+fn json_field(json: &str, key: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(json).ok()?;
+    value[key].as_str().map(str::to_owned)
+}
+
+/// Writes `c`'s wrapper `go.mod` (with `extra` after its `require`) and tidies it.
+fn write(c: &Component, extra: &str) -> Result<()> {
+    let dir = c.module_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let text = go_mod(c, extra);
+    let path = dir.join("go.mod");
+    std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+    // Tidy reads the module files as they are; it must be allowed to write them.
+    let mut tidy = components::go_command(&dir)?;
+    tidy.args(["mod", "tidy"]).env("GOFLAGS", "-mod=mod");
+    sys::output(&mut tidy).with_context(|| format!("go mod tidy in {}", dir.display()))?;
+    eprintln!(
+        "testbed: wrote {} ({} {})",
+        path.display(),
+        c.upstream,
+        c.version
+    );
+    Ok(())
+}
+
+/// The wrapper's `go.mod` before `go mod tidy`.
+pub fn go_mod(c: &Component, extra: &str) -> String {
+    let mut out = format!(
+        "// Written by `cargo xtask cluster gomod` from flock-testbed/src/versions.rs.\n\
+         module github.com/fritzlab/flock/testbed/{}\n\n\
+         go 1.24.0\n\n\
+         require {} v{}\n\n",
+        c.module, c.upstream, c.version
+    );
+    if !extra.is_empty() {
+        out.push_str(extra);
+        out.push('\n');
+    }
+    out.push_str("tool (\n");
+    let mut tools: Vec<&str> = c
+        .outputs
+        .iter()
+        .filter(|o| !o.test_binary)
+        .map(|o| o.package.as_str())
+        .collect();
+    tools.sort_unstable();
+    tools.dedup();
+    for t in tools {
+        let _ = writeln!(out, "\t{t}");
+    }
+    out.push_str(")\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UPSTREAM: &str = "module k8s.io/kubernetes\n\ngo 1.26.0\n\ngodebug default=go1.26\n\n\
+        require (\n\tgithub.com/onsi/ginkgo/v2 v2.32.0\n\tk8s.io/api v0.0.0\n\tk8s.io/streaming v0.0.0\n)\n\n\
+        replace (\n\tk8s.io/api => ./staging/src/k8s.io/api\n)\n";
+
+    #[test]
+    fn staging_modules_are_the_k8s_requirements_at_v0_0_0() {
+        assert_eq!(
+            staging_modules(UPSTREAM),
+            ["k8s.io/api", "k8s.io/streaming"]
+        );
+    }
+
+    #[test]
+    fn kubernetes_wrapper_replaces_staging_with_the_release_and_keeps_godebug() {
+        let k = Kubernetes::newest();
+        let extra = kubernetes_extras(k, UPSTREAM).unwrap();
+        assert!(extra.starts_with("godebug default=go1.26\n"), "{extra}");
+        assert!(extra.contains(&format!("\tk8s.io/api => k8s.io/api {}\n", k.staging())));
+        assert!(extra.contains(&format!(
+            "\tk8s.io/streaming => k8s.io/streaming {}\n",
+            k.staging()
+        )));
+        let err = kubernetes_extras(k, "module x\n").unwrap_err().to_string();
+        assert!(err.contains("no staging module"), "{err}");
+    }
+
+    #[test]
+    fn wrapper_lists_each_command_once_and_not_the_test_binary() {
+        let text = go_mod(&components::kubernetes(Kubernetes::newest()), "");
+        assert!(text.contains("\tk8s.io/kubernetes/cmd/kubelet\n"));
+        assert!(!text.contains("./e2e"));
+        assert!(text.contains(&format!(
+            "require k8s.io/kubernetes v{}\n",
+            Kubernetes::newest()
+        )));
+    }
+}
