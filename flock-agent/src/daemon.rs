@@ -203,6 +203,13 @@ pub async fn serve(
     });
 
     let listener = crate::server::bind(&options.socket)?;
+    // Serving: a predecessor's restart notice has done its work.
+    let notice = flock_cni_proto::rpc::restart_notice(&options.socket);
+    if let Err(e) = std::fs::remove_file(&notice)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        warn!(notice = %notice.display(), error = %e, "cannot remove the restart notice");
+    }
     health.set_serving();
     info!(socket = %options.socket.display(), "serving");
     tokio::spawn(crate::server::serve(
@@ -222,7 +229,14 @@ pub async fn serve(
     }
 
     shutdown_signal().await;
-    info!("terminating");
+    // The notice first, then the socket: a STATUS never finds neither (rpc::restart_notice).
+    let notice = flock_cni_proto::rpc::restart_notice(&options.socket);
+    match std::fs::write(&notice, format!("pid {}\n", std::process::id())) {
+        Ok(()) => info!(notice = %notice.display(), "terminating; restart notice left"),
+        Err(e) => {
+            warn!(notice = %notice.display(), error = %e, "terminating; cannot leave the restart notice")
+        }
+    }
     let _ = std::fs::remove_file(&options.socket);
     Ok(())
 }

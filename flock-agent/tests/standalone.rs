@@ -270,6 +270,28 @@ fn del_queued_while_the_agent_is_down_runs_at_its_start() {
     assert!(left.is_empty(), "queue not drained: {left:?}");
 }
 
+#[test]
+fn status_holds_through_a_restart_and_fails_after_a_crash() {
+    let mut node = FlockNode::start("node", NODE);
+    let rt = node.runtime("flock");
+    let notice = flock_cni_proto::rpc::restart_notice(&node.socket());
+    rt.status().expect("STATUS of a serving agent");
+    // SIGTERM (a rolling update): the agent leaves its notice, and STATUS answers ready.
+    node.stop_agent();
+    assert!(notice.exists(), "no restart notice after SIGTERM");
+    rt.status()
+        .expect("STATUS while the agent is being replaced");
+    // Its successor serves and takes the notice away.
+    node.start_agent();
+    assert!(!notice.exists(), "the successor left the restart notice");
+    rt.status().expect("STATUS of the successor");
+    // kill -9: no notice, STATUS says at once that nothing serves.
+    node.kill_agent();
+    assert!(!notice.exists());
+    let err = status_error(&rt);
+    assert_eq!(err.code, 50, "{err:?}");
+}
+
 const TINY: &str = "apiVersion: flock.fritzlab.net/v1alpha1
 kind: NodeConfig
 metadata:

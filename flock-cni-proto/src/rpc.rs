@@ -18,6 +18,19 @@ use serde_json::{Map, Value};
 use crate::env::CniEnv;
 use crate::error::{CniError, ErrorCode, cause_chain};
 
+/// The restart notice an agent leaves beside its socket `socket` when it stops to be replaced
+/// (SIGTERM: a rolling update, a drain), removed by its successor once that serves.
+///
+/// STATUS (CNI 1.1) is what containerd 2 turns into the node's `NetworkReady`, and a node that
+/// is not ready has its pods marked not ready and taken out of Services. While the notice is
+/// younger than `agentWaitSeconds`, the shim therefore answers STATUS with success although
+/// nothing listens: an ADD sent now waits that long for the successor, so the network can
+/// take pods, only later. A crash leaves no notice, and STATUS says at once that nothing
+/// serves; so does a notice older than `agentWaitSeconds` (an agent that never came back).
+pub fn restart_notice(socket: &Path) -> PathBuf {
+    socket.with_extension("restarting")
+}
+
 /// The protocol version this crate speaks (`v`).
 pub const PROTOCOL_VERSION: u32 = 1;
 /// The longest line (without its newline) either side accepts.

@@ -5,7 +5,8 @@
 //! the CNI error; ADD and CHECK wait up to `agentWaitSeconds` (30) for an agent
 //! that does not listen, retrying only what certainly did not reach it; an
 //! unreachable agent is then error 11 for ADD, CHECK and GC and error 50 for
-//! STATUS; a DEL the agent may not have completed (not
+//! STATUS, unless the agent left its restart notice less than `agentWaitSeconds` ago
+//! (`rpc::restart_notice`: STATUS succeeds, as ADDs wait for its successor); a DEL the agent may not have completed (not
 //! delivered, or the connection broke or timed out before the answer) is
 //! written durably to the DEL queue and reported as success: DEL is
 //! idempotent, and the agent runs the queue. Nothing but the CNI result or
@@ -179,13 +180,33 @@ impl Plugin for Shim {
     }
 
     fn status(&self, call: &Call<'_>) -> Result<(), CniError> {
-        // Any failure to get an answer means the plugin cannot serve ADDs.
-        self.forward_unit(Op::Status, call, ErrorCode::PluginNotAvailable, true)
+        let conf = FlockNetConf::from_netconf(call.conf)?;
+        match self.forward(Op::Status, call, &conf) {
+            Ok(outcome) => outcome.map(|_| ()),
+            // Nothing listens, but the agent said it is being replaced: ADDs wait for its
+            // successor (rpc::restart_notice says why this is ready, not degraded).
+            Err(e) if e.is_undelivered() && restarting(&conf) => {
+                self.log(call, format_args!("{}; the agent is restarting", e.chain()));
+                Ok(())
+            }
+            // Any other failure to get an answer means the plugin cannot serve ADDs.
+            Err(e) => {
+                self.log(call, format_args!("{}", e.chain()));
+                Err(e.to_cni(ErrorCode::PluginNotAvailable))
+            }
+        }
     }
 
     fn gc(&self, call: &Call<'_>) -> Result<(), CniError> {
         self.forward_unit(Op::Gc, call, ErrorCode::TryAgainLater, false)
     }
+}
+
+/// Whether the agent left its restart notice less than `agentWaitSeconds` ago.
+fn restarting(conf: &FlockNetConf) -> bool {
+    std::fs::metadata(flock_cni_proto::rpc::restart_notice(&conf.agent_socket))
+        .and_then(|m| m.modified())
+        .is_ok_and(|at| at.elapsed().is_ok_and(|age| age <= conf.agent_wait))
 }
 
 /// Connects to the agent's socket, waiting at most `timeout`. A Unix socket's connect waits

@@ -243,6 +243,33 @@ fn agent_down_is_11_for_add_check_gc_and_50_for_status() {
 }
 
 #[test]
+fn status_succeeds_while_a_restarting_agent_notice_is_younger_than_agent_wait_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_wait = |seconds: u64| {
+        let mut c: Value = serde_json::from_str(&conf("1.1.0", dir.path())).unwrap();
+        c["agentWaitSeconds"] = json!(seconds);
+        c.to_string()
+    };
+    let notice = flock_cni_proto::rpc::restart_notice(&dir.path().join("agent.sock"));
+    assert_eq!(notice, dir.path().join("agent.restarting"));
+    // No agent, no notice: a crash. STATUS fails at once.
+    assert_eq!(shim("STATUS", "", &with_wait(30)).json()["code"], 50);
+    // The agent stopped to be replaced: the network takes pods (ADDs wait), STATUS succeeds,
+    // also while the successor has bound no socket yet.
+    std::fs::write(&notice, "pid 1\n").unwrap();
+    let run = shim("STATUS", "", &with_wait(30));
+    assert_eq!((run.code, run.stdout.as_str()), (0, ""), "{}", run.stderr);
+    drop(UnixListener::bind(dir.path().join("agent.sock")).unwrap());
+    assert_eq!(shim("STATUS", "", &with_wait(30)).code, 0);
+    // A notice older than agentWaitSeconds: the agent never came back.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let run = shim("STATUS", "", &with_wait(1));
+    assert_eq!(run.json()["code"], 50, "{}", run.stdout);
+    // ADD still waits and fails after agentWaitSeconds, notice or not: nothing serves it.
+    assert_eq!(shim("ADD", "eth0", &with_wait(0)).json()["code"], 11);
+}
+
+#[test]
 fn add_and_check_wait_for_an_agent_that_comes_back() {
     for cmd in ["ADD", "CHECK"] {
         let dir = tempfile::tempdir().unwrap();

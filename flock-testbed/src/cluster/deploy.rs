@@ -265,6 +265,24 @@ spec:
 }
 
 /// Applies [`workloads`] and waits until every pod is ready.
+/// The test bed's CoreDNS manifest (`flock-testbed/deploy/coredns.yaml`).
+pub const COREDNS_MANIFEST: &str = include_str!("../../deploy/coredns.yaml");
+
+/// Deploys CoreDNS and waits until it answers: both replicas ready.
+pub fn start_dns() -> Result<()> {
+    kubectl_stdin(&["apply", "-f", "-"], COREDNS_MANIFEST)?;
+    kubectl(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        "deployment/coredns",
+        "--timeout=180s",
+    ])
+    .context("wait for CoreDNS's pods to be ready")?;
+    Ok(())
+}
+
 pub fn start_workloads() -> Result<()> {
     kubectl_stdin(&["apply", "-f", "-"], &workloads())?;
     for what in ["deployment/web", "ds/anycast"] {
@@ -314,6 +332,17 @@ pub fn scale_web(replicas: usize, limit: Duration) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dns_service_is_the_kubelets_cluster_dns_and_the_image_the_one_made_here() {
+        assert!(
+            COREDNS_MANIFEST.contains(&format!("clusterIP: {}\n", crate::cluster::CLUSTER_DNS))
+        );
+        assert!(COREDNS_MANIFEST.contains(&format!(
+            "image: {}\n",
+            crate::cluster::images::coredns_image()
+        )));
+    }
 
     #[test]
     fn only_the_image_changes() {

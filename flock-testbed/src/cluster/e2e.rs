@@ -678,7 +678,6 @@ fn e2e_flags(kube: &kube::KubeBuild, report_dir: &Path) -> Vec<String> {
         "--node-os-distro=debian".to_owned(),
         "--allowed-not-ready-nodes=0".to_owned(),
         "--disable-log-dump".to_owned(),
-        "--ginkgo.noColor".to_owned(),
         format!("--report-dir={}", report_dir.display()),
     ]
 }
@@ -719,16 +718,17 @@ fn run_suite(
 ) -> Result<bool> {
     let mut file =
         std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
-    // ginkgo runs `parallel` e2e.test processes, each a share of the specs, one BeforeSuite
-    // for all; `-stream` passes their output through as it comes, each line marked "[N] ".
+    // ginkgo (v2) runs `parallel` e2e.test processes, each a share of the specs, one
+    // BeforeSuite for all; `-v` prints each spec as it ends, which is echoed as progress.
     let mut cmd = suite_command(&kube.tool("ginkgo"), report_dir);
-    cmd.arg(format!("-nodes={parallel}"))
-        .args(["-stream", "-noColor"])
+    cmd.arg(format!("--nodes={parallel}"))
+        .args(["--no-color", "-v", "--silence-skips"])
+        .arg(format!("--timeout={}s", LIMIT.as_secs()))
+        .arg(format!("--focus={focus}"))
+        .arg(format!("--skip={skip}"))
         .arg(kube.tool("e2e.test"))
         .arg("--")
         .args(e2e_flags(kube, report_dir))
-        .arg(format!("--ginkgo.focus={focus}"))
-        .arg(format!("--ginkgo.skip={skip}"))
         .process_group(0)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -777,12 +777,9 @@ fn run_suite(
         file.write_all(&raw)
             .with_context(|| format!("write {}", log.display()))?;
         let line = String::from_utf8_lossy(&raw);
-        // The suite's progress reporter: one JSON line per finished spec ("[N] " first).
-        let unmarked = line
-            .strip_prefix('[')
-            .and_then(|l| l.split_once("] "))
-            .map_or(&*line, |(_, l)| l);
-        if unmarked.starts_with("{\"msg\":") {
+        // ginkgo's verdict line of each spec that ran: "• [12.345 seconds]", or with
+        // "[FAILED]" / "[PANICKED]" / "[TIMEDOUT]" before the time.
+        if line.starts_with("\u{2022} [") {
             eprintln!("cluster: e2e: {}", line.trim_end());
         }
     }

@@ -91,12 +91,41 @@ pub fn built() -> Result<Vec<PathBuf>> {
 }
 
 /// Builds every image and returns the archives to import into each node.
-pub fn build_all(bins: &Path, repo: &Path) -> Result<Vec<PathBuf>> {
+pub fn build_all(bins: &Path, repo: &Path, kube: &KubeBuild) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir()).with_context(|| format!("create {}", dir().display()))?;
     let pause = PauseImage::build(PAUSE, &dir()).context("build the pause image")?;
     let net = build_net_image()?;
+    let coredns = build_coredns_image(kube)?;
     let flock = build_flock_image(bins, repo)?;
-    Ok(vec![pause.archive, net, flock])
+    Ok(vec![pause.archive, net, coredns, flock])
+}
+
+/// CoreDNS under upstream's name (`deploy/coredns.yaml` of the test bed runs it): the static
+/// binary built from its Go module, alone in its root filesystem, as upstream's image is.
+fn build_coredns_image(kube: &KubeBuild) -> Result<PathBuf> {
+    let binary = std::fs::read(kube.coredns())
+        .with_context(|| format!("read {}", kube.coredns().display()))?;
+    let mut layer = TarBuilder::new();
+    for d in ["etc", "tmp"] {
+        layer.dir(d, 0o755);
+    }
+    layer.file("coredns", 0o755, &binary);
+    layer.file("etc/passwd", 0o644, b"root:x:0:0:root:/:/sbin/nologin\n");
+    let archive = dir().join("coredns.oci.tar");
+    std::fs::write(
+        &archive,
+        oci_archive(&coredns_image(), &["/coredns"], &layer.finish()),
+    )
+    .with_context(|| format!("write {}", archive.display()))?;
+    Ok(archive)
+}
+
+/// CoreDNS's image name, as `deploy/coredns.yaml` of the test bed names it.
+pub fn coredns_image() -> String {
+    format!(
+        "registry.k8s.io/coredns/coredns:v{}",
+        crate::versions::COREDNS
+    )
 }
 
 /// A root filesystem of busybox-static with every applet linked in `/bin`.

@@ -36,7 +36,7 @@ pub use node::ProxyMode;
 mod control;
 mod deploy;
 mod e2e;
-mod images;
+pub(crate) mod images;
 pub mod kube;
 mod life;
 mod node;
@@ -89,8 +89,8 @@ const EXTERNAL_CIDR6: &str = "2001:db8:c8:e::/112";
 /// The first service address: `kubernetes.default`.
 const KUBERNETES_SERVICE_IP: &str = "2001:db8:c5::1";
 /// The cluster's DNS domain and the address of its DNS Service (CoreDNS, `kube-system/kube-dns`).
-const CLUSTER_DOMAIN: &str = "cluster.local";
-const CLUSTER_DNS: &str = "2001:db8:c5::a";
+pub(crate) const CLUSTER_DOMAIN: &str = "cluster.local";
+pub(crate) const CLUSTER_DNS: &str = "2001:db8:c5::a";
 /// The anycast addresses the demo DaemonSet's pods share.
 const ANYCAST6: &str = "2001:db8:c3::53";
 const ANYCAST4: &str = "10.203.0.53";
@@ -450,7 +450,7 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
     let t = Instant::now();
     // The images build (podman, on the machine) while the site and control plane come up.
     let (archives, control) = std::thread::scope(|s| {
-        let images = s.spawn(|| step("images", || images::build_all(bins, &repo)));
+        let images = s.spawn(|| step("images", || images::build_all(bins, &repo, &kube)));
         let control = (|| -> Result<()> {
             step("site: router, namespaces, links", site::build)?;
             step("certificates", pki::make_all)?;
@@ -491,6 +491,9 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
     let t = Instant::now();
     step("flock from deploy/", || deploy::install_flock(&repo))?;
     timings.push(("flock", t.elapsed()));
+    let t = Instant::now();
+    step("CoreDNS", deploy::start_dns)?;
+    timings.push(("CoreDNS", t.elapsed()));
     let t = Instant::now();
     step("workloads", deploy::start_workloads)?;
     timings.push(("workloads", t.elapsed()));
