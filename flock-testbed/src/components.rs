@@ -120,6 +120,11 @@ pub fn kubernetes(k: Kubernetes) -> Component {
     .map(|c| go(c, &format!("k8s.io/kubernetes/cmd/{c}")))
     .collect();
     outputs.push(go("agnhost", "k8s.io/kubernetes/test/images/agnhost"));
+    // The conntrack spec's client, which sends invalid TCP packets.
+    outputs.push(go(
+        "regression-issue-74839",
+        "k8s.io/kubernetes/test/images/regression-issue-74839",
+    ));
     outputs.push(go("ginkgo", "github.com/onsi/ginkgo/v2/ginkgo"));
     outputs.push(Output {
         test_binary: true,

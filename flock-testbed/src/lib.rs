@@ -16,5 +16,6 @@ pub mod cluster;
 pub mod components;
 pub mod gomod;
 pub mod lab;
+pub mod scenario;
 pub mod sys;
 pub mod versions;

@@ -91,39 +91,42 @@ fn test(filters: &[String]) -> Result<()> {
     // target/debug.
     let shim = binaries::build_shim_copy()?;
     // The workspace is virtual: without `-p`, nextest runs every member, and an explicit
-    // `--workspace` would override a `-p` among the filters.
+    // `--workspace` would override a `-p` among the filters. The cluster's scenarios run on
+    // their own, after the lab (below).
+    ensure_nextest()?;
     let mut nextest: Vec<String> = ["nextest", "run", "--all-features"]
         .map(String::from)
         .to_vec();
     if std::env::var_os("CI").is_some() {
         nextest.extend(["--profile", "ci"].map(String::from));
     }
-    nextest.extend(filters.iter().cloned());
-    if has_nextest() {
-        sys::run(sys::cargo_command(&nextest).env("FLOCK_SHIM_BIN", &shim))?;
-    } else if filters.is_empty() {
-        eprintln!("xtask: cargo-nextest not found, falling back to cargo test");
-        sys::run(
-            sys::cargo_command(["test", "--workspace", "--all-features"])
-                .env("FLOCK_SHIM_BIN", &shim),
-        )?;
-    } else {
-        bail!(
-            "`cargo xtask test {}` passes its arguments to cargo-nextest, which is not installed \
-             (cargo install cargo-nextest)",
-            filters.join(" ")
-        );
+    if filters.is_empty() {
+        nextest.extend(["-E".to_owned(), format!("not ({})", cluster::SCENARIOS)]);
     }
+    nextest.extend(filters.iter().cloned());
+    sys::run(sys::cargo_command(&nextest).env("FLOCK_SHIM_BIN", &shim))?;
     if filters.is_empty() {
         // The lab end to end on the debug binaries (replaces a lab that is up); the shim is
         // relinked statically, as every build of a node's binaries has it.
         lab::ci(&binaries::build(binaries::FLOCK, false)?)?;
         sys::cargo(["test", "--doc", "--workspace", "--all-features"])?;
-        // Last, the real Kubernetes cluster on the same debug binaries: up, checks, down (the
-        // first run on a machine builds Kubernetes into /var/cache/flock, about 10 minutes).
-        cluster::check()?;
+        // Last, the cluster's scenarios on the debug binaries, one cluster for all of them
+        // (the first run on a machine builds Kubernetes and its peers into /var/cache/flock),
+        // then the cluster down whatever happened.
+        cluster::check(&[])?;
     }
     Ok(())
+}
+
+/// Installs cargo-nextest (from crates.io, once per machine) when it is missing: it runs each
+/// test in a process of its own, with the per-test time limits and groups of
+/// `.config/nextest.toml`.
+fn ensure_nextest() -> Result<()> {
+    if has_nextest() {
+        return Ok(());
+    }
+    eprintln!("xtask: cargo-nextest not found; installing it (once per machine)");
+    sys::cargo(["install", "--locked", "cargo-nextest"])
 }
 
 fn has_nextest() -> bool {

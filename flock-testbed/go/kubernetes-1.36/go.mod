@@ -239,4 +239,5 @@ tool (
 	k8s.io/kubernetes/cmd/kubectl
 	k8s.io/kubernetes/cmd/kubelet
 	k8s.io/kubernetes/test/images/agnhost
+	k8s.io/kubernetes/test/images/regression-issue-74839
 )

@@ -26,17 +26,23 @@ use super::deploy::DEMO_NS;
 use super::{CONTROL, NODES, RUN_DIR, images, kube, node, pki, proc};
 use crate::sys;
 
-/// The default focus: the Networking specs (pod to pod, node to pod, Services' granular checks,
-/// HTTP and UDP), the Services specs, and every sig-network Conformance spec.
+/// `--suite network` (the default): every sig-network Conformance spec, and the Networking
+/// (pod to pod, node to pod, Services' granular checks) and Services specs.
 pub const DEFAULT_FOCUS: &str =
     r"\[sig-network\] (Networking|Services) |\[sig-network\].*\[Conformance\]";
 /// Tags never run here: slow, serial, disruptive, flaky and feature-gated specs.
 pub const SKIP_TAGS: &str = r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:";
-/// `--suite networkpolicy`: the NetworkPolicy specs of 1.20 (all tagged
-/// `[Feature:NetworkPolicy]`: a CNI without policy fails them), run with their feature tag
-/// allowed. The SCTP ones are `[Disruptive]` too and stay skipped.
-pub const NETWORKPOLICY_FOCUS: &str = r"\[sig-network\] NetworkPolicy \[LinuxOnly\]";
-const NETWORKPOLICY_SKIP_TAGS: &str = r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]";
+/// `--suite dns`: the DNS specs (CoreDNS answering through the cluster's Service).
+pub const DNS_FOCUS: &str = r"\[sig-network\] DNS ";
+/// `--suite networkpolicy`: the `Netpol` matrix (3 namespaces × 3 pods, probed through
+/// Services with `agnhost connect`), tagged `[Feature:NetworkPolicy]`: a CNI without policy
+/// fails them, so that tag is allowed. SCTP is another feature, still skipped.
+pub const NETWORKPOLICY_FOCUS: &str = r"\[sig-network\] Netpol ";
+const NETWORKPOLICY_SKIP_TAGS: &str =
+    r"\[Slow\]|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Feature:SCTPConnectivity\]";
+/// `--suite dualstack`: the dual-stack specs (`[Feature:IPv6DualStack]`, the feature of the
+/// whole describe), with dual-stack pods; SCTP still skipped.
+pub const DUALSTACK_FOCUS: &str = r"\[Feature:IPv6DualStack\]";
 /// The specs excluded for a reason outside flock, each with the reason.
 const EXCLUSIONS: &str = include_str!("e2e-exclusions.txt");
 /// The stub "internet" (see the module's docs): agnhost netexec in the control plane's
@@ -103,15 +109,22 @@ fn regex_escape(text: &str) -> String {
 /// One spec of a JUnit report.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Spec {
+    /// Its full name, tags included.
     pub name: String,
+    /// How it ended.
     pub outcome: Outcome,
+    /// How long it ran.
     pub seconds: f64,
 }
 
+/// How a spec ended.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Outcome {
+    /// It ran and passed.
     Passed,
+    /// It ran and failed (or errored).
     Failed,
+    /// It did not run (not in focus, skipped by a tag or an exclusion, or by the spec itself).
     Skipped,
 }
 
@@ -186,10 +199,15 @@ pub fn run(args: &[String]) -> Result<()> {
             "--focus" => focus = it.next().context("--focus needs a regex")?.clone(),
             "--suite" => match it.next().map(String::as_str) {
                 Some("network") => (focus, skip_tags) = (DEFAULT_FOCUS.to_owned(), SKIP_TAGS),
+                Some("dns") => (focus, skip_tags) = (DNS_FOCUS.to_owned(), SKIP_TAGS),
                 Some("networkpolicy") => {
                     (focus, skip_tags) = (NETWORKPOLICY_FOCUS.to_owned(), NETWORKPOLICY_SKIP_TAGS)
                 }
-                other => bail!("--suite {other:?}: network or networkpolicy"),
+                Some("dualstack") => {
+                    (focus, skip_tags) = (DUALSTACK_FOCUS.to_owned(), NETWORKPOLICY_SKIP_TAGS);
+                    pods = Pods::Dual;
+                }
+                other => bail!("--suite {other:?}: network, dns, networkpolicy or dualstack"),
             },
             "--skip" => extra_skip = Some(it.next().context("--skip needs a regex")?.clone()),
             "--pods" => pods = Pods::parse(it.next().map_or("", String::as_str))?,
@@ -225,7 +243,7 @@ pub fn run(args: &[String]) -> Result<()> {
     super::kubectl(&["get", "nodes"]).context("the cluster does not answer")?;
 
     let started = Instant::now();
-    let archives = super::step("e2e images", || images::build_e2e(&kube.tool("agnhost")))?;
+    let archives = super::step("e2e images", || images::build_e2e(&kube))?;
     for n in &NODES {
         for archive in &archives {
             images::import(&kube, &node::containerd_socket(n), archive)

@@ -237,28 +237,125 @@ fn build_flock_image(bins: &Path, repo: &Path) -> Result<PathBuf> {
     Ok(archive)
 }
 
-/// The agnhost image Kubernetes 1.20's e2e suite runs (`test/utils/image/manifest.go`).
-pub const E2E_AGNHOST: &str = "k8s.gcr.io/e2e-test-images/agnhost:2.21";
-/// The suite's busybox (`CMD ["sh"]`, as Docker Hub's).
-pub const E2E_BUSYBOX: &str = "docker.io/library/busybox:1.29";
+/// The registry of the suite's test images (`test/utils/image/manifest.go`).
+const E2E_REGISTRY: &str = "registry.k8s.io/e2e-test-images";
+/// The images the suite's network specs run, under the names `e2e.test` of 1.35 to 1.37
+/// expects, as `(name, tag)` under [`E2E_REGISTRY`].
+pub const E2E_AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.66.1";
+/// The suite's busybox (`CMD ["sh"]`, as upstream's).
+pub const E2E_BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
 /// The suite's pause image.
-pub const E2E_PAUSE: &str = "k8s.gcr.io/pause:3.2";
-/// What the agnhost image adds to the Debian base: the tools the suite's tests exec in it.
-/// Beside them, as upstream's image has: `/uploads` (netexec), `/agnhost-2` (the entrypoint
-/// tests) and `/localhost.crt` + `/localhost.key` (porter's TLS ports; upstream ships a pair,
-/// Debian's source package does not, so one is made at build).
-const AGNHOST_PACKAGES: &str =
-    "curl wget netcat-openbsd iproute2 iputils-ping dnsutils iptables iperf bash openssl";
+pub const E2E_PAUSE: &str = "registry.k8s.io/pause:3.10.2";
+/// What every Debian-based test image adds: the DNS tools (`dig`, the DNS specs' probers).
+const DNS_PACKAGES: &str = "dnsutils";
+/// What the agnhost image adds to the Debian base: the tools the suite's tests exec in it, as
+/// upstream's image has them (bind-tools, curl, netcat, iproute2, iperf, bash, util-linux,
+/// socat). Beside them, as upstream's image has: `/coredns` (the DNS specs run it as a
+/// nameserver of their own), `/uploads` (netexec), `/agnhost-2` (the entrypoint tests),
+/// `/localhost.crt` + `/localhost.key` (porter's TLS ports; made at build) and the user 1000
+/// `user-defined-in-image`.
+const AGNHOST_PACKAGES: &str = "curl wget netcat-openbsd iproute2 iputils-ping dnsutils iptables \
+     iperf bash openssl util-linux socat";
 
-/// Builds the e2e suite's images from `agnhost` (the binary built with Kubernetes) and
-/// busybox-static; returns their archives, kept under `CACHE_DIR/images/e2e` (agnhost is
-/// rebuilt only when its binary is newer than its archive or its Containerfile changed).
-pub fn build_e2e(agnhost: &Path) -> Result<Vec<PathBuf>> {
+/// One test image made with podman on the Debian base: a Containerfile and the files its
+/// context holds.
+struct E2eImage {
+    name: String,
+    containerfile: String,
+    files: Vec<(&'static str, PathBuf)>,
+}
+
+/// The Debian-based images of the suite, from the binaries of `kube`.
+fn e2e_debian_images(kube: &KubeBuild) -> Vec<E2eImage> {
+    let agnhost = E2eImage {
+        name: E2E_AGNHOST.to_owned(),
+        containerfile: format!(
+            "FROM {BASE}\n\
+             RUN apt-get update && apt-get install -y --no-install-recommends {AGNHOST_PACKAGES} \
+             && rm -rf /var/lib/apt/lists/*\n\
+             COPY agnhost /agnhost\n\
+             COPY coredns /coredns\n\
+             RUN mkdir /uploads && ln -s agnhost /agnhost-2 \
+             && useradd -u 1000 -M user-defined-in-image \
+             && openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=localhost \
+             -keyout /localhost.key -out /localhost.crt\n\
+             WORKDIR /\n\
+             ENTRYPOINT [\"/agnhost\"]\n\
+             CMD [\"pause\"]\n"
+        ),
+        files: vec![
+            ("agnhost", kube.tool("agnhost")),
+            ("coredns", kube.coredns()),
+        ],
+    };
+    // The DNS specs' glibc prober: `getent` (glibc's resolver) and dig.
+    let glibc = E2eImage {
+        name: format!("{E2E_REGISTRY}/glibc-dns-testing:2.1.1"),
+        containerfile: format!(
+            "FROM {BASE}\n\
+             RUN apt-get update && apt-get install -y --no-install-recommends {DNS_PACKAGES} \
+             && rm -rf /var/lib/apt/lists/*\n\
+             COPY coredns /coredns\n"
+        ),
+        files: vec![("coredns", kube.coredns())],
+    };
+    // The EndpointSlice and Endpoints specs' web server.
+    let nginx = |tag: &str| E2eImage {
+        name: format!("{E2E_REGISTRY}/nginx:{tag}"),
+        containerfile: format!(
+            "FROM {BASE}\n\
+             RUN apt-get update && apt-get install -y --no-install-recommends nginx-light \
+             && rm -rf /var/lib/apt/lists/* \
+             && ln -sf /dev/stdout /var/log/nginx/access.log \
+             && ln -sf /dev/stderr /var/log/nginx/error.log\n\
+             EXPOSE 80\n\
+             CMD [\"nginx\", \"-g\", \"daemon off;\"]\n"
+        ),
+        files: vec![],
+    };
+    // The conntrack spec's client of invalid packets, built from the same release.
+    let regression = E2eImage {
+        name: format!("{E2E_REGISTRY}/regression-issue-74839:1.5"),
+        containerfile: format!(
+            "FROM {BASE}\n\
+             COPY regression-issue-74839 /regression-issue-74839\n\
+             ENTRYPOINT [\"/regression-issue-74839\"]\n"
+        ),
+        files: vec![(
+            "regression-issue-74839",
+            kube.tool("regression-issue-74839"),
+        )],
+    };
+    // kube-proxy's spec that reads conntrack entries on the node.
+    let iptables = E2eImage {
+        name: "registry.k8s.io/build-image/distroless-iptables:v0.9.9".to_owned(),
+        containerfile: format!(
+            "FROM {BASE}\n\
+             RUN apt-get update && apt-get install -y --no-install-recommends iptables conntrack \
+             && rm -rf /var/lib/apt/lists/*\n"
+        ),
+        files: vec![],
+    };
+    vec![
+        agnhost,
+        glibc,
+        nginx("1.27.0-2"),
+        nginx("1.28.0-2"),
+        regression,
+        iptables,
+    ]
+}
+
+/// Builds the e2e suite's images from the binaries of `kube` (agnhost, CoreDNS, …) and
+/// busybox-static; returns their archives, kept under `CACHE_DIR/images/e2e` (an image is
+/// rebuilt only when a file of its context is newer than its archive or its Containerfile
+/// changed).
+pub fn build_e2e(kube: &KubeBuild) -> Result<Vec<PathBuf>> {
     let dir = Path::new(CACHE_DIR).join("images/e2e");
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let pause = PauseImage::build(E2E_PAUSE, &dir).context("build the e2e pause image")?;
 
-    // busybox: the root filesystem imported by podman with Docker Hub's CMD, no entry point.
+    // busybox: the root filesystem imported by podman with upstream's CMD, no entry point.
     let rootfs = dir.join("busybox-rootfs.tar");
     std::fs::write(&rootfs, busybox_rootfs()?)
         .with_context(|| format!("write {}", rootfs.display()))?;
@@ -273,54 +370,57 @@ pub fn build_e2e(agnhost: &Path) -> Result<Vec<PathBuf>> {
     let busybox = dir.join("busybox.oci.tar");
     save(E2E_BUSYBOX, &busybox)?;
 
-    let archive = dir.join("agnhost.oci.tar");
-    let context = dir.join("agnhost-context");
-    let containerfile = format!(
-        "FROM {BASE}\n\
-             RUN apt-get update && apt-get install -y --no-install-recommends {AGNHOST_PACKAGES} \
-             && rm -rf /var/lib/apt/lists/*\n\
-             COPY agnhost /agnhost\n\
-             RUN mkdir /uploads && ln -s agnhost /agnhost-2 \
-             && openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=localhost \
-             -keyout /localhost.key -out /localhost.crt\n\
-             WORKDIR /\n\
-             ENTRYPOINT [\"/agnhost\"]\n\
-             CMD [\"pause\"]\n"
-    );
+    let mut archives = vec![pause.archive, busybox];
+    for image in e2e_debian_images(kube) {
+        archives.push(build_debian_image(&dir, &image)?);
+    }
+    Ok(archives)
+}
+
+/// `podman build` of one image on the Debian base, unless its archive is up to date.
+fn build_debian_image(dir: &Path, image: &E2eImage) -> Result<PathBuf> {
+    let stem: String = image
+        .name
+        .rsplit('/')
+        .next()
+        .unwrap_or(&image.name)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let archive = dir.join(format!("{stem}.oci.tar"));
+    let context = dir.join(format!("{stem}-context"));
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let built_from = std::fs::read_to_string(context.join("Containerfile")).unwrap_or_default();
-    if modified(&archive).is_none()
-        || modified(&archive) < modified(agnhost)
-        || built_from != containerfile
-    {
-        ensure_base_image()?;
-        std::fs::create_dir_all(&context)
-            .with_context(|| format!("create {}", context.display()))?;
-        std::fs::copy(agnhost, context.join("agnhost"))
-            .with_context(|| format!("copy {}", agnhost.display()))?;
-        std::fs::write(context.join("Containerfile"), &containerfile)
-            .with_context(|| format!("write the Containerfile in {}", context.display()))?;
-        eprintln!("cluster: e2e: podman build {E2E_AGNHOST} (Debian base + {AGNHOST_PACKAGES})");
-        sys::output(
-            podman()
-                .args([
-                    "build",
-                    "--network",
-                    "host",
-                    "--pull=never",
-                    "-t",
-                    E2E_AGNHOST,
-                ])
-                .arg("-f")
-                .arg(context.join("Containerfile"))
-                .arg(&context),
-        )?;
-        let part = dir.join("agnhost.part.tar");
-        save(E2E_AGNHOST, &part)?;
-        std::fs::rename(&part, &archive)
-            .with_context(|| format!("rename to {}", archive.display()))?;
+    let stale = modified(&archive).is_none()
+        || built_from != image.containerfile
+        || image
+            .files
+            .iter()
+            .any(|(_, from)| modified(&archive) < modified(from));
+    if !stale {
+        return Ok(archive);
     }
-    Ok(vec![pause.archive, busybox, archive])
+    ensure_base_image()?;
+    std::fs::create_dir_all(&context).with_context(|| format!("create {}", context.display()))?;
+    for (name, from) in &image.files {
+        std::fs::copy(from, context.join(name))
+            .with_context(|| format!("copy {} into {}", from.display(), context.display()))?;
+    }
+    std::fs::write(context.join("Containerfile"), &image.containerfile)
+        .with_context(|| format!("write the Containerfile in {}", context.display()))?;
+    eprintln!("cluster: e2e: podman build {}", image.name);
+    sys::output(
+        podman()
+            .args(["build", "--network", "host", "--pull=never", "-t"])
+            .arg(&image.name)
+            .arg("-f")
+            .arg(context.join("Containerfile"))
+            .arg(&context),
+    )?;
+    let part = dir.join(format!("{stem}.part.tar"));
+    save(&image.name, &part)?;
+    std::fs::rename(&part, &archive).with_context(|| format!("rename to {}", archive.display()))?;
+    Ok(archive)
 }
 
 /// `podman save` of `image` as an OCI archive (it keeps its name for `ctr images import`).

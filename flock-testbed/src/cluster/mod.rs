@@ -35,10 +35,10 @@ pub use node::ProxyMode;
 
 mod control;
 mod deploy;
-mod e2e;
+pub mod e2e;
 pub(crate) mod images;
 pub mod kube;
-mod life;
+pub mod life;
 mod node;
 mod pki;
 mod proc;
@@ -282,7 +282,7 @@ pub fn cluster(args: &[String]) -> Result<()> {
             );
             Ok(())
         }
-        Some("check") => check(),
+        Some("check") => check(&args[1..]),
         Some("down") => {
             sys::require_root("cargo xtask cluster down")?;
             down()
@@ -314,12 +314,43 @@ pub fn cluster(args: &[String]) -> Result<()> {
     }
 }
 
-/// `cargo xtask cluster check`, also the last step of `cargo xtask test`: the debug binaries,
-/// up, checks, down.
-pub fn check() -> Result<()> {
+/// The nextest filter of the cluster's scenarios (`flock-testbed/tests/cluster.rs`).
+pub const SCENARIOS: &str = "binary_id(flock-testbed::cluster)";
+
+/// `cargo xtask cluster check [FILTERS…]`, also the last step of `cargo xtask test`: the
+/// cluster's scenarios (`flock-testbed/tests/cluster.rs`, under cargo-nextest, one cluster for
+/// all), then the cluster down whatever happened. `FILTERS` go to nextest
+/// (`-E 'test(life_upgrade)'`).
+pub fn check(filters: &[String]) -> Result<()> {
     sys::require_root("cargo xtask cluster check")?;
     sys::ensure_packages(PACKAGES)?;
-    ci(&crate::binaries::build(crate::binaries::FLOCK, false)?)
+    let started = Instant::now();
+    let mut args: Vec<String> = [
+        "nextest",
+        "run",
+        "-p",
+        "flock-testbed",
+        "--features",
+        "cluster",
+        "--no-fail-fast",
+        "-E",
+        SCENARIOS,
+    ]
+    .map(String::from)
+    .to_vec();
+    if std::env::var_os("CI").is_some() {
+        args.extend(["--profile", "ci"].map(String::from));
+    }
+    args.extend(filters.iter().cloned());
+    let result = sys::run(&mut sys::cargo_command(&args));
+    let cleanup = down();
+    result?;
+    cleanup?;
+    println!(
+        "cluster check passed in {:.0} s (the scenarios on one cluster, then down)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// What `up` (and `build`) is told: `--kubernetes 1.N`, `--proxy-mode nftables|iptables`,
@@ -364,56 +395,6 @@ impl UpOptions {
         Ok(options)
     }
 }
-
-/// The cluster as a check: up with the binaries in `bins`, the report and the life tests
-/// printed, the e2e suites, then down whatever happened.
-pub fn ci(bins: &Path) -> Result<()> {
-    let started = Instant::now();
-    let result = (|| -> Result<()> {
-        let mut text = up(bins, &UpOptions::default(), started)?;
-        let failures = life::tests(life::ALL, &mut text);
-        print!("{text}");
-        if !failures.is_empty() {
-            bail!("life tests failed:\n  {}", failures.join("\n  "));
-        }
-        for args in E2E_IN_CHECK {
-            let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-            e2e::run(&args)
-                .with_context(|| format!("cargo xtask cluster e2e {}", args.join(" ")))?;
-        }
-        // Last: it removes flock from the cluster.
-        let mut text = String::new();
-        let failures = life::uninstall(&mut text, bins)?;
-        print!("{text}");
-        if !failures.is_empty() {
-            bail!("uninstall failed:\n  {}", failures.join("\n  "));
-        }
-        Ok(())
-    })();
-    let cleanup = down();
-    result?;
-    cleanup?;
-    println!(
-        "cluster check passed in {:.0} s (up, checks, life tests, e2e suites, down)",
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
-/// The e2e runs of `cluster check`: sig-network's specs and the NetworkPolicy specs, over
-/// IPv6-only pods (the dual-stack runs are `cargo xtask cluster e2e --pods dual …`).
-const E2E_IN_CHECK: &[&[&str]] = &[
-    &["--suite", "network", "--pods", "ipv6"],
-    // Most of a NetworkPolicy spec is waiting out connections that must fail: more processes.
-    &[
-        "--suite",
-        "networkpolicy",
-        "--pods",
-        "ipv6",
-        "--parallel",
-        "6",
-    ],
-];
 
 /// Prints a step's name and, when it ends, how long it took.
 fn step<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {

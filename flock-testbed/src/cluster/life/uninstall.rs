@@ -60,6 +60,8 @@ fn kube_proxy_rules(n: &Node) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Removes flock from the cluster as a user does and checks that nothing of it is left while
+/// kube-proxy's rules stay as they were; its tables into `out`; returns what missed its goal.
 pub fn uninstall(out: &mut String, bins: &Path) -> Result<Vec<String>> {
     let mut failures = Vec::new();
     kubectl_stdin(&["apply", "-f", "-"], &isolate())?;
