@@ -37,6 +37,11 @@ fn life_upgrade() {
 }
 
 #[test]
+fn life_ready() {
+    life("ready");
+}
+
+#[test]
 fn life_routing() {
     life("routing");
 }

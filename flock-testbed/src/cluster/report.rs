@@ -312,6 +312,15 @@ fn pods_and_matrix(r: &mut Report) -> Result<()> {
                 .push(format!("{} is on unknown node {}", p.name, p.node));
             continue;
         };
+        // The kubelet orders a pod's addresses by the family of its node IP (IPv6 here),
+        // whatever order the runtime and the CNI result give them in.
+        if !p.pod_ips.split(',').next().is_some_and(|ip| ip.contains(':')) {
+            r.failures.push(format!(
+                "{} lists podIPs {}: a dual-stack pod's primary address must be IPv6, the \
+                 family of its node's IP",
+                p.name, p.pod_ips
+            ));
+        }
         if !in_prefix(&p.ipv6, n.cidr6) || !in_prefix(&p.ipv4, n.cidr4) {
             r.failures.push(format!(
                 "{} has podIPs {} outside {}'s {} and {}",
@@ -330,7 +339,7 @@ fn pods_and_matrix(r: &mut Report) -> Result<()> {
         }
     };
     r.text.push_str(
-        "PODS (kubectl get pods -n demo; podIPs as the apiserver has them, containerd 1.6 lists IPv4 first)\n",
+        "PODS (kubectl get pods -n demo; podIPs as the apiserver has them, the node IP's family (IPv6) first)\n",
     );
     let rows: Vec<Vec<String>> = pods
         .iter()

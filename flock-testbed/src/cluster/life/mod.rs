@@ -5,6 +5,9 @@
 //!   other every 50 ms over both families and GETs the Service every 50 ms, and `web` is
 //!   scaled up and down. Goal: no lost ping, no failed GET, no failed pod creation, no pod
 //!   whose address changed.
+//! - **ready**: flock's CNI STATUS as the node's `Ready` condition (containerd 2 calls it):
+//!   the agent crashed, stopped, and its pool exhausted, each timed to the kubelet's condition
+//!   and back (see [`ready`]).
 //! - **routing**: the BGP session options on the cluster (see [`routing`]): a BIRD killed
 //!   under ping (graceful restart: no loss), a BIRD frozen (BFD: routes withdrawn in under a
 //!   second), the agent's RBAC on Secrets.
@@ -38,6 +41,7 @@ use serde_json::Value;
 
 mod join;
 mod policy;
+mod ready;
 mod routing;
 mod services;
 mod uninstall;
@@ -53,7 +57,7 @@ use crate::sys;
 const PROBE_INTERVAL: &str = "0.05";
 /// Every life test, in the order they run.
 pub const ALL: &[&str] = &[
-    "upgrade", "routing", "services", "reboot", "join", "startup", "policy",
+    "upgrade", "ready", "routing", "services", "reboot", "join", "startup", "policy",
 ];
 /// Pods per node in the start-up run.
 const BURST: usize = 50;
@@ -106,6 +110,7 @@ pub fn tests(which: &[&str], out: &mut String) -> Vec<String> {
                 Ok(f)
             }),
             "join" => join::join(out),
+            "ready" => ready::ready(out),
             "policy" => policy::policy(out),
             "services" => services::services(out),
             "routing" => routing::routing(out),
