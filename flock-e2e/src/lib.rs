@@ -185,3 +185,33 @@ pub fn program(name: &str) -> PathBuf {
         None => PathBuf::from(name),
     }
 }
+
+/// Panics, saying what to install, unless this runs as root and has what the containerd tests
+/// drive: busybox-static (the pause image), the reference CNI plugins, containerd (from
+/// [`CONTAINERD_DIR_ENV`] or `PATH`) and runc (from `PATH`). `cargo xtask test` installs and
+/// builds them, and puts the test bed's containerd 2 and runc first on `PATH`.
+#[cfg(feature = "cri")]
+pub fn require_tools() {
+    flock_testkit::require_root();
+    for tool in [
+        PathBuf::from("/bin/busybox"),
+        flock_testkit::reference_plugins_dir().join("ptp"),
+    ] {
+        assert!(
+            tool.exists(),
+            "{} missing: `cargo xtask test` installs busybox-static and builds the reference plugins",
+            tool.display()
+        );
+    }
+    for program in [program("containerd"), program("ctr"), PathBuf::from("runc")] {
+        let runs = std::process::Command::new(&program)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        assert!(
+            runs,
+            "{} does not run: `cargo xtask test` builds containerd 2 and runc and puts them on PATH",
+            program.display()
+        );
+    }
+}

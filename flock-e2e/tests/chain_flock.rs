@@ -11,7 +11,6 @@ use flock_testkit::cni::{Attachment, Runtime, result_ip};
 use flock_testkit::node::FlockNode;
 use serde_json::{Value, json};
 
-const CNI_BIN: &str = "/usr/lib/cni";
 const NET: &str = "flockchain";
 
 const NODE: &str = "apiVersion: flock.fritzlab.net/v1alpha1
@@ -56,7 +55,7 @@ fn runtime_of(node: &FlockNode, conflist: Value) -> Runtime {
         .to_owned();
     Runtime::new(
         conflist,
-        [shim_dir, PathBuf::from(CNI_BIN)],
+        [shim_dir, flock_testkit::reference_plugins_dir()],
         node.dir().join("cni-cache"),
     )
     .expect("valid conflist")

@@ -10,7 +10,7 @@
 #![cfg(feature = "root-tests")]
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,21 +24,6 @@ const CIDR4: &str = "10.75.0.0/24";
 /// One pod asks for an extra fixed address through a pod annotation, which only reaches the
 /// agent if containerd passes the annotations (capability `io.kubernetes.cri.pod-annotations`).
 const EXTRA: &str = "2001:db8:c5ff::42";
-
-fn require_tools() {
-    flock_testkit::require_root();
-    for tool in [
-        "/usr/bin/containerd",
-        "/usr/sbin/runc",
-        "/bin/busybox",
-        "/usr/lib/cni/ptp",
-    ] {
-        assert!(
-            Path::new(tool).exists(),
-            "{tool} missing: `cargo xtask test` installs containerd, runc, busybox-static and containernetworking-plugins"
-        );
-    }
-}
 
 /// The agent's files and the node's CNI directories, outside the harness dir (the conflist
 /// names them before the harness dir exists).
@@ -79,8 +64,11 @@ impl AgentFiles {
             String::from_utf8_lossy(&out.stderr)
         );
         // containerd's CRI plugin also runs `loopback` on every sandbox.
-        std::os::unix::fs::symlink("/usr/lib/cni/loopback", files.bin_dir().join("loopback"))
-            .expect("link loopback");
+        std::os::unix::fs::symlink(
+            flock_testkit::reference_plugins_dir().join("loopback"),
+            files.bin_dir().join("loopback"),
+        )
+        .expect("link loopback");
         std::fs::write(
             files.path("node.yaml"),
             format!(
@@ -206,9 +194,12 @@ async fn ptp_run_times() -> Vec<Duration> {
             },
         }],
     });
-    let node = E2eNode::start(NodeSetup::new(conflist.to_string(), "/usr/lib/cni"))
-        .await
-        .expect("ptp node starts");
+    let node = E2eNode::start(NodeSetup::new(
+        conflist.to_string(),
+        flock_testkit::reference_plugins_dir(),
+    ))
+    .await
+    .expect("ptp node starts");
     let mut cri = node.cri().await.expect("CRI client");
     let mut times = Vec::new();
     for i in 0..5 {
@@ -225,7 +216,7 @@ async fn ptp_run_times() -> Vec<Duration> {
 
 #[tokio::test]
 async fn five_flock_sandboxes_run_answer_and_clean_up() {
-    require_tools();
+    flock_e2e::require_tools();
     let files = AgentFiles::new(&[]);
     let conflist = files.installed_conflist();
     assert_eq!(
@@ -420,7 +411,7 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
 /// says 1.1.0 in 1.1.0, and then cannot read the 1.1.0 result flock answers with.
 #[tokio::test]
 async fn containerd_1_6_fails_a_pod_on_a_1_1_0_conflist() {
-    require_tools();
+    flock_e2e::require_tools();
     let files = AgentFiles::new(&["--cni-version", "1.1.0"]);
     assert_eq!(files.installed_conflist()["cniVersion"], "1.1.0");
     let node = E2eNode::start(NodeSetup::installed(files.conf_dir(), files.bin_dir()))

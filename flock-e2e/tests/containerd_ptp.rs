@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use flock_e2e::{E2eNode, NodeSetup, PodSandboxSpec, SandboxNetwork};
 
-const CNI_BIN: &str = "/usr/lib/cni";
 const NET_NAME: &str = "e2e-ptp";
 const V4_SUBNET: &str = "10.88.0.0/24";
 const V6_SUBNET: &str = "2001:db8:88::/64";
@@ -30,25 +29,6 @@ fn ptp_conflist(ipam_dir: &Path) -> String {
         }],
     })
     .to_string()
-}
-
-fn require_tools() {
-    flock_testkit::require_root();
-    for tool in [
-        "/usr/bin/containerd",
-        "/usr/bin/ctr",
-        "/usr/sbin/runc",
-        "/bin/busybox",
-    ] {
-        assert!(
-            Path::new(tool).exists(),
-            "{tool} missing: `cargo xtask test` installs containerd, runc and busybox-static"
-        );
-    }
-    assert!(
-        Path::new(CNI_BIN).join("ptp").exists(),
-        "reference CNI plugins missing: apt-get install containernetworking-plugins"
-    );
 }
 
 /// IP files host-local keeps in its data dir for `NET_NAME` (one per
@@ -87,11 +67,14 @@ fn pings_within(node: &E2eNode, ip: IpAddr, limit: Duration) -> bool {
 
 #[tokio::test]
 async fn five_ptp_sandboxes_run_answer_and_clean_up() {
-    require_tools();
+    flock_e2e::require_tools();
     let ipam_dir = tempfile::tempdir().expect("ipam tempdir");
-    let node = E2eNode::start(NodeSetup::new(ptp_conflist(ipam_dir.path()), CNI_BIN))
-        .await
-        .expect("node with containerd starts");
+    let node = E2eNode::start(NodeSetup::new(
+        ptp_conflist(ipam_dir.path()),
+        flock_testkit::reference_plugins_dir(),
+    ))
+    .await
+    .expect("node with containerd starts");
     let mut cri = node.cri().await.expect("CRI client connects");
 
     let mut timings = Vec::new();
@@ -204,17 +187,20 @@ async fn five_ptp_sandboxes_run_answer_and_clean_up() {
 
 #[tokio::test]
 async fn drop_kills_containerd_shims_sandboxes_and_hooked_processes() {
-    require_tools();
+    flock_e2e::require_tools();
     let ipam_dir = tempfile::tempdir().expect("ipam tempdir");
-    let setup =
-        NodeSetup::new(ptp_conflist(ipam_dir.path()), CNI_BIN).before_start(|netns, dir| {
-            // Stands in for flock's agent: a process in the node namespace.
-            std::fs::write(dir.join("hook-ran"), netns.name())?;
-            std::process::Command::new("ip")
-                .args(["netns", "exec", netns.name(), "sleep", "600"])
-                .spawn()?;
-            Ok(())
-        });
+    let setup = NodeSetup::new(
+        ptp_conflist(ipam_dir.path()),
+        flock_testkit::reference_plugins_dir(),
+    )
+    .before_start(|netns, dir| {
+        // Stands in for flock's agent: a process in the node namespace.
+        std::fs::write(dir.join("hook-ran"), netns.name())?;
+        std::process::Command::new("ip")
+            .args(["netns", "exec", netns.name(), "sleep", "600"])
+            .spawn()?;
+        Ok(())
+    });
     let node = E2eNode::start(setup).await.expect("node starts");
     assert_eq!(
         std::fs::read_to_string(node.dir().join("hook-ran")).expect("hook wrote its marker"),

@@ -7,6 +7,7 @@
 //! - [`workspace_bin`]: the path of a binary of this workspace, for tests that
 //!   exec the shim or the agent exactly as a runtime would.
 //! - [`sweep_stale`]: removes namespaces left by test processes that died.
+//! - [`reference_plugins_dir`]: where the reference CNI plugins are.
 //! - [`cni::Runtime`]: a CNI runtime stand-in that execs plugin chains
 //!   exactly as libcni does (config injection, `prevResult` caching, reverse
 //!   DEL, STATUS/GC), optionally inside a stand-in node namespace.
@@ -182,6 +183,17 @@ pub fn sweep_stale() -> Vec<String> {
     }
     removed
 }
+
+/// Where the reference CNI plugins (`ptp`, `host-local`, `loopback`, `portmap`, `bandwidth` …)
+/// are: `FLOCK_CNI_PLUGINS_DIR` (the test bed's build of v1.10, which `cargo xtask test` sets),
+/// else Debian's `/usr/lib/cni`.
+pub fn reference_plugins_dir() -> PathBuf {
+    std::env::var_os(REFERENCE_PLUGINS_ENV)
+        .map_or_else(|| PathBuf::from("/usr/lib/cni"), PathBuf::from)
+}
+
+/// The variable naming [`reference_plugins_dir`].
+pub const REFERENCE_PLUGINS_ENV: &str = "FLOCK_CNI_PLUGINS_DIR";
 
 /// The path of binary `name` built from this workspace (`target/<profile>/<name>`),
 /// found next to the running test executable. Panics with what to run if it

@@ -9,8 +9,6 @@ use flock_testkit::Netns;
 use flock_testkit::cni::{Attachment, Runtime, result_ip};
 use serde_json::{Value, json};
 
-const CNI_BIN: &str = "/usr/lib/cni";
-
 fn ptp(data_dir: &Path, v4: &str, v6: &str) -> Value {
     json!({
         "type": "ptp",
@@ -26,9 +24,13 @@ fn ptp(data_dir: &Path, v4: &str, v6: &str) -> Value {
 
 fn runtime(dir: &Path, node: &Netns, plugins: Value) -> Runtime {
     let list = json!({ "cniVersion": "1.0.0", "name": "refnet", "plugins": plugins });
-    Runtime::new(list, [CNI_BIN], dir.join("cache"))
-        .expect("valid conflist")
-        .in_netns(node.path())
+    Runtime::new(
+        list,
+        [flock_testkit::reference_plugins_dir()],
+        dir.join("cache"),
+    )
+    .expect("valid conflist")
+    .in_netns(node.path())
 }
 
 fn gateway(result: &Value, v6: bool) -> String {

@@ -16,7 +16,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use flock_testbed::{binaries, cluster, lab, sys};
+use flock_testbed::{binaries, cluster, components, lab, sys};
 
 mod bench;
 
@@ -27,9 +27,6 @@ const TEST_PACKAGES: &[&str] = &[
     "procps",
     "curl",
     "bird2",
-    "containernetworking-plugins",
-    "containerd",
-    "runc",
     "busybox-static",
     "protobuf-compiler",
     "nftables",
@@ -104,7 +101,23 @@ fn test(filters: &[String]) -> Result<()> {
         nextest.extend(["-E".to_owned(), format!("not ({})", cluster::SCENARIOS)]);
     }
     nextest.extend(filters.iter().cloned());
-    sys::run(sys::cargo_command(&nextest).env("FLOCK_SHIM_BIN", &shim))?;
+    // The runtime and the plugins the tests drive for real: containerd 2, runc and the
+    // reference CNI plugins, built from their Go modules (cached per version).
+    let containerd = components::containerd().ensure_built()?;
+    let runc = components::runc().ensure_built()?;
+    let plugins = components::cni_plugins().ensure_built()?;
+    let path = format!(
+        "{}:{}:{}",
+        containerd.bin.display(),
+        runc.bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    sys::run(
+        sys::cargo_command(&nextest)
+            .env("FLOCK_SHIM_BIN", &shim)
+            .env("PATH", path)
+            .env(flock_testkit::REFERENCE_PLUGINS_ENV, &plugins.bin),
+    )?;
     if filters.is_empty() {
         // The lab end to end on the debug binaries (replaces a lab that is up); the shim is
         // relinked statically, as every build of a node's binaries has it.

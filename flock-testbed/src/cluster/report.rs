@@ -314,7 +314,12 @@ fn pods_and_matrix(r: &mut Report) -> Result<()> {
         };
         // The kubelet orders a pod's addresses by the family of its node IP (IPv6 here),
         // whatever order the runtime and the CNI result give them in.
-        if !p.pod_ips.split(',').next().is_some_and(|ip| ip.contains(':')) {
+        if !p
+            .pod_ips
+            .split(',')
+            .next()
+            .is_some_and(|ip| ip.contains(':'))
+        {
             r.failures.push(format!(
                 "{} lists podIPs {}: a dual-stack pod's primary address must be IPv6, the \
                  family of its node's IP",

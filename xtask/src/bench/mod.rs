@@ -36,9 +36,6 @@ pub use breakdown::{HANDOFF_DAEMON, handoff_daemon};
 
 use breakdown::{Breakdown, Floor, Observed};
 
-/// Where Debian's containernetworking-plugins live.
-const REFERENCE_BIN_DIR: &str = "/usr/lib/cni";
-
 /// Everything a subject needs to set itself up.
 pub struct SetupContext<'a> {
     /// The stand-in node namespace the plugins run in (and a daemon, if any).
@@ -102,13 +99,8 @@ impl Subject for ReferencePtp {
     }
 
     fn setup(&mut self, ctx: &SetupContext<'_>) -> Result<SubjectConfig> {
-        let ptp = Path::new(REFERENCE_BIN_DIR).join("ptp");
-        if !ptp.exists() {
-            bail!(
-                "{} is missing: install containernetworking-plugins",
-                ptp.display()
-            );
-        }
+        // The reference plugins built from their Go module (v1.10, cached per version).
+        let plugins = flock_testbed::components::cni_plugins().ensure_built()?;
         Ok(SubjectConfig {
             conflist: json!({
                 "cniVersion": "1.0.0",
@@ -124,7 +116,7 @@ impl Subject for ReferencePtp {
                     }
                 }]
             }),
-            bin_dirs: vec![REFERENCE_BIN_DIR.into()],
+            bin_dirs: vec![plugins.bin],
         })
     }
 }

@@ -113,7 +113,11 @@ pub fn ready(out: &mut String) -> Result<Vec<String>> {
         "NETWORK READY (flock's CNI STATUS as {}'s Ready condition, read from the apiserver every 0.25 s)",
         n.name
     );
-    sys::table(out, &["transition", "Ready", "after", "kubelet's message"], &rows);
+    sys::table(
+        out,
+        &["transition", "Ready", "after", "kubelet's message"],
+        &rows,
+    );
     out.push('\n');
     Ok(failures)
 }
@@ -194,7 +198,14 @@ fn stop(n: &Node, rows: &mut Vec<Vec<String>>, failures: &mut Vec<String>) -> Re
     ])?;
     let result = (|| -> Result<()> {
         let t = Instant::now();
-        kubectl(&["-n", "kube-system", "delete", "pod", &pod_name, "--wait=false"])?;
+        kubectl(&[
+            "-n",
+            "kube-system",
+            "delete",
+            "pod",
+            &pod_name,
+            "--wait=false",
+        ])?;
         let (took, message) = wait_ready(n, false, t)?;
         check_message("stop", &message, "flock agent", failures);
         if took < Duration::from_secs(25) {
