@@ -124,8 +124,11 @@ pub struct SandboxNetwork {
 pub struct RunConditions {
     /// The runtime can run sandboxes.
     pub runtime_ready: bool,
-    /// The CRI plugin has loaded a CNI config.
+    /// The network is ready: the CRI plugin has loaded a CNI config and, for a network of CNI
+    /// 1.1.0 or later (containerd 2), the plugin's STATUS succeeded.
     pub network_ready: bool,
+    /// The CRI plugin has loaded a CNI config (whatever the plugin's STATUS says).
+    pub cni_loaded: bool,
     /// The reasons and messages of conditions that are not met.
     pub not_ready: Vec<String>,
 }
@@ -169,9 +172,17 @@ impl CriClient {
             .into_inner();
         let conditions = resp.status.map(|s| s.conditions).unwrap_or_default();
         let met = |kind: &str| conditions.iter().any(|c| c.r#type == kind && c.status);
+        // go-cni's error before a config is loaded; any other NetworkReady failure is the
+        // plugin's own STATUS.
+        let unloaded = conditions.iter().any(|c| {
+            c.r#type == "NetworkReady"
+                && !c.status
+                && c.message.contains("cni plugin not initialized")
+        });
         Ok(RunConditions {
             runtime_ready: met("RuntimeReady"),
             network_ready: met("NetworkReady"),
+            cni_loaded: !unloaded,
             not_ready: conditions
                 .iter()
                 .filter(|c| !c.status)
@@ -180,13 +191,14 @@ impl CriClient {
         })
     }
 
-    /// Polls Status until RuntimeReady and NetworkReady hold (the CRI plugin
-    /// has found a conflist), or `timeout`.
+    /// Polls Status until RuntimeReady holds and the CRI plugin has loaded a conflist, or
+    /// `timeout`. The network may still be not ready: a CNI 1.1 plugin's STATUS fails while
+    /// its agent does not run (containerd 2).
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let started = Instant::now();
         loop {
             let last = match self.status().await {
-                Ok(c) if c.runtime_ready && c.network_ready => return Ok(()),
+                Ok(c) if c.runtime_ready && c.cni_loaded => return Ok(()),
                 Ok(c) => c.not_ready.join("; "),
                 Err(e) => e.to_string(),
             };

@@ -1,4 +1,5 @@
-//! End-to-end harness: containerd 1.6's CRI plugin as a real CNI client.
+//! End-to-end harness: containerd's CRI plugin as a real CNI client (containerd 2, the test
+//! bed's build, first on `PATH` under `cargo xtask test`; 1.6 and 1.7 work too).
 //!
 //! Does I/O (processes, files, gRPC); test support only, never shipped.
 //!

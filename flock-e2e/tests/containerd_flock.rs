@@ -1,6 +1,7 @@
-//! containerd 1.6's CRI plugin with flock as its CNI, installed as a node gets it: `flock-agent
-//! install-cni` copies the shim into the CNI bin dir and writes the conflist into the conf dir
-//! containerd reads (so containerd 1.6 accepts what the installer writes, `cniVersion` 1.0.0).
+//! containerd's CRI plugin (containerd 2, the test bed's build) with flock as its CNI,
+//! installed as a node gets it: `flock-agent install-cni` copies the shim into the CNI bin dir
+//! and writes the conflist into the conf dir containerd reads (`cniVersion` 1.0.0 offering
+//! 1.1.0, which containerd 2 picks: it then calls flock's STATUS for its NetworkReady).
 //! The real agent runs standalone in the node (containerd's network and mount namespaces,
 //! entered once containerd is up, so it dies with the node), containerd execs the shim, and a
 //! Rust CRI client drives RunPodSandbox, StopPodSandbox and RemovePodSandbox as kubelet does.
@@ -225,7 +226,7 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
             &conflist["plugins"][0]["delQueueDir"]
         ),
         (&json!("1.0.0"), &json!(files.state_dir().join("del-queue"))),
-        "containerd 1.6 gets a 1.0.0 list, and the shim queues where the agent drains: {conflist}"
+        "a 1.0.0 list offering 1.1.0, and the shim queues where the agent drains: {conflist}"
     );
     let setup =
         NodeSetup::installed(files.conf_dir(), files.bin_dir()).before_start(|netns, _dir| {
@@ -268,7 +269,8 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
             "one IPv6 and one IPv4 address from the node's CIDRs: {:?}",
             net.ips
         );
-        // (containerd 1.6 makes the first IPv4 the primary pod IP whatever the result's order.)
+        // (containerd's CRI makes the first IPv4 the primary pod IP unless its `ip_pref` says
+        // otherwise; the kubelet orders a pod's IPs by its node IP's family.)
 
         // Visible inside the sandbox's own namespace…
         let addrs = node.ip_in_sandbox(&net.netns_path, &["-o", "addr", "show", "dev", "eth0"]);
@@ -407,30 +409,40 @@ async fn five_flock_sandboxes_run_answer_and_clean_up() {
     );
 }
 
-/// Why install-cni's default is 1.0.0: containerd 1.6 ignores `cniVersions`, runs a list that
-/// says 1.1.0 in 1.1.0, and then cannot read the 1.1.0 result flock answers with.
+/// containerd 2 picks CNI 1.1.0 from the installed conflist's `cniVersions` and calls flock's
+/// STATUS for its `NetworkReady`: ready while the agent serves; not ready, with flock's own
+/// message, once it is killed (SIGKILL: no restart notice); ready again when it is back.
 #[tokio::test]
-async fn containerd_1_6_fails_a_pod_on_a_1_1_0_conflist() {
+async fn containerd_2_reports_flock_status_as_network_ready() {
     flock_e2e::require_tools();
-    let files = AgentFiles::new(&["--cni-version", "1.1.0"]);
-    assert_eq!(files.installed_conflist()["cniVersion"], "1.1.0");
+    let files = AgentFiles::new(&[]);
     let node = E2eNode::start(NodeSetup::installed(files.conf_dir(), files.bin_dir()))
         .await
         .expect("node with containerd starts");
-    let mut agent = start_agent(&files, node.containerd().pid());
     let mut cri = node.cri().await.expect("CRI client connects");
-    let e = cri
-        .run_pod_sandbox(&pod(0))
-        .await
-        .expect_err("containerd 1.6 refuses a 1.1.0 result");
-    // (tonic prints containerd's message with its quotes escaped.)
-    let text = e.to_string();
+    let down = cri.status().await.expect("CRI Status");
     assert!(
-        text.contains("unsupported CNI result version") && text.contains("1.1.0"),
-        "{e}\ncontainerd log:\n{}",
-        node.containerd().log_tail(30)
+        !down.network_ready && down.not_ready.join(" ").contains("flock agent unreachable"),
+        "no agent yet: STATUS fails with flock's message: {down:?}"
     );
+    let mut agent = start_agent(&files, node.containerd().pid());
+    let up = cri.status().await.expect("CRI Status");
+    assert!(up.network_ready, "the agent serves: {up:?}");
+    agent.kill().expect("SIGKILL the agent");
+    agent.wait().expect("reap the agent");
+    let crashed = cri.status().await.expect("CRI Status");
+    assert!(
+        !crashed.network_ready
+            && crashed
+                .not_ready
+                .join(" ")
+                .contains("flock agent unreachable"),
+        "a crashed agent leaves no restart notice: {crashed:?}"
+    );
+    let mut agent = start_agent(&files, node.containerd().pid());
+    assert!(cri.status().await.expect("CRI Status").network_ready);
     drop(cri);
     drop(node);
+    let _ = agent.kill();
     agent.wait().expect("reap the agent");
 }

@@ -1,4 +1,4 @@
-//! containerd 1.6's CRI plugin driving the reference `ptp` + `host-local`
+//! containerd's CRI plugin driving the reference `ptp` + `host-local`
 //! plugins (dual stack) in a stand-in node namespace: the harness works with
 //! a real CNI before flock is plugged in.
 #![cfg(feature = "root-tests")]
