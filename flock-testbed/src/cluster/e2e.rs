@@ -832,8 +832,15 @@ mod tests {
     #[test]
     fn the_exclusion_file_parses_and_every_entry_has_a_reason() {
         let e = exclusions(EXCLUSIONS).unwrap();
-        assert!(!e.is_empty());
         assert!(e.iter().all(|e| !e.reason.is_empty() && !e.spec.is_empty()));
+        let one = exclusions("# c\n[sig-network] a spec\n    its reason\n").unwrap();
+        assert_eq!(
+            one,
+            [Exclusion {
+                spec: "[sig-network] a spec".into(),
+                reason: "its reason".into()
+            }]
+        );
         assert!(exclusions("a spec\n").is_err());
         assert!(exclusions("  a reason\n").is_err());
     }

@@ -1,20 +1,24 @@
-//! `cargo xtask cluster [up|down|check|build|kubectl ARGS…]`: a real Kubernetes cluster on
-//! this machine, in network namespaces, with flock deployed into it from `deploy/`.
+//! `cargo xtask cluster [up|down|check|build|gomod|e2e|life|kubectl ARGS…]`: a real Kubernetes
+//! cluster on this machine, in network namespaces, with flock deployed into it from `deploy/`.
 //!
 //! ```text
 //!                          flockcluster-router  AS65000, BIRD
 //!              2001:db8:c0:1::1 /        | 2001:db8:c0:10::1   \ 2001:db8:c0:2::1
 //!   flockcluster-node1              flockcluster-control          flockcluster-node2
 //!   2001:db8:c0:1::2                2001:db8:c0:10::2             2001:db8:c0:2::2
-//!   containerd 1.6, kubelet,        etcd, kube-apiserver,         containerd 1.6, kubelet,
+//!   containerd 2, kubelet,          etcd, kube-apiserver,         containerd 2, kubelet,
 //!   kube-proxy; flock DaemonSet     controller-manager, scheduler kube-proxy; flock DaemonSet
 //!   (agent + BIRD, AS64701)                                       (agent + BIRD, AS64702)
 //!   pods 2001:db8:c1::/64 10.201.1.0/24                           pods 2001:db8:c2::/64 10.201.2.0/24
 //! ```
 //!
-//! Kubernetes 1.20.2 is built from Debian's source package once ([`kube`]); the services are
-//! IPv6 (`2001:db8:c5::/108`; IPv4 `10.205.0.0/16` for a dual-stack Service), every node
-//! address is IPv6, pods are dual-stack. flock's image
+//! Kubernetes (1.35, 1.36 or 1.37, the newest unless `--kubernetes` names another),
+//! containerd 2, runc, etcd, CoreDNS and the reference CNI plugins are each built once from
+//! their Go module ([`kube`], [`crate::components`]); the kubelet and kube-proxy run from
+//! configuration files, kube-proxy in nftables mode unless `--proxy-mode iptables`. The
+//! services are IPv6 (`2001:db8:c5::/108`; IPv4 `10.205.0.0/16` for a dual-stack Service),
+//! every node address is IPv6, pods are dual-stack and IPv6-primary (the kubelet orders a
+//! pod's addresses by its node IP's family), CoreDNS answers for `cluster.local`. flock's image
 //! is built from `deploy/Dockerfile` by podman and the manifests of `deploy/` are applied with
 //! only the image reference changed ([`deploy`]). `up` removes a cluster that is up, builds
 //! everything, checks it and prints a report ([`report`]); a failed check fails the command
@@ -225,31 +229,36 @@ fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-const USAGE: &str =
-    "usage: cargo xtask cluster [up [--bins DIR]|down|check|build|e2e …|life …|kubectl ARGS…]
-  up       build what is missing, (re)create the cluster, deploy flock and the workloads, check
-           and print everything (a failed check leaves the cluster up for inspection)
+const USAGE: &str = "usage: cargo xtask cluster [up [OPTIONS]|down|check [FILTERS]|build [OPTIONS]|gomod|e2e …|life …|kubectl ARGS…]
+  up       build what is missing, (re)create the cluster, deploy flock, CoreDNS and the
+           workloads, check and print everything (a failed check leaves the cluster up)
   down     remove every namespace, process, mount and file of the cluster
-  check    up on the debug binaries, the checks, the life tests, the e2e suites (network and
-           networkpolicy, IPv6-only pods), the uninstall, then down whatever happened (what
-           `cargo xtask test` runs)
-  build    only build (or find in the cache) Kubernetes
-  e2e [--suite network|networkpolicy] [--focus REGEX] [--skip REGEX] [--pods ipv6|dual]
-      [--services ipv6|ipv4] [--parallel N]
-           Kubernetes' own e2e suite (e2e.test) against the cluster that is up: sig-network's
-           Networking, Services and Conformance specs unless --focus; skips [Slow], [Serial],
-           [Disruptive], [Flaky], [Feature:…] and the specs of xtask/src/cluster/e2e-exclusions.txt;
-           pods IPv6-only unless --pods dual; Services IPv6 unless --services ipv4 (restarts
-           the apiserver IPv4-first for the run); 4 e2e.test processes unless --parallel
-  life [upgrade] [routing] [services] [reboot] [join] [startup] [policy] | life uninstall
+  check    the cluster's scenarios (flock-testbed/tests/cluster.rs: life tests, e2e suites,
+           uninstall) under cargo-nextest on one cluster, then down whatever happened (what
+           `cargo xtask test` runs last); FILTERS go to nextest (-E 'test(life_upgrade)')
+  build    only build (or find in the cache) Kubernetes and its peers, printing each one's time
+  gomod    rewrite the Go wrapper modules (flock-testbed/go) from flock-testbed/src/versions.rs
+  e2e [--suite network|dns|networkpolicy|dualstack] [--focus REGEX] [--skip REGEX]
+      [--pods ipv6|dual] [--services ipv6|ipv4] [--parallel N]
+           Kubernetes' own e2e suite (e2e.test of the cluster's release) against the cluster
+           that is up: sig-network's Networking, Services and Conformance specs unless --suite
+           or --focus; skips [Slow], [Serial], [Disruptive], [Flaky], [Feature:…] (but the
+           suite's own feature) and the specs of flock-testbed/src/cluster/e2e-exclusions.txt;
+           pods IPv6-only unless --pods dual (dualstack: dual); 4 e2e.test processes unless
+           --parallel
+  life [upgrade] [ready] [routing] [services] [reboot] [join] [startup] [policy] | life uninstall
            against the cluster that is up (all but uninstall unless named): a rolling update
-           of flock under traffic, BGP failures (graceful restart, BFD), LoadBalancer Service
-           addresses at the router, a node's reboot (and one while its Node is deleted), a
-           third node joining and leaving (and the pool controller's leader killed
-           mid-assignment), 50 pods started at once with flock and with ptp, policy-to-nftables
-           latency and agent memory at 10,000 pods; uninstall removes flock (kubectl delete -R
-           -f deploy/, flock-agent cleanup) and checks no flock rule is left (check runs it last)
+           of flock under traffic, STATUS as the node's Ready condition, BGP failures
+           (graceful restart, BFD), LoadBalancer Service addresses at the router, a node's
+           reboot (and one while its Node is deleted), a third node joining and leaving (and
+           the pool controller's leader killed mid-assignment), 50 pods started at once with
+           flock and with ptp, policy-to-nftables latency and agent memory at 10,000 pods;
+           uninstall removes flock (kubectl delete -R -f deploy/, flock-agent cleanup) and
+           checks no flock rule is left and kube-proxy's are as they were
   kubectl  run kubectl against the cluster as admin
+OPTIONS of up and build:
+  --kubernetes 1.35|1.36|1.37   the release (the newest unless named)
+  --proxy-mode nftables|iptables  kube-proxy's mode (nftables unless named)
   --bins DIR  take flock-agent and flock from DIR instead of `cargo build --release`";
 
 /// `cargo xtask cluster …`.

@@ -1,6 +1,6 @@
 //! A worker node: a network namespace wired to the router, and one private mount namespace
-//! and UTS namespace (its hostname: the node's name) shared by its containerd 1.6, its kubelet
-//! and its kube-proxy.
+//! and UTS namespace (its hostname: the node's name) shared by its containerd, its kubelet and
+//! its kube-proxy.
 //!
 //! The mount namespace is held by a `sleep` (the node's "mounts" daemon) started with
 //! `unshare --mount --uts --propagation slave`, so what the node mounts (volumes, sandbox netns
@@ -44,7 +44,7 @@ const BINDS: &[(&str, &str)] = &[
     ("/var/log/containers", "var-log-containers"),
 ];
 
-/// What the kubelet 1.20 sets at start unless `--protect-kernel-defaults`
+/// What the kubelet sets at start unless `protectKernelDefaults`
 /// (`pkg/kubelet/cm/container_manager_linux.go`, `setupKernelTunables`).
 const KUBELET_TUNABLES: &[(&str, &str)] = &[
     ("vm/overcommit_memory", "1"),

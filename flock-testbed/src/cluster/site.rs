@@ -128,8 +128,8 @@ pub fn build() -> Result<()> {
     ])?;
     add_ns(CONTROL)?;
     link_to_router(CONTROL, "to-control", CONTROL_GW, CONTROL_ADDR)?;
-    // The apiserver dials a pod at its primary IP — the IPv4 one of a dual-stack pod
-    // (containerd 1.6) — when it proxies to it (`…/pods/NAME:PORT/proxy`, the e2e suite).
+    // The apiserver dials a pod at its primary IP when it proxies to it
+    // (`…/pods/NAME:PORT/proxy`, the e2e suite): IPv4 for a pod whose primary IP is IPv4.
     ipv4_identity(CONTROL, CONTROL_ADDR4, CONTROL_ADDR)?;
     for node in &NODES {
         node_net(node)?;
