@@ -4,8 +4,10 @@
 //!
 //! The scenarios run under `cargo nextest` (a process per test) or `cargo test` (a thread per
 //! test), so the lock is both a file lock, held across processes, and a mutex, held across
-//! threads. A cluster is reused only when `up` finished on it with the same options and it
-//! still answers; otherwise it is replaced. `cargo xtask test` (and `cargo xtask cluster
+//! threads. A cluster is reused only when `up` finished on it with the same options and the
+//! same build of flock's binaries and it still answers; otherwise it is replaced. The
+//! scenarios build nothing: flock's debug binaries (`target/debug`) and the cluster's
+//! components must be built first (`cargo xtask cluster check` does). `cargo xtask test` (and `cargo xtask cluster
 //! check`) take it down when the scenarios are done; run by hand, `cargo xtask cluster down`.
 //!
 //! The release and kube-proxy's mode come from `FLOCK_TESTBED_KUBERNETES` (`1.35` …, the newest
@@ -53,7 +55,7 @@ pub fn options() -> Result<UpOptions> {
     if let Ok(mode) = std::env::var("FLOCK_TESTBED_PROXY_MODE") {
         options.proxy_mode = ProxyMode::parse(&mode).context("FLOCK_TESTBED_PROXY_MODE")?;
     }
-    options.bins = Some(crate::binaries::target_dir().join("debug"));
+    options.bins = Some(crate::lab::debug_bins());
     Ok(options)
 }
 
@@ -61,8 +63,22 @@ fn ready_file() -> PathBuf {
     Path::new(RUN_DIR).join(READY)
 }
 
-fn describe(options: &UpOptions) -> String {
-    format!("{} {}", options.kubernetes, options.proxy_mode.as_str())
+/// What a reusable cluster must have been brought up with: the options, and flock's binaries
+/// as they are now (their modification times).
+fn describe(options: &UpOptions, bins: &Path) -> String {
+    let built = |name: &str| {
+        std::fs::metadata(bins.join(name))
+            .and_then(|m| m.modified())
+            .map(|t| format!("{t:?}"))
+            .unwrap_or_else(|_| "missing".to_owned())
+    };
+    format!(
+        "{} {} flock-agent {} flock {}",
+        options.kubernetes,
+        options.proxy_mode.as_str(),
+        built("flock-agent"),
+        built("flock")
+    )
 }
 
 /// Takes the cluster for one scenario, bringing it up first unless a cluster that passed
@@ -75,15 +91,15 @@ pub fn cluster() -> Result<Shared> {
         .map_err(|(_, e)| e)
         .with_context(|| format!("lock {LOCK}"))?;
     let options = options()?;
-    let reusable = std::fs::read_to_string(ready_file())
-        .is_ok_and(|t| t.trim() == describe(&options))
+    let bins = crate::lab::debug_bins();
+    let stamp = describe(&options, &bins);
+    let reusable = std::fs::read_to_string(ready_file()).is_ok_and(|t| t == stamp)
         && cluster::kubectl(&["get", "nodes", "-o", "name"]).is_ok();
     if !reusable {
         let started = Instant::now();
-        let bins = crate::binaries::build(crate::binaries::FLOCK, false)?;
         let report = cluster::up(&bins, &options, started)?;
         print!("{report}");
-        std::fs::write(ready_file(), describe(&options))
+        std::fs::write(ready_file(), stamp)
             .with_context(|| format!("write {}", ready_file().display()))?;
     }
     Ok(Shared {

@@ -88,17 +88,14 @@ fn test(filters: &[String]) -> Result<()> {
     // target/debug.
     let shim = binaries::build_shim_copy()?;
     // The workspace is virtual: without `-p`, nextest runs every member, and an explicit
-    // `--workspace` would override a `-p` among the filters. The cluster's scenarios run on
-    // their own, after the lab (below).
+    // `--workspace` would override a `-p` among the filters. The cluster's scenarios are not
+    // in nextest's default filter (.config/nextest.toml): they run on their own, last.
     ensure_nextest()?;
     let mut nextest: Vec<String> = ["nextest", "run", "--all-features"]
         .map(String::from)
         .to_vec();
     if std::env::var_os("CI").is_some() {
         nextest.extend(["--profile", "ci"].map(String::from));
-    }
-    if filters.is_empty() {
-        nextest.extend(["-E".to_owned(), format!("not ({})", cluster::SCENARIOS)]);
     }
     nextest.extend(filters.iter().cloned());
     // The runtime and the plugins the tests drive for real: containerd 2, runc and the

@@ -382,6 +382,13 @@ pub fn run(args: &[String]) -> Result<()> {
     print!("{out}");
     std::fs::write(report_dir.join("summary.txt"), &out)
         .with_context(|| format!("write {}", report_dir.join("summary.txt").display()))?;
+    if passed == 0 {
+        bail!(
+            "no e2e spec ran and passed: the focus {focus:?} matched nothing this suite runs \
+             (the log: {})",
+            log_path.display()
+        );
+    }
     if failed > 0 || !status {
         bail!(
             "{failed} e2e specs failed (e2e.test {}); the failures are in {}",
@@ -617,8 +624,8 @@ fn probe_families(node: &str) -> Result<(bool, bool)> {
     let manifest = format!(
         r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"default"}},
 "spec":{{"nodeName":"{node}","terminationGracePeriodSeconds":0,
-"containers":[{{"name":"pause","image":"{}","imagePullPolicy":"Never","args":["pause"]}}]}}}}"#,
-        images::E2E_AGNHOST
+"containers":[{{"name":"net","image":"{}","imagePullPolicy":"Never"}}]}}}}"#,
+        images::NET
     );
     let _ = super::kubectl(&["delete", "pod", "-n", "default", &name, "--wait=true"]);
     super::kubectl_stdin(&["apply", "-f", "-"], &manifest)?;

@@ -7,9 +7,10 @@
 //! - the sandbox ("pause") image and the workloads' image, busybox-static packed as OCI
 //!   archives in Rust (flock-e2e's image writer).
 //!
-//! - for `cargo xtask cluster e2e` ([`build_e2e`]), the images Kubernetes 1.20's e2e suite
-//!   runs, under the exact names it expects: agnhost (the binary built from the same source, on
-//!   the Debian base with curl, netcat, iproute2), busybox and pause.
+//! - for `cargo xtask cluster e2e` ([`build_e2e`]), the images the release's e2e suite runs,
+//!   under the exact names its `e2e.test --list-images` gives: agnhost (the binary built from
+//!   the same release, on the Debian base with the tools its specs exec), busybox, pause,
+//!   nginx, the DNS probers and the conntrack specs' images.
 //!
 //! Every archive is imported into each node's containerd (`ctr -n k8s.io images import`).
 //! The base root filesystem and podman's storage (with its layer cache) are kept under
@@ -237,16 +238,7 @@ fn build_flock_image(bins: &Path, repo: &Path) -> Result<PathBuf> {
     Ok(archive)
 }
 
-/// The registry of the suite's test images (`test/utils/image/manifest.go`).
-const E2E_REGISTRY: &str = "registry.k8s.io/e2e-test-images";
-/// The images the suite's network specs run, under the names `e2e.test` of 1.35 to 1.37
-/// expects, as `(name, tag)` under [`E2E_REGISTRY`].
-pub const E2E_AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.66.1";
-/// The suite's busybox (`CMD ["sh"]`, as upstream's).
-pub const E2E_BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
-/// The suite's pause image.
-pub const E2E_PAUSE: &str = "registry.k8s.io/pause:3.10.2";
-/// What every Debian-based test image adds: the DNS tools (`dig`, the DNS specs' probers).
+/// What every Debian-based DNS test image adds: the DNS tools (`dig`, the DNS specs' probers).
 const DNS_PACKAGES: &str = "dnsutils";
 /// What the agnhost image adds to the Debian base: the tools the suite's tests exec in it, as
 /// upstream's image has them (bind-tools, curl, netcat, iproute2, iperf, bash, util-linux,
@@ -265,97 +257,117 @@ struct E2eImage {
     files: Vec<(&'static str, PathBuf)>,
 }
 
-/// The Debian-based images of the suite, from the binaries of `kube`.
-fn e2e_debian_images(kube: &KubeBuild) -> Vec<E2eImage> {
-    let agnhost = E2eImage {
-        name: E2E_AGNHOST.to_owned(),
-        containerfile: format!(
-            "FROM {BASE}\n\
-             RUN apt-get update && apt-get install -y --no-install-recommends {AGNHOST_PACKAGES} \
-             && rm -rf /var/lib/apt/lists/*\n\
-             COPY agnhost /agnhost\n\
-             COPY coredns /coredns\n\
-             RUN mkdir /uploads && ln -s agnhost /agnhost-2 \
-             && useradd -u 1000 -M user-defined-in-image \
-             && openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=localhost \
-             -keyout /localhost.key -out /localhost.crt\n\
-             WORKDIR /\n\
-             ENTRYPOINT [\"/agnhost\"]\n\
-             CMD [\"pause\"]\n"
-        ),
-        files: vec![
-            ("agnhost", kube.tool("agnhost")),
-            ("coredns", kube.coredns()),
-        ],
+/// How the test bed makes the suite's image `name` (as `e2e.test --list-images` names it),
+/// from the binaries of `kube`; `None` for an image the network suites do not run.
+fn debian_image(name: &str, kube: &KubeBuild) -> Option<E2eImage> {
+    let repo = name.rsplit_once(':').map_or(name, |(r, _)| r);
+    let image = |containerfile: String, files: Vec<(&'static str, PathBuf)>| {
+        Some(E2eImage {
+            name: name.to_owned(),
+            containerfile,
+            files,
+        })
     };
-    // The DNS specs' glibc prober: `getent` (glibc's resolver) and dig.
-    let glibc = E2eImage {
-        name: format!("{E2E_REGISTRY}/glibc-dns-testing:2.1.1"),
-        containerfile: format!(
-            "FROM {BASE}\n\
-             RUN apt-get update && apt-get install -y --no-install-recommends {DNS_PACKAGES} \
-             && rm -rf /var/lib/apt/lists/*\n\
-             COPY coredns /coredns\n"
+    match repo {
+        "registry.k8s.io/e2e-test-images/agnhost" => image(
+            format!(
+                "FROM {BASE}\n\
+                 RUN apt-get update && apt-get install -y --no-install-recommends \
+                 {AGNHOST_PACKAGES} && rm -rf /var/lib/apt/lists/*\n\
+                 COPY agnhost /agnhost\n\
+                 COPY coredns /coredns\n\
+                 RUN mkdir /uploads && ln -s agnhost /agnhost-2 \
+                 && useradd -u 1000 -M user-defined-in-image \
+                 && openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=localhost \
+                 -keyout /localhost.key -out /localhost.crt\n\
+                 WORKDIR /\n\
+                 ENTRYPOINT [\"/agnhost\"]\n\
+                 CMD [\"pause\"]\n"
+            ),
+            vec![
+                ("agnhost", kube.tool("agnhost")),
+                ("coredns", kube.coredns()),
+            ],
         ),
-        files: vec![("coredns", kube.coredns())],
-    };
-    // The EndpointSlice and Endpoints specs' web server.
-    let nginx = |tag: &str| E2eImage {
-        name: format!("{E2E_REGISTRY}/nginx:{tag}"),
-        containerfile: format!(
-            "FROM {BASE}\n\
-             RUN apt-get update && apt-get install -y --no-install-recommends nginx-light \
-             && rm -rf /var/lib/apt/lists/* \
-             && ln -sf /dev/stdout /var/log/nginx/access.log \
-             && ln -sf /dev/stderr /var/log/nginx/error.log\n\
-             EXPOSE 80\n\
-             CMD [\"nginx\", \"-g\", \"daemon off;\"]\n"
+        // The DNS specs' probers of glibc's resolver (`getent`) and dig.
+        "registry.k8s.io/e2e-test-images/glibc-dns-testing"
+        | "registry.k8s.io/e2e-test-images/jessie-dnsutils" => image(
+            format!(
+                "FROM {BASE}\n\
+                 RUN apt-get update && apt-get install -y --no-install-recommends \
+                 {DNS_PACKAGES} && rm -rf /var/lib/apt/lists/*\n\
+                 COPY coredns /coredns\n"
+            ),
+            vec![("coredns", kube.coredns())],
         ),
-        files: vec![],
-    };
-    // The conntrack spec's client of invalid packets, built from the same release.
-    let regression = E2eImage {
-        name: format!("{E2E_REGISTRY}/regression-issue-74839:1.5"),
-        containerfile: format!(
-            "FROM {BASE}\n\
-             COPY regression-issue-74839 /regression-issue-74839\n\
-             ENTRYPOINT [\"/regression-issue-74839\"]\n"
+        // The EndpointSlice and Endpoints specs' web server.
+        "registry.k8s.io/e2e-test-images/nginx" => image(
+            format!(
+                "FROM {BASE}\n\
+                 RUN apt-get update && apt-get install -y --no-install-recommends nginx-light \
+                 && rm -rf /var/lib/apt/lists/* \
+                 && ln -sf /dev/stdout /var/log/nginx/access.log \
+                 && ln -sf /dev/stderr /var/log/nginx/error.log\n\
+                 EXPOSE 80\n\
+                 CMD [\"nginx\", \"-g\", \"daemon off;\"]\n"
+            ),
+            vec![],
         ),
-        files: vec![(
-            "regression-issue-74839",
-            kube.tool("regression-issue-74839"),
-        )],
-    };
-    // kube-proxy's spec that reads conntrack entries on the node.
-    let iptables = E2eImage {
-        name: "registry.k8s.io/build-image/distroless-iptables:v0.9.9".to_owned(),
-        containerfile: format!(
-            "FROM {BASE}\n\
-             RUN apt-get update && apt-get install -y --no-install-recommends iptables conntrack \
-             && rm -rf /var/lib/apt/lists/*\n"
+        // The conntrack spec's client of invalid packets, built from the same release.
+        "registry.k8s.io/e2e-test-images/regression-issue-74839" => image(
+            format!(
+                "FROM {BASE}\n\
+                 COPY regression-issue-74839 /regression-issue-74839\n\
+                 ENTRYPOINT [\"/regression-issue-74839\"]\n"
+            ),
+            vec![(
+                "regression-issue-74839",
+                kube.tool("regression-issue-74839"),
+            )],
         ),
-        files: vec![],
-    };
-    vec![
-        agnhost,
-        glibc,
-        nginx("1.27.0-2"),
-        nginx("1.28.0-2"),
-        regression,
-        iptables,
-    ]
+        // kube-proxy's spec that reads conntrack entries on the node.
+        "registry.k8s.io/build-image/distroless-iptables" => image(
+            format!(
+                "FROM {BASE}\n\
+                 RUN apt-get update && apt-get install -y --no-install-recommends iptables \
+                 conntrack && rm -rf /var/lib/apt/lists/*\n"
+            ),
+            vec![],
+        ),
+        _ => None,
+    }
 }
 
-/// Builds the e2e suite's images from the binaries of `kube` (agnhost, CoreDNS, …) and
-/// busybox-static; returns their archives, kept under `CACHE_DIR/images/e2e` (an image is
-/// rebuilt only when a file of its context is newer than its archive or its Containerfile
-/// changed).
+/// Builds the images the e2e suite of `kube`'s release runs, under the names its `e2e.test
+/// --list-images` gives: pause and busybox in Rust, the others with podman on the Debian base
+/// from the binaries of the same release (agnhost, CoreDNS, …); the images only other suites
+/// run (storage, apps, …) are not made. Returns their archives, kept under
+/// `CACHE_DIR/images/e2e` (an image is rebuilt only when a file of its context is newer than
+/// its archive or its Containerfile changed).
 pub fn build_e2e(kube: &KubeBuild) -> Result<Vec<PathBuf>> {
     let dir = Path::new(CACHE_DIR).join("images/e2e");
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let pause = PauseImage::build(E2E_PAUSE, &dir).context("build the e2e pause image")?;
+    let listed = sys::output(Command::new(kube.tool("e2e.test")).arg("--list-images"))?;
+    let mut archives = Vec::new();
+    for name in listed.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let repo = name.rsplit_once(':').map_or(name, |(r, _)| r);
+        if repo == "registry.k8s.io/pause" {
+            let own = dir.join(archive_stem(name));
+            std::fs::create_dir_all(&own).with_context(|| format!("create {}", own.display()))?;
+            let pause = PauseImage::build(name, &own).with_context(|| format!("build {name}"))?;
+            archives.push(pause.archive);
+        } else if repo == "registry.k8s.io/e2e-test-images/busybox" {
+            archives.push(build_busybox(&dir, name)?);
+        } else if let Some(image) = debian_image(name, kube) {
+            archives.push(build_debian_image(&dir, &image)?);
+        }
+    }
+    Ok(archives)
+}
 
-    // busybox: the root filesystem imported by podman with upstream's CMD, no entry point.
+/// busybox under `name`: the root filesystem imported by podman with upstream's CMD, no
+/// entry point.
+fn build_busybox(dir: &Path, name: &str) -> Result<PathBuf> {
     let rootfs = dir.join("busybox-rootfs.tar");
     std::fs::write(&rootfs, busybox_rootfs()?)
         .with_context(|| format!("write {}", rootfs.display()))?;
@@ -365,28 +377,26 @@ pub fn build_e2e(kube: &KubeBuild) -> Result<Vec<PathBuf>> {
             .args(["--change", r#"CMD ["sh"]"#])
             .args(["--change", "ENV PATH=/bin"])
             .arg(&rootfs)
-            .arg(E2E_BUSYBOX),
+            .arg(name),
     )?;
-    let busybox = dir.join("busybox.oci.tar");
-    save(E2E_BUSYBOX, &busybox)?;
+    let archive = dir.join(format!("{}.oci.tar", archive_stem(name)));
+    save(name, &archive)?;
+    Ok(archive)
+}
 
-    let mut archives = vec![pause.archive, busybox];
-    for image in e2e_debian_images(kube) {
-        archives.push(build_debian_image(&dir, &image)?);
-    }
-    Ok(archives)
+/// A file name for the archive of image `name`: its last path part, tag included.
+fn archive_stem(name: &str) -> String {
+    name.rsplit('/')
+        .next()
+        .unwrap_or(name)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect()
 }
 
 /// `podman build` of one image on the Debian base, unless its archive is up to date.
 fn build_debian_image(dir: &Path, image: &E2eImage) -> Result<PathBuf> {
-    let stem: String = image
-        .name
-        .rsplit('/')
-        .next()
-        .unwrap_or(&image.name)
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .collect();
+    let stem = archive_stem(&image.name);
     let archive = dir.join(format!("{stem}.oci.tar"));
     let context = dir.join(format!("{stem}-context"));
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();

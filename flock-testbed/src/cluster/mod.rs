@@ -323,9 +323,6 @@ pub fn cluster(args: &[String]) -> Result<()> {
     }
 }
 
-/// The nextest filter of the cluster's scenarios (`flock-testbed/tests/cluster.rs`).
-pub const SCENARIOS: &str = "binary_id(flock-testbed::cluster)";
-
 /// `cargo xtask cluster check [FILTERS…]`, also the last step of `cargo xtask test`: the
 /// cluster's scenarios (`flock-testbed/tests/cluster.rs`, under cargo-nextest, one cluster for
 /// all), then the cluster down whatever happened. `FILTERS` go to nextest
@@ -334,6 +331,16 @@ pub fn check(filters: &[String]) -> Result<()> {
     sys::require_root("cargo xtask cluster check")?;
     sys::ensure_packages(PACKAGES)?;
     let started = Instant::now();
+    // Everything the scenarios run is built before them (a scenario runs no build: under
+    // `cargo test` the target folder is locked while tests run), and a cluster left up by
+    // hand, with other binaries, is not reused.
+    let options = crate::scenario::options()?;
+    step("Kubernetes and its peers", || {
+        kube::ensure_release(options.kubernetes)
+    })?;
+    crate::binaries::build(crate::binaries::FLOCK, false)?;
+    down()?;
+    // The `cluster` profile of .config/nextest.toml selects the scenarios; FILTERS narrow it.
     let mut args: Vec<String> = [
         "nextest",
         "run",
@@ -341,15 +348,11 @@ pub fn check(filters: &[String]) -> Result<()> {
         "flock-testbed",
         "--features",
         "cluster",
-        "--no-fail-fast",
-        "-E",
-        SCENARIOS,
+        "--profile",
+        "cluster",
     ]
     .map(String::from)
     .to_vec();
-    if std::env::var_os("CI").is_some() {
-        args.extend(["--profile", "ci"].map(String::from));
-    }
     args.extend(filters.iter().cloned());
     let result = sys::run(&mut sys::cargo_command(&args));
     let cleanup = down();
