@@ -5,20 +5,20 @@
 //!   tests included. This is the README's test command and all `.ci/run` calls.
 //! - `bench`: end-to-end CNI latency and throughput of every subject (the
 //!   reference plugins, flock) through one runtime stand-in, written into
-//!   `BENCHMARKS.md` (see `bench.rs`).
+//!   `BENCHMARKS.md` (`flock_testbed::bench`).
 //! - `lab [up|down|check|faults]`: two routed nodes, a router and four pods in network
-//!   namespaces, checked and printed as tables (see `lab.rs`).
-//! - `cluster [up|down|check|build|kubectl ARGS…]`: a real Kubernetes 1.20 cluster (built
-//!   from Debian's source package) in network namespaces, flock deployed into it from
-//!   `deploy/`, checked and printed as tables (see `cluster/mod.rs`).
+//!   namespaces, checked and printed as tables (`flock_testbed::lab`).
+//! - `cluster [up|down|check|build|gomod|e2e|life|kubectl ARGS…]`: a real Kubernetes cluster
+//!   (1.35-1.37, built with containerd 2 and the rest from Go modules) in network namespaces,
+//!   flock deployed into it from `deploy/`, and its scenarios (`flock_testbed::cluster`).
+//!
+//! xtask is only the dispatcher: everything it runs lives in the `flock-testbed` crate.
 
 use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use flock_testbed::{binaries, cluster, components, lab, sys};
-
-mod bench;
+use flock_testbed::{bench, binaries, cluster, components, lab, sys};
 
 /// Debian packages the test suite drives for real.
 const TEST_PACKAGES: &[&str] = &[
@@ -53,7 +53,7 @@ fn main() -> Result<()> {
                  \n  test   install what the suite needs and run every test (as root)\
                  \n  bench  ADD/DEL latency and pods/s of each subject, written into BENCHMARKS.md (as root)\
                  \n  lab    two routed nodes, a router and four pods in namespaces; `down` removes them, `check` = up + down on debug builds (as root)\
-                 \n  cluster  Kubernetes 1.20 in namespaces with flock deployed from deploy/; `cargo xtask cluster help` (as root)"
+                 \n  cluster  Kubernetes 1.35-1.37 in namespaces with flock deployed from deploy/; `cargo xtask cluster help` (as root)"
             );
             if command.is_empty() || command == "help" || command == "--help" {
                 Ok(())

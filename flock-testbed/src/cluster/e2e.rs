@@ -362,7 +362,7 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     out.push_str(&format!(
         "\n{} specs in focus: {} run, {passed} passed, {failed} failed, {skipped} skipped by the \
-         suite itself, {excluded_count} excluded (xtask/src/cluster/e2e-exclusions.txt)\n",
+         suite itself, {excluded_count} excluded (flock-testbed/src/cluster/e2e-exclusions.txt)\n",
         ran.len(),
         passed + failed,
     ));

@@ -27,8 +27,8 @@ use flock_testkit::cni::{Attachment, Runtime};
 use flock_testkit::node::{AgentLayout, spawn_agent, wait_until_serving};
 use serde_json::{Value, json};
 
-use flock_testbed::binaries::{FLOCK, build, workspace_root};
-use flock_testbed::sys;
+use crate::binaries::{FLOCK, build, workspace_root};
+use crate::sys;
 
 mod breakdown;
 
@@ -100,7 +100,7 @@ impl Subject for ReferencePtp {
 
     fn setup(&mut self, ctx: &SetupContext<'_>) -> Result<SubjectConfig> {
         // The reference plugins built from their Go module (v1.10, cached per version).
-        let plugins = flock_testbed::components::cni_plugins().ensure_built()?;
+        let plugins = crate::components::cni_plugins().ensure_built()?;
         Ok(SubjectConfig {
             conflist: json!({
                 "cniVersion": "1.0.0",
