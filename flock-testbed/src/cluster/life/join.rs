@@ -620,7 +620,7 @@ fn leave(
         "drain",
         JOINER.name,
         "--ignore-daemonsets",
-        "--delete-local-data",
+        "--delete-emptydir-data",
         "--force",
         "--timeout=90s",
     ])

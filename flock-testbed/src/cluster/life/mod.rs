@@ -861,13 +861,19 @@ fn run_pod_sandbox_durations(log: &str, prefix: &str) -> Vec<Duration> {
     let mut started: BTreeMap<String, f64> = BTreeMap::new();
     let mut out = Vec::new();
     for line in log.lines() {
-        let Some(rest) = line
+        // containerd 2: `RunPodSandbox for name:\"POD\"  uid:…`; 1.x:
+        // `RunPodSandbox for &PodSandboxMetadata{Name:POD,…`.
+        let pod = if let Some(rest) = line.split("RunPodSandbox for name:\\\"").nth(1) {
+            rest.split("\\\"").next()
+        } else if let Some(rest) = line
             .split("RunPodSandbox for &PodSandboxMetadata{Name:")
             .nth(1)
-        else {
+        {
+            rest.split(',').next()
+        } else {
             continue;
         };
-        let Some(pod) = rest.split(',').next() else {
+        let Some(pod) = pod else {
             continue;
         };
         if !pod.starts_with(prefix) {
@@ -1043,6 +1049,17 @@ time="2026-11-23T12:00:01.000000000Z" level=info msg="RunPodSandbox for &PodSand
         let d = run_pod_sandbox_durations(log, "burst-flock-");
         assert_eq!(d.len(), 1);
         assert!((d[0].as_secs_f64() - 0.25).abs() < 1e-6, "{d:?}");
+    }
+
+    #[test]
+    fn sandbox_durations_read_containerd_2s_log() {
+        let log = r#"time="2026-11-25T19:52:14.457339038Z" level=info msg="RunPodSandbox for name:\"burst-flock-a\"  uid:\"7475\"  namespace:\"demo\""
+time="2026-11-25T19:52:14.500000000Z" level=info msg="RunPodSandbox for name:\"other-b\"  uid:\"1\"  namespace:\"demo\""
+time="2026-11-25T19:52:15.000000000Z" level=info msg="RunPodSandbox for name:\"burst-flock-a\"  uid:\"7475\"  namespace:\"demo\" returns sandbox id \"b83c\""
+"#;
+        let d = run_pod_sandbox_durations(log, "burst-flock-");
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!((d[0].as_secs_f64() - 0.542660962).abs() < 1e-6, "{d:?}");
     }
 
     #[test]
