@@ -288,7 +288,8 @@ pub fn go() -> Result<PathBuf> {
     }
     bail!(
         "no Go toolchain: `go` is not on PATH and {GO_FALLBACK} does not exist (the test bed \
-         builds Kubernetes and its peers from Go modules; install Go 1.26 or newer)"
+         builds Kubernetes and its peers from Go modules with the machine's toolchain: Go \
+         1.26.8 or newer, the highest `go` line of flock-testbed/go/*/go.mod)"
     )
 }
 
