@@ -73,10 +73,7 @@ impl ContainerdConfig {
     /// - `bin_dirs`, the list that replaced `bin_dir`.
     pub fn render(&self) -> String {
         let q = |p: &Path| toml_string(&p.display().to_string());
-        let runc = match &self.runc {
-            Some(path) => format!("\n        BinaryName = {}", q(path)),
-            None => String::new(),
-        };
+        let runc = self.runc_binary_option();
         format!(
             r#"version = 3
 root = {root}
@@ -161,10 +158,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     ///   kubelet's containerd does.
     pub fn render_v2(&self) -> String {
         let q = |p: &Path| toml_string(&p.display().to_string());
-        let runc = match &self.runc {
-            Some(path) => format!("\n        BinaryName = {}", q(path)),
-            None => String::new(),
-        };
+        let runc = self.runc_binary_option();
         format!(
             r#"version = 2
 root = {root}
@@ -223,6 +217,19 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             bin_dir = q(&self.cni_bin_dir),
             conf_dir = q(&self.cni_conf_dir),
         )
+    }
+}
+
+impl ContainerdConfig {
+    /// runc's `BinaryName` option line, when runc is not the one on `PATH`.
+    fn runc_binary_option(&self) -> String {
+        match &self.runc {
+            Some(path) => format!(
+                "\n        BinaryName = {}",
+                toml_string(&path.display().to_string())
+            ),
+            None => String::new(),
+        }
     }
 }
 
