@@ -393,64 +393,25 @@ fn build_network() -> Result<()> {
 }
 
 fn router_bird_conf() -> String {
-    let mut conf = format!(
-        "# BIRD 2 configuration of the lab's router (not a flock node): it learns every node's
-# pod prefixes and anycast addresses, installs them (equal-cost paths merged) and passes
-# them on to the other nodes.
-router id 100.64.255.1;
-
-protocol device {{ }}
-
-protocol kernel kernel6 {{
-  ipv6 {{ import none; export where source = RTS_BGP; }};
-  merge paths on;
-}}
-
-protocol kernel kernel4 {{
-  ipv4 {{ import none; export where source = RTS_BGP; }};
-  merge paths on;
-}}
-
-# The router's own addresses (on lo), announced so that the pods can answer it.
-protocol static router6 {{
-  ipv6;
-  route {ROUTER_LO6}/128 blackhole;
-}}
-
-protocol static router4 {{
-  ipv4;
-  route {ROUTER_LO4}/32 blackhole;
-}}
-
-template bgp flocknode {{
-  local as {ROUTER_ASN};
-  hold time 6;
-  keepalive time 2;
-  connect retry time 1;
-  connect delay time 1;
-  error wait time 1, 10;
-  ipv6 {{ import all; export all; next hop self; }};
-  ipv4 {{ extended next hop on; import all; export all; next hop self; }};
-}}
-"
-    );
-    for node in &NODES {
-        let interface = if node.unnumbered {
-            format!("  interface \"{}\";\n", node.router_if)
-        } else {
-            String::new()
-        };
-        let password = node
-            .password
-            .map(|p| format!("  password \"{p}\";\n"))
-            .unwrap_or_default();
-        let _ = writeln!(
-            conf,
-            "\nprotocol bgp {} from flocknode {{\n{interface}  neighbor {} as {};\n{password}}}",
-            node.name, node.node_addr, node.asn
-        );
+    crate::router::Router {
+        of: "the lab",
+        router_id: "100.64.255.1",
+        asn: ROUTER_ASN,
+        own6: ROUTER_LO6,
+        own4: ROUTER_LO4,
+        peers: NODES
+            .iter()
+            .map(|node| crate::router::Peer {
+                name: node.name,
+                addr: node.node_addr,
+                asn: node.asn,
+                interface: node.unnumbered.then_some(node.router_if),
+                password: node.password,
+                bfd: false,
+            })
+            .collect(),
     }
-    conf
+    .bird_conf()
 }
 
 /// Starts BIRD (daemonised, inside `ns`) on `conf` with control socket `ctl`.

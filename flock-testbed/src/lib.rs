@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod components;
 pub mod gomod;
 pub mod lab;
+pub mod router;
 pub mod scenario;
 pub mod sys;
 pub mod versions;

@@ -4,7 +4,6 @@
 //! IPv6 carrying both families, and installs what it learns, equal-cost paths merged.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
@@ -140,56 +139,25 @@ pub fn build() -> Result<()> {
 /// The router's BIRD configuration: a session with each of `nodes`; `passwords`: each node's
 /// session password, if it has one.
 fn router_bird_conf(nodes: &[&Node], passwords: &BTreeMap<&str, String>) -> String {
-    let mut conf = format!(
-        "# BIRD 2 on the cluster's router (not a Kubernetes node): it learns each node's pod
-# prefixes and anycast addresses over BGP, installs them (equal-cost paths merged) and passes
-# them on to the other nodes.
-router id {ROUTER_LO4};
-log stderr all;
-
-protocol device {{ }}
-protocol direct {{ ipv6; ipv4; interface \"lo\"; }}
-
-protocol kernel kernel6 {{
-  ipv6 {{ import none; export where source = RTS_BGP; }};
-  merge paths on;
-}}
-
-protocol kernel kernel4 {{
-  ipv4 {{ import none; export where source = RTS_BGP; }};
-  merge paths on;
-}}
-
-template bgp flocknode {{
-  local as {ROUTER_ASN};
-  hold time 6;
-  keepalive time 2;
-  connect retry time 1;
-  connect delay time 1;
-  error wait time 1, 10;
-  ipv6 {{ import all; export all; next hop self; }};
-  ipv4 {{ extended next hop on; import all; export all; next hop self; }};
-}}
-"
-    );
-    if nodes.iter().any(|n| n.bfd) {
-        conf.push_str("\nprotocol bfd { }\n");
+    crate::router::Router {
+        of: "the cluster",
+        router_id: ROUTER_LO4,
+        asn: ROUTER_ASN,
+        own6: ROUTER_LO6,
+        own4: ROUTER_LO4,
+        peers: nodes
+            .iter()
+            .map(|node| crate::router::Peer {
+                name: node.name,
+                addr: node.addr,
+                asn: node.asn,
+                interface: None,
+                password: passwords.get(node.name).map(String::as_str),
+                bfd: node.bfd,
+            })
+            .collect(),
     }
-    for node in nodes {
-        let _ = write!(
-            conf,
-            "\nprotocol bgp {} from flocknode {{\n  neighbor {} as {};\n",
-            node.name, node.addr, node.asn
-        );
-        if node.bfd {
-            conf.push_str("  bfd on;\n");
-        }
-        if let Some(password) = passwords.get(node.name) {
-            let _ = writeln!(conf, "  password \"{password}\";");
-        }
-        conf.push_str("}\n");
-    }
-    conf
+    .bird_conf()
 }
 
 /// The TCP MD5 password of `node`'s session, made once per cluster (kept under the
