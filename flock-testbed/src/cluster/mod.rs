@@ -246,7 +246,7 @@ const USAGE: &str = "usage: cargo xtask cluster [up [OPTIONS]|down|check [FILTER
            suite's own feature) and the specs of flock-testbed/src/cluster/e2e-exclusions.txt;
            pods IPv6-only unless --pods dual (dualstack: dual); 4 e2e.test processes unless
            --parallel
-  life [upgrade] [ready] [routing] [services] [reboot] [join] [startup] [policy] | life uninstall
+  life [upgrade] [ready] [routing] [services] [reboot] [join] [leave] [startup] [policy] | life uninstall
            against the cluster that is up (all but uninstall unless named): a rolling update
            of flock under traffic, STATUS as the node's Ready condition, BGP failures
            (graceful restart, BFD), LoadBalancer Service addresses at the router, a node's

@@ -49,14 +49,30 @@ const WAVE: usize = 30;
 const PINNED: &str = "joiner";
 
 pub fn join(out: &mut String) -> Result<Vec<String>> {
+    join_then(out, false)
+}
+
+/// `life leave`: node3 joins (as in [`join`]), then leaves: drained, its kubelet stopped, its
+/// Node deleted; its agent releases what its pods held after the leak grace, and the pool
+/// controller deletes its NodeConfig.
+pub fn leave_after_join(out: &mut String) -> Result<Vec<String>> {
+    join_then(out, true)
+}
+
+/// node3 joins; then either the controller's leader is killed and frozen in waves of Nodes,
+/// or node3 leaves. Whatever happens, nothing of node3 is left behind.
+fn join_then(out: &mut String, and_leave: bool) -> Result<Vec<String>> {
     let mut failures = Vec::new();
     ensure_leak_grace()?;
     let kube = kube::ensure_built()?;
     let pool_before = pool_counts(JOINER.rack)?;
     let result = (|| -> Result<()> {
         joined(out, &kube, &mut failures)?;
-        leader_kill(out, &mut failures)?;
-        leave(out, &pool_before, &mut failures)
+        if and_leave {
+            leave(out, &pool_before, &mut failures)
+        } else {
+            leader_kill(out, &mut failures)
+        }
     })();
     // Whatever happened: no stand-in Node, no joiner left behind.
     let _ = delete_wave();

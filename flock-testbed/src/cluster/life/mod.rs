@@ -22,8 +22,10 @@
 //!   NodeConfig and prefixes are the same after (its status still held allocations, so the
 //!   pool controller kept them), nothing of before comes back on it, and its allocations
 //!   are exactly the pods it runs now.
-//! - **join**: a third node joins a rack of its own and leaves it again, and the pool
-//!   controller's leader is killed in the middle of a wave of new nodes (see [`join`]).
+//! - **join**: a third node joins a rack of its own, and the pool controller's leader is
+//!   killed in the middle of a wave of new nodes (see [`join`]).
+//! - **leave**: the third node joins, then leaves: drained, stopped, its Node deleted; its
+//!   allocations released past the leak grace and its NodeConfig deleted.
 //! - **policy**: NetworkPolicy changes to enforcement in a node's nftables, p50/p99, with 100
 //!   isolated pods, and the agents' memory with 10,000 pods and 1,000 policies in the
 //!   cluster (see [`policy`]).
@@ -57,7 +59,7 @@ use crate::sys;
 const PROBE_INTERVAL: &str = "0.05";
 /// Every life test, in the order they run.
 pub const ALL: &[&str] = &[
-    "upgrade", "ready", "routing", "services", "reboot", "join", "startup", "policy",
+    "upgrade", "ready", "routing", "services", "reboot", "join", "leave", "startup", "policy",
 ];
 /// Pods per node in the start-up run.
 const BURST: usize = 50;
@@ -110,6 +112,7 @@ pub fn tests(which: &[&str], out: &mut String) -> Vec<String> {
                 Ok(f)
             }),
             "join" => join::join(out),
+            "leave" => join::leave_after_join(out),
             "ready" => ready::ready(out),
             "policy" => policy::policy(out),
             "services" => services::services(out),
