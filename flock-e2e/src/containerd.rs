@@ -249,12 +249,34 @@ impl Containerd {
             .flatten()
             .map(|e| Task {
                 id: e.file_name().to_string_lossy().into_owned(),
-                shim_socket: std::fs::read_to_string(e.path().join("address"))
-                    .ok()
-                    .and_then(|a| a.trim().strip_prefix("unix://").map(PathBuf::from)),
+                shim_socket: shim_socket(&e.path()),
             })
             .collect()
     }
+
+    /// The bundle of task (sandbox or container) `id` in the state dir.
+    pub fn bundle(&self, id: &str) -> PathBuf {
+        self.config
+            .state
+            .join("io.containerd.runtime.v2.task")
+            .join("k8s.io")
+            .join(id)
+    }
+}
+
+/// The socket of the shim serving the task whose bundle is `bundle`: from `bootstrap.json`
+/// (containerd 2) or `address` (1.x). It sits in the machine's `/run/containerd/s`, which the
+/// harness does not redirect, so a harness that kills the shim removes it.
+pub fn shim_socket(bundle: &Path) -> Option<PathBuf> {
+    let address = match std::fs::read_to_string(bundle.join("bootstrap.json")) {
+        Ok(text) => serde_json::from_str::<serde_json::Value>(&text)
+            .ok()?
+            .get("address")?
+            .as_str()?
+            .to_owned(),
+        Err(_) => std::fs::read_to_string(bundle.join("address")).ok()?,
+    };
+    address.trim().strip_prefix("unix://").map(PathBuf::from)
 }
 
 impl Drop for Containerd {

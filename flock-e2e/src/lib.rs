@@ -30,7 +30,7 @@ mod tar;
 
 pub use config::{ContainerdConfig, Snapshotter};
 #[cfg(feature = "cri")]
-pub use containerd::Containerd;
+pub use containerd::{Containerd, shim_socket};
 #[cfg(feature = "cri")]
 pub use cri::{CriClient, PodSandboxSpec, RunConditions, SandboxNetwork, SandboxRun};
 pub use image::{OciDocuments, PauseImage, oci_arch, oci_archive, oci_documents, sha256_digest};

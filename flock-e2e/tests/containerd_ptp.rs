@@ -219,13 +219,10 @@ async fn drop_kills_containerd_shims_sandboxes_and_hooked_processes() {
     let containerd_pid = node.containerd().pid();
     let netns_name = node.netns().name().to_owned();
     let dir = node.dir().to_owned();
-    let address = std::fs::read_to_string(
-        dir.join("state/io.containerd.runtime.v2.task/k8s.io")
-            .join(&run.id)
-            .join("address"),
-    )
-    .expect("the sandbox's shim address file");
-    let shim_socket = address.trim().trim_start_matches("unix://").to_owned();
+    let shim_socket = flock_e2e::shim_socket(&node.containerd().bundle(&run.id))
+        .expect("the sandbox's shim socket, recorded in its bundle")
+        .display()
+        .to_string();
     assert!(Path::new(&shim_socket).exists(), "{shim_socket}");
     drop(cri);
 

@@ -227,7 +227,8 @@ pub fn coredns() -> Component {
     }
 }
 
-/// The reference CNI plugins the test bed uses.
+/// The reference CNI plugins the test bed uses: loopback (every sandbox), ptp and host-local
+/// (the comparisons), portmap, bandwidth and tuning (the chains).
 pub fn cni_plugins() -> Component {
     let version = versions::CNI_PLUGINS;
     let plugin = |name: &'static str, dir: &str| Output {
@@ -251,6 +252,7 @@ pub fn cni_plugins() -> Component {
             plugin("host-local", "ipam"),
             plugin("portmap", "meta"),
             plugin("bandwidth", "meta"),
+            plugin("tuning", "meta"),
         ],
     }
 }
