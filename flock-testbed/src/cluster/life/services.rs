@@ -251,9 +251,17 @@ fn run(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
         .iter()
         .find(|(_, h)| !h.contains(node2))
         .map(|(t, _)| *t);
+    let first_without_node2 = slices
+        .first()
+        .is_some_and(|(_, nodes)| !nodes.contains(node2));
     let withdrawal = match (last_with_node2, route_gone) {
         (Some(a), Some(b)) if b >= a => secs(b - a),
         (Some(_), Some(_)) => "before the slice event arrived at the watch".to_owned(),
+        // The watch's first event already lacked node2 (it started after the change): the
+        // withdrawal is checked above, only its time is unknown.
+        (None, Some(_)) if first_without_node2 => {
+            "not timed: the slice had lost node2 by the watch's first event".to_owned()
+        }
         _ => {
             failures.push(format!(
                 "services: could not time the withdrawal (slice events {}, route changes {})",
