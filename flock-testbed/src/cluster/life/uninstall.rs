@@ -45,7 +45,14 @@ fn flock_rules(n: &Node) -> Result<Vec<String>> {
 /// are left out: the e2e suites' namespaces may still be terminating, and their Services'
 /// rules go with them while this test runs.
 fn kube_proxy_rules(n: &Node) -> Vec<String> {
-    let ours = ["\"default/".to_owned(), format!("\"{DEMO_NS}/")];
+    // iptables names a Service in a rule's comment ("default/kubernetes:https"), nftables in
+    // its chain's name (service-HASH-default/kubernetes/tcp/https).
+    let ours = [
+        "\"default/".to_owned(),
+        format!("\"{DEMO_NS}/"),
+        "-default/".to_owned(),
+        format!("-{DEMO_NS}/"),
+    ];
     node::kube_services(&Place::Net(n.ns()), node::Family::V6)
         .map(|s| {
             let mut rules: Vec<String> = s
@@ -121,12 +128,12 @@ pub fn uninstall(out: &mut String, bins: &Path) -> Result<Vec<String>> {
         }
         if kube_proxy.is_empty() {
             failures.push(format!(
-                "uninstall: kube-proxy's KUBE-SERVICES on {} has no rule for the default and {DEMO_NS} Services",
+                "uninstall: kube-proxy's rules on {} have none for the default and {DEMO_NS} Services",
                 n.name
             ));
         } else if kube_proxy != installed[i].1 {
             failures.push(format!(
-                "uninstall: kube-proxy's KUBE-SERVICES on {} changed for the default and {DEMO_NS} Services: had {:?}, has {kube_proxy:?}",
+                "uninstall: kube-proxy's rules on {} changed for the default and {DEMO_NS} Services: had {:?}, has {kube_proxy:?}",
                 n.name, installed[i].1
             ));
         }
@@ -149,7 +156,7 @@ pub fn uninstall(out: &mut String, bins: &Path) -> Result<Vec<String>> {
             "flock lines installed",
             "after kubectl delete",
             "after cleanup",
-            "kube-proxy KUBE-SERVICES (default, demo) before / after",
+            "kube-proxy's rules (default, demo) before / after",
         ],
         &rows,
     );
