@@ -203,10 +203,7 @@ pub fn lab(args: &[String]) -> Result<()> {
 
 /// `target/debug`, where `cargo build --workspace --bins` puts the binaries.
 pub fn debug_bins() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
-        .join("debug")
+    crate::binaries::target_dir().join("debug")
 }
 
 /// The lab as a check of `cargo xtask test`: up with the binaries in `bins` (the debug

@@ -91,7 +91,7 @@ pub fn cluster() -> Result<Shared> {
         .map_err(|(_, e)| e)
         .with_context(|| format!("lock {LOCK}"))?;
     let options = options()?;
-    let bins = crate::lab::debug_bins();
+    let bins = options.bins.clone().unwrap_or_else(crate::lab::debug_bins);
     let stamp = describe(&options, &bins);
     let reusable = std::fs::read_to_string(ready_file()).is_ok_and(|t| t == stamp)
         && cluster::kubectl(&["get", "nodes", "-o", "name"]).is_ok();

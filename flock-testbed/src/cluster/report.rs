@@ -80,7 +80,8 @@ fn raw(r: &mut Report, title: &str, text: &str) {
     r.text.push('\n');
 }
 
-fn json(args: &[&str]) -> Result<Value> {
+/// `kubectl ARGS…` (with `-o json` among them), parsed.
+pub(crate) fn json(args: &[&str]) -> Result<Value> {
     let text = kubectl(args)?;
     serde_json::from_str(&text).with_context(|| format!("parse kubectl {}", args.join(" ")))
 }

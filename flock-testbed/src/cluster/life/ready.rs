@@ -20,6 +20,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use super::super::deploy::DEMO_NS;
+use super::super::report::json;
 use super::super::{NODES, Node, kubectl, kubectl_stdin};
 use crate::sys;
 
@@ -29,8 +30,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 
 /// The node's `Ready` condition: status and message.
 fn ready_condition(n: &Node) -> Result<(String, String)> {
-    let v: Value = serde_json::from_str(&kubectl(&["get", "node", n.name, "-o", "json"])?)
-        .context("parse kubectl get node")?;
+    let v = json(&["get", "node", n.name, "-o", "json"])?;
     let c = v["status"]["conditions"]
         .as_array()
         .into_iter()
@@ -64,7 +64,7 @@ fn wait_ready(n: &Node, want: bool, since: Instant) -> Result<(Duration, String)
 
 /// The agent pod on `n`.
 fn agent_pod(n: &Node) -> Result<Value> {
-    let v: Value = serde_json::from_str(&kubectl(&[
+    let v = json(&[
         "-n",
         "kube-system",
         "get",
@@ -75,8 +75,7 @@ fn agent_pod(n: &Node) -> Result<Value> {
         &format!("spec.nodeName={}", n.name),
         "-o",
         "json",
-    ])?)
-    .context("parse kubectl get pods")?;
+    ])?;
     v["items"]
         .as_array()
         .into_iter()
@@ -133,7 +132,7 @@ fn check_message(what: &str, message: &str, want: &str, failures: &mut Vec<Strin
 }
 
 fn stop(n: &Node, rows: &mut Vec<Vec<String>>, failures: &mut Vec<String>) -> Result<()> {
-    let ds: Value = serde_json::from_str(&kubectl(&[
+    let ds = json(&[
         "-n",
         "kube-system",
         "get",
@@ -141,8 +140,7 @@ fn stop(n: &Node, rows: &mut Vec<Vec<String>>, failures: &mut Vec<String>) -> Re
         "flock",
         "-o",
         "json",
-    ])?)
-    .context("parse the DaemonSet")?;
+    ])?;
     let mut again = ds.clone();
     if let Some(meta) = again["metadata"].as_object_mut() {
         for k in [
@@ -209,8 +207,7 @@ fn stop(n: &Node, rows: &mut Vec<Vec<String>>, failures: &mut Vec<String>) -> Re
 const HOLDER: &str = "ready-pool-holder";
 
 fn exhausted(n: &Node, rows: &mut Vec<Vec<String>>, failures: &mut Vec<String>) -> Result<()> {
-    let nc: Value = serde_json::from_str(&kubectl(&["get", "nodeconfig", n.name, "-o", "json"])?)
-        .context("parse the NodeConfig")?;
+    let nc = json(&["get", "nodeconfig", n.name, "-o", "json"])?;
     let cidr4 = nc["spec"]["cidr4"]
         .as_str()
         .context("the NodeConfig has no cidr4")?
