@@ -22,6 +22,67 @@ pub const CONFLIST_NAME: &str = "01-flock.conflist";
 /// result in.
 pub const DEFAULT_CNI_VERSION: CniVersion = CniVersion::V1_0_0;
 
+/// A reference plugin (github.com/containernetworking/plugins) the conflist chains after
+/// flock, taking flock's result as its `prevResult`. The node provides its binary, as it
+/// provides `loopback`, which containerd runs for every sandbox: the distribution's package of
+/// the reference plugins installs both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chained {
+    /// `portmap`: a pod's `hostPort`s (the runtime passes them as the `portMappings`
+    /// capability), DNAT from the node's addresses to the pod's.
+    Portmap,
+    /// `bandwidth`: the `kubernetes.io/ingress-bandwidth` and `egress-bandwidth` annotations
+    /// (the `bandwidth` capability), shaping on the host veth flock's result names.
+    Bandwidth,
+}
+
+impl Chained {
+    /// What `--chain` accepts.
+    pub const ALL: [Chained; 2] = [Chained::Portmap, Chained::Bandwidth];
+
+    /// The plugin's `type`: its binary's name in the CNI binary directory.
+    pub fn name(self) -> &'static str {
+        match self {
+            Chained::Portmap => "portmap",
+            Chained::Bandwidth => "bandwidth",
+        }
+    }
+
+    /// Its entry in the conflist's `plugins`, after flock's.
+    fn config(self) -> serde_json::Value {
+        let capability = match self {
+            Chained::Portmap => "portMappings",
+            Chained::Bandwidth => "bandwidth",
+        };
+        json!({ "type": self.name(), "capabilities": { capability: true } })
+    }
+}
+
+/// What `install-cni` chains unless told otherwise: `portmap`, so that a pod's `hostPort`
+/// works as Kubernetes documents it (and its conformance suite checks).
+pub const DEFAULT_CHAIN: [Chained; 1] = [Chained::Portmap];
+
+/// [`DEFAULT_CHAIN`] as `--chain` spells it.
+pub const DEFAULT_CHAIN_FLAG: &str = "portmap";
+
+/// One `--chain` value: a plugin of [`Chained::ALL`], or `none` (`Ok(None)`) for a conflist of
+/// flock alone; the error names the value and what is accepted.
+pub fn parse_chained(text: &str) -> std::result::Result<Option<Chained>, String> {
+    if text == "none" {
+        return Ok(None);
+    }
+    Chained::ALL
+        .into_iter()
+        .find(|c| c.name() == text)
+        .map(Some)
+        .ok_or_else(|| {
+            format!(
+                "{text:?} is not a plugin flock chains; one of {}, or none",
+                Chained::ALL.map(Chained::name).join(", ")
+            )
+        })
+}
+
 /// What `install-cni` installs.
 #[derive(Clone, Debug)]
 pub struct InstallPlan {
@@ -42,6 +103,8 @@ pub struct InstallPlan {
     pub del_queue_dir: PathBuf,
     /// The MTU of pod interfaces.
     pub mtu: u32,
+    /// The reference plugins chained after flock, in this order; each must be in `bin_dir`.
+    pub chain: Vec<Chained>,
 }
 
 /// `text` as a `cniVersion` flock supports, for the `--cni-version` flag; the error names the
@@ -66,26 +129,28 @@ fn supported_list() -> String {
         .join(", ")
 }
 
-/// The conflist flock installs: flock alone, with the runtime capabilities it uses,
-/// `cniVersion` from the plan and `cniVersions` listing it and every newer version flock
-/// supports.
+/// The conflist flock installs: flock, with the runtime capabilities it uses, then the plan's
+/// chained plugins with theirs; `cniVersion` from the plan and `cniVersions` listing it and
+/// every newer version flock supports.
 pub fn conflist(plan: &InstallPlan) -> serde_json::Value {
     let versions: Vec<String> = CniVersion::SUPPORTED
         .iter()
         .filter(|v| **v >= plan.cni_version)
         .map(CniVersion::to_string)
         .collect();
+    let mut plugins = vec![json!({
+        "type": "flock",
+        "agentSocket": plan.agent_socket,
+        "delQueueDir": plan.del_queue_dir,
+        "mtu": plan.mtu,
+        "capabilities": { "io.kubernetes.cri.pod-annotations": true }
+    })];
+    plugins.extend(plan.chain.iter().map(|c| c.config()));
     json!({
         "cniVersion": plan.cni_version.to_string(),
         "cniVersions": versions,
         "name": plan.network,
-        "plugins": [{
-            "type": "flock",
-            "agentSocket": plan.agent_socket,
-            "delQueueDir": plan.del_queue_dir,
-            "mtu": plan.mtu,
-            "capabilities": { "io.kubernetes.cri.pod-annotations": true }
-        }]
+        "plugins": plugins
     })
 }
 
@@ -94,7 +159,8 @@ pub fn conflist(plan: &InstallPlan) -> serde_json::Value {
 ///
 /// Before writing anything it checks the conflist the way the shim will read it (a list
 /// whose every pod would fail is not installed): a supported `cniVersion`, absolute
-/// `agentSocket` and `delQueueDir`, an `mtu` in 68..=65535.
+/// `agentSocket` and `delQueueDir`, an `mtu` in 68..=65535, and every chained plugin's binary
+/// in `bin_dir` (the runtime would fail every ADD without it).
 pub fn install(plan: &InstallPlan) -> Result<Vec<PathBuf>> {
     let conflist_path = plan.conf_dir.join(CONFLIST_NAME);
     let mut text = serde_json::to_string_pretty(&conflist(plan)).expect("conflist serializes");
@@ -104,6 +170,23 @@ pub fn install(plan: &InstallPlan) -> Result<Vec<PathBuf>> {
         path: conflist_path.clone(),
         source,
     })?;
+    for chained in &plan.chain {
+        let path = plan.bin_dir.join(chained.name());
+        if !path.is_file() {
+            return Err(Error::Install {
+                op: "find the chained plugin",
+                path,
+                source: format!(
+                    "not there: install the reference CNI plugins \
+                     (github.com/containernetworking/plugins) into {}, or leave {} out of \
+                     --chain (--chain none: flock alone)",
+                    plan.bin_dir.display(),
+                    chained.name()
+                )
+                .into(),
+            });
+        }
+    }
     let shim = std::fs::read(&plan.shim).map_err(|source| Error::Install {
         op: "read the shim",
         path: plan.shim.clone(),
@@ -162,6 +245,23 @@ fn write(dir: &Path, name: &str, bytes: &[u8], mode: u32, op: &'static str) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chain_flag_takes_known_plugins_and_none() {
+        assert_eq!(parse_chained("portmap"), Ok(Some(Chained::Portmap)));
+        assert_eq!(parse_chained("bandwidth"), Ok(Some(Chained::Bandwidth)));
+        assert_eq!(parse_chained("none"), Ok(None));
+        let default: Vec<Chained> = DEFAULT_CHAIN_FLAG
+            .split(',')
+            .filter_map(|c| parse_chained(c).unwrap())
+            .collect();
+        assert_eq!(default, DEFAULT_CHAIN);
+        let e = parse_chained("tuning").unwrap_err();
+        assert!(
+            e.contains("\"tuning\"") && e.contains("portmap, bandwidth, or none"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn cni_version_flag_takes_only_supported_versions() {

@@ -107,6 +107,17 @@ struct InstallArgs {
     /// The MTU of pod interfaces.
     #[arg(long, env = "FLOCK_MTU", default_value_t = cni_defaults::DEFAULT_MTU)]
     mtu: u32,
+    /// The reference plugins to chain after flock, comma-separated, each of which must be in
+    /// the CNI binary directory: `portmap` (hostPort), `bandwidth` (the bandwidth
+    /// annotations), or `none`.
+    #[arg(
+        long,
+        env = "FLOCK_CNI_CHAIN",
+        value_delimiter = ',',
+        default_value = flock_agent::install::DEFAULT_CHAIN_FLAG,
+        value_parser = flock_agent::install::parse_chained
+    )]
+    chain: Vec<Option<flock_agent::install::Chained>>,
 }
 
 #[derive(Args, Debug)]
@@ -314,6 +325,7 @@ fn install_cni(args: InstallArgs) -> Result<()> {
         agent_socket: args.agent_socket,
         del_queue_dir,
         mtu: args.mtu,
+        chain: args.chain.into_iter().flatten().collect(),
     };
     for path in flock_agent::install::install(&plan)? {
         eprintln!("installed {}", path.display());

@@ -7,7 +7,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use flock_agent::daemon::defaults;
-use flock_agent::install::{CONFLIST_NAME, DEFAULT_CNI_VERSION, InstallPlan, conflist, install};
+use flock_agent::install::{
+    CONFLIST_NAME, Chained, DEFAULT_CHAIN, DEFAULT_CNI_VERSION, InstallPlan, conflist, install,
+};
 use flock_cni_proto::defaults::{DEFAULT_AGENT_SOCKET, DEFAULT_DEL_QUEUE_DIR, DEFAULT_MTU};
 use flock_cni_proto::{CniVersion, Conflist, FlockNetConf, NetConf};
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -286,6 +288,32 @@ fn daemonset_uses_one_image_and_the_code_defaults() {
     for dir in [parent(defaults::BIRD_SOCKET), parent(defaults::BIRD_CONFIG)] {
         assert!(bird_mounts.contains(&dir), "BIRD mounts {dir}");
     }
+
+    // The agent and BIRD are Burstable, never BestEffort: a BestEffort container's CPU weight
+    // (2 against an ordinary process's 1024) starved BIRD past BFD's 300 ms on a busy node.
+    // No CPU limit: throttling would do the same.
+    let agent = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "agent")
+        .expect("the agent container");
+    for c in [agent, bird] {
+        let resources = c.resources.clone().unwrap_or_default();
+        let requests = resources.requests.unwrap_or_default();
+        for what in ["cpu", "memory"] {
+            assert!(
+                requests.contains_key(what),
+                "container {} requests no {what}",
+                c.name
+            );
+        }
+        let limits = resources.limits.unwrap_or_default();
+        assert!(
+            !limits.contains_key("cpu"),
+            "container {} has a CPU limit",
+            c.name
+        );
+    }
     // The agent and BIRD share the config and control-socket directories: the same host
     // paths, from two pods.
     for dir in [parent(defaults::BIRD_SOCKET), parent(defaults::BIRD_CONFIG)] {
@@ -412,15 +440,27 @@ fn plan(root: &Path, mtu: u32) -> InstallPlan {
     let shim = root.join("build/flock");
     std::fs::create_dir_all(shim.parent().expect("dir")).expect("mkdir");
     std::fs::write(&shim, b"#!/bin/sh\necho stand-in shim\n").expect("shim");
+    let bin_dir = root.join("host/opt/cni/bin");
+    stand_in_plugins(&bin_dir);
     InstallPlan {
         shim,
-        bin_dir: root.join("host/opt/cni/bin"),
+        bin_dir,
         conf_dir: root.join("host/etc/cni/net.d"),
         network: "flock".into(),
         cni_version: DEFAULT_CNI_VERSION,
         agent_socket: DEFAULT_AGENT_SOCKET.into(),
         del_queue_dir: DEFAULT_DEL_QUEUE_DIR.into(),
         mtu,
+        chain: DEFAULT_CHAIN.to_vec(),
+    }
+}
+
+/// A node's CNI binary directory as the reference plugins' package leaves it: stand-ins for
+/// the plugins `install-cni` may chain.
+fn stand_in_plugins(bin_dir: &Path) {
+    std::fs::create_dir_all(bin_dir).expect("mkdir");
+    for plugin in Chained::ALL {
+        std::fs::write(bin_dir.join(plugin.name()), b"#!/bin/sh\n").expect("plugin");
     }
 }
 
@@ -483,6 +523,7 @@ fn install_cni(root: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process
     let shim = root.join("build/flock");
     std::fs::create_dir_all(shim.parent().expect("dir")).expect("mkdir");
     std::fs::write(&shim, b"#!/bin/sh\n").expect("shim");
+    stand_in_plugins(&root.join("bin"));
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_flock-agent"));
     cmd.env_clear()
         .envs(env.iter().copied())
@@ -566,6 +607,83 @@ fn install_cni_flags_set_the_version_and_the_del_queue() {
         assert_eq!(list["cniVersion"], version);
         assert_eq!(list["cniVersions"], serde_json::json!(versions));
     }
+
+    // portmap by default; --chain (or FLOCK_CNI_CHAIN) names the chain, `none` leaves flock
+    // alone. Each chained plugin carries the capability the runtime fills in for it.
+    for (args, env, chain) in [
+        (&[][..], &[][..], &[("portmap", "portMappings")][..]),
+        (&["--chain", "none"], &[], &[]),
+        (
+            &["--chain", "bandwidth,portmap"],
+            &[],
+            &[("bandwidth", "bandwidth"), ("portmap", "portMappings")],
+        ),
+        (
+            &[],
+            &[("FLOCK_CNI_CHAIN", "bandwidth")],
+            &[("bandwidth", "bandwidth")],
+        ),
+    ] {
+        let root = tempfile::tempdir().expect("tmp");
+        let out = install_cni(root.path(), args, env);
+        assert!(out.status.success(), "{args:?} {env:?}: {out:?}");
+        let list = installed(root.path());
+        let plugins = list["plugins"].as_array().expect("plugins");
+        assert_eq!(plugins[0]["type"], "flock", "{args:?} {env:?}");
+        let chained: Vec<(String, String)> = plugins[1..]
+            .iter()
+            .map(|p| {
+                let caps = p["capabilities"].as_object().expect("capabilities");
+                assert_eq!(caps.len(), 1, "{p}");
+                let (cap, on) = caps.iter().next().expect("one capability");
+                assert_eq!(on, true, "{p}");
+                (p["type"].as_str().expect("type").to_owned(), cap.clone())
+            })
+            .collect();
+        let want: Vec<(String, String)> = chain
+            .iter()
+            .map(|(t, c)| ((*t).to_owned(), (*c).to_owned()))
+            .collect();
+        assert_eq!(chained, want, "{args:?} {env:?}");
+    }
+}
+
+/// A chained plugin the node lacks would fail every pod's ADD: install-cni refuses, names the
+/// missing binary and what to do, and installs nothing.
+#[test]
+fn install_cni_refuses_a_chain_whose_plugin_the_node_lacks() {
+    let root = tempfile::tempdir().expect("tmp");
+    let good = plan(root.path(), 1500);
+    std::fs::remove_file(good.bin_dir.join("portmap")).expect("remove portmap");
+    let e = install(&good).expect_err("portmap is missing");
+    let missing = good.bin_dir.join("portmap");
+    assert!(
+        matches!(&e, flock_agent::Error::Install { op, path, .. }
+            if *op == "find the chained plugin" && *path == missing),
+        "{e:?}"
+    );
+    let line = flock_cni_proto::error::cause_chain(&e);
+    assert!(
+        line.contains("reference CNI plugins") && line.contains("--chain none"),
+        "{line}"
+    );
+    assert!(!good.bin_dir.join("flock").exists(), "no shim installed");
+    assert!(!good.conf_dir.exists(), "no conflist installed");
+    // Without portmap in the chain, the same node takes flock alone.
+    let alone = InstallPlan {
+        chain: Vec::new(),
+        ..good
+    };
+    install(&alone).expect("flock alone");
+    assert_eq!(
+        installed_at(&alone)["plugins"].as_array().map(Vec::len),
+        Some(1)
+    );
+}
+
+fn installed_at(plan: &InstallPlan) -> serde_json::Value {
+    let text = std::fs::read_to_string(plan.conf_dir.join(CONFLIST_NAME)).expect("conflist");
+    serde_json::from_str(&text).expect("json")
 }
 
 #[test]
@@ -592,6 +710,16 @@ fn install_cni_refuses_what_the_shim_would_refuse_and_writes_nothing() {
             &["check the conflist", "delQueueDir", "\"q\""],
         ),
         (&["--mtu", "40"], &[], &["check the conflist", "mtu 40"]),
+        (
+            &["--chain", "portmap,tuning"],
+            &[],
+            &["--chain", "\"tuning\"", "portmap, bandwidth, or none"],
+        ),
+        (
+            &[],
+            &[("FLOCK_CNI_CHAIN", "")],
+            &["\"\"", "portmap, bandwidth, or none"],
+        ),
     ] {
         let root = tempfile::tempdir().expect("tmp");
         let out = install_cni(root.path(), args, env);
@@ -601,7 +729,7 @@ fn install_cni_refuses_what_the_shim_would_refuse_and_writes_nothing() {
             assert!(stderr.contains(needle), "{args:?} {env:?}: {stderr}");
         }
         assert!(
-            !root.path().join("bin").exists() && !root.path().join("net.d").exists(),
+            !root.path().join("bin/flock").exists() && !root.path().join("net.d").exists(),
             "{args:?} {env:?}: nothing is installed"
         );
     }
@@ -628,6 +756,7 @@ fn install_failures_are_install_errors_naming_the_step_and_path() {
         (
             InstallPlan {
                 bin_dir: in_the_way.join("bin"),
+                chain: Vec::new(),
                 ..good.clone()
             },
             "create directory",
@@ -680,7 +809,11 @@ fn install_cni_twice_is_idempotent_and_leaves_no_temporary_file() {
         conf
     );
     for p in [&pa, &pb] {
-        assert_eq!(names(&p.bin_dir), ["flock"], "no temporary file left");
+        assert_eq!(
+            names(&p.bin_dir),
+            ["bandwidth", "flock", "portmap"],
+            "no temporary file left"
+        );
         assert_eq!(
             names(&p.conf_dir),
             [CONFLIST_NAME],

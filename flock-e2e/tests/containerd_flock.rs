@@ -42,6 +42,16 @@ impl AgentFiles {
             .tempdir()
             .expect("agent dir");
         let files = AgentFiles { dir };
+        // The node's reference plugins, as their package installs them: containerd's CRI
+        // plugin runs `loopback` on every sandbox, and install-cni chains `portmap`.
+        std::fs::create_dir_all(files.bin_dir()).expect("bin dir");
+        for plugin in ["loopback", "portmap"] {
+            std::os::unix::fs::symlink(
+                flock_testkit::reference_plugins_dir().join(plugin),
+                files.bin_dir().join(plugin),
+            )
+            .expect("link a reference plugin");
+        }
         let out = Command::new(flock_testkit::workspace_bin("flock-agent"))
             .env_clear()
             .arg("install-cni")
@@ -64,12 +74,6 @@ impl AgentFiles {
             "install-cni failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        // containerd's CRI plugin also runs `loopback` on every sandbox.
-        std::os::unix::fs::symlink(
-            flock_testkit::reference_plugins_dir().join("loopback"),
-            files.bin_dir().join("loopback"),
-        )
-        .expect("link loopback");
         std::fs::write(
             files.path("node.yaml"),
             format!(

@@ -80,8 +80,6 @@ fn life_policy() {
 }
 
 #[test]
-#[ignore = "fails: the HostPort [Conformance] spec needs hostPort support, which flock lacks \
-            (it chains no portmap and programs no host-port DNAT); run with --run-ignored"]
 fn e2e_network() {
     e2e(&["--suite", "network", "--pods", "ipv6"]);
 }

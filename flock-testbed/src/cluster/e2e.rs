@@ -115,6 +115,9 @@ pub struct Spec {
     pub outcome: Outcome,
     /// How long it ran.
     pub seconds: f64,
+    /// What its `<failure>` (or `<error>`) said, when it failed: Ginkgo's message, whose first
+    /// lines name the check that missed.
+    pub failure: Option<String>,
 }
 
 /// How a spec ended.
@@ -170,6 +173,13 @@ pub fn parse_junit(xml: &str) -> Vec<Spec> {
         } else {
             Outcome::Passed
         };
+        let failure = ["<failure", "<error"].iter().find_map(|open| {
+            let start = body.find(open)?;
+            let text = &body[start..];
+            let text = &text[text.find('>')? + 1..];
+            let end = text.find("</").unwrap_or(text.len());
+            Some(unescape(text[..end].trim()))
+        });
         if let Some(name) = attribute(tag, "name") {
             specs.push(Spec {
                 name,
@@ -177,6 +187,7 @@ pub fn parse_junit(xml: &str) -> Vec<Spec> {
                 seconds: attribute(tag, "time")
                     .and_then(|t| t.parse().ok())
                     .unwrap_or(0.0),
+                failure,
             });
         }
         rest = &rest[body_end.max(1)..];
@@ -390,8 +401,20 @@ pub fn run(args: &[String]) -> Result<()> {
         );
     }
     if failed > 0 || !status {
+        // The log goes with the cluster's run directory: the error carries what each failure
+        // said, so that a CI run's output alone tells which check missed.
+        let mut why = String::new();
+        for s in ran.iter().filter(|s| s.outcome == Outcome::Failed) {
+            let message = s.failure.as_deref().unwrap_or("(no message)");
+            let message: String = message
+                .lines()
+                .take(12)
+                .collect::<Vec<_>>()
+                .join("\n      ");
+            why.push_str(&format!("\n  {}\n      {message}", s.name));
+        }
         bail!(
-            "{failed} e2e specs failed (e2e.test {}); the failures are in {}",
+            "{failed} e2e specs failed (e2e.test {}); the failures are in {}{why}",
             if status { "exited 0" } else { "failed" },
             log_path.display()
         );
@@ -864,6 +887,8 @@ mod tests {
         assert_eq!(specs[0].seconds, 1.5);
         assert_eq!(specs[1].outcome, Outcome::Skipped);
         assert_eq!(specs[2].outcome, Outcome::Failed);
+        assert_eq!(specs[2].failure.as_deref(), Some("boom"));
+        assert_eq!(specs[0].failure, None);
     }
 
     #[test]

@@ -87,12 +87,15 @@ pub fn start(node: &Node, kube: &KubeBuild, archives: &[PathBuf]) -> Result<()> 
         let source = source.to_string_lossy();
         here.run(&["mount", "--bind", &source, path])?;
     }
-    // A node's CNI directory holds the loopback plugin, as the distribution's package of
-    // the reference plugins puts it there; flock's installer adds the rest.
-    let bin = dir.join("host/opt-cni-bin/loopback");
-    let loopback = kube.cni_plugin("loopback");
-    std::fs::copy(&loopback, &bin)
-        .with_context(|| format!("copy {} to {}", loopback.display(), bin.display()))?;
+    // A node's CNI directory holds the reference plugins, as the distribution's package puts
+    // them there: containerd runs loopback for every sandbox, flock's conflist chains portmap
+    // (hostPort) and may chain bandwidth. flock's installer adds its shim.
+    for plugin in ["loopback", "portmap", "bandwidth"] {
+        let bin = dir.join("host/opt-cni-bin").join(plugin);
+        let source = kube.cni_plugin(plugin);
+        std::fs::copy(&source, &bin)
+            .with_context(|| format!("copy {} to {}", source.display(), bin.display()))?;
+    }
     cover_kernel_tunables(node, &here)?;
     // Shared inside the node, as on a systemd machine: mounts the node makes (containerd's
     // netns pins under /var/run/netns) reach the containers that mount a host path with
