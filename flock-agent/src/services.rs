@@ -11,7 +11,7 @@ use flock_ipam::{
     TrafficPolicy, service_routes,
 };
 use k8s_openapi::api::core::v1::Service;
-use kube::api::DynamicObject;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
 use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
@@ -23,8 +23,6 @@ use crate::policy::view::{ObjectKey, Relist};
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 /// The label that names an EndpointSlice's Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-/// The topology key of an endpoint's node in `discovery.k8s.io/v1beta1` (1.20).
-pub const HOSTNAME_TOPOLOGY: &str = "kubernetes.io/hostname";
 
 /// A Service as announcing reads it; `None` for one kube-proxy does not serve.
 pub fn service_facts(svc: &Service) -> Option<ServiceFacts> {
@@ -67,39 +65,19 @@ pub fn service_facts(svc: &Service) -> Option<ServiceFacts> {
     })
 }
 
-/// The endpoints of an EndpointSlice of either served version (`discovery.k8s.io/v1`:
-/// `nodeName`; `v1beta1`, Kubernetes 1.20: `topology["kubernetes.io/hostname"]`, or
-/// `nodeName` where its feature gate is on). `None` for a slice that names no Service.
-pub fn slice_endpoints(slice: &DynamicObject) -> Option<Vec<EndpointFacts>> {
+/// The endpoints of an EndpointSlice (`discovery.k8s.io/v1`): each one's node and
+/// readiness. `None` for a slice that names no Service.
+pub fn slice_endpoints(slice: &EndpointSlice) -> Option<Vec<EndpointFacts>> {
     let service = slice.labels().get(SERVICE_NAME_LABEL)?.clone();
     let key = ServiceKey::new(slice.namespace().unwrap_or_default(), service);
     let endpoints = slice
-        .data
-        .get("endpoints")
-        .and_then(|e| e.as_array())
-        .into_iter()
-        .flatten()
-        .map(|e| {
-            let node = e
-                .get("nodeName")
-                .and_then(|n| n.as_str())
-                .or_else(|| {
-                    e.get("topology")
-                        .and_then(|t| t.get(HOSTNAME_TOPOLOGY))
-                        .and_then(|n| n.as_str())
-                })
-                .map(str::to_owned);
+        .endpoints
+        .iter()
+        .map(|e| EndpointFacts {
+            service: key.clone(),
+            node: e.node_name.clone(),
             // As kube-proxy reads it: an absent `ready` is ready.
-            let ready = e
-                .get("conditions")
-                .and_then(|c| c.get("ready"))
-                .and_then(|r| r.as_bool())
-                .unwrap_or(true);
-            EndpointFacts {
-                service: key.clone(),
-                node,
-                ready,
-            }
+            ready: e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true),
         })
         .collect();
     Some(endpoints)
@@ -143,8 +121,8 @@ impl ServiceState {
         self.update(|v| feed(&mut v.services, event, service_facts));
     }
 
-    /// A watch event of an EndpointSlice (either version).
-    pub fn on_slice(&self, event: Event<DynamicObject>) {
+    /// A watch event of an EndpointSlice.
+    pub fn on_slice(&self, event: Event<EndpointSlice>) {
         self.update(|v| feed(&mut v.slices, event, slice_endpoints));
     }
 

@@ -1,12 +1,12 @@
-//! Service announcing against a mocked API server: discovery picks 1.20's
-//! `discovery.k8s.io/v1beta1` EndpointSlices, the Service and EndpointSlice watches fill the
-//! state, and this node's routes follow its ready endpoints (Local policy). No kernel, no root.
+//! Service announcing against a mocked API server: the Service and `discovery.k8s.io/v1`
+//! EndpointSlice watches fill the state, and this node's routes follow its ready endpoints
+//! (Local policy). No kernel, no root.
 
 mod k8s_support;
 
 use std::time::Duration;
 
-use flock_agent::k8s::services::{endpoint_slice_resource, spawn_watches};
+use flock_agent::k8s::services::spawn_watches;
 use flock_agent::services::ServiceState;
 use flock_ipam::ServiceRanges;
 use ipnet::IpNet;
@@ -25,12 +25,12 @@ fn lb_service(policy: &str) -> Value {
 
 fn slice(node: &str, rv: &str) -> Value {
     json!({
-        "apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice",
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"namespace": "default", "name": "web-6x", "resourceVersion": rv,
                      "labels": {"kubernetes.io/service-name": "web"}},
         "addressType": "IPv6",
         "endpoints": [{"addresses": ["2001:db8:0:1::5"], "conditions": {"ready": true},
-                       "topology": {"kubernetes.io/hostname": node}}]
+                       "nodeName": node}]
     })
 }
 
@@ -45,36 +45,10 @@ async fn eventually(what: &str, check: impl Fn() -> bool) {
 }
 
 #[tokio::test]
-async fn on_1_20_v1beta1_slices_are_watched_and_local_routes_follow_the_endpoint() {
+async fn v1_slices_are_watched_and_local_routes_follow_the_endpoint() {
     let (client, mut api) = mock_client();
-    let discovery = tokio::spawn({
-        let client = client.clone();
-        async move { endpoint_slice_resource(&client).await }
-    });
-    // 1.20 serves EndpointSlices only as v1beta1.
-    let (req, reply) = next_request(&mut api).await;
-    assert_eq!(req.uri().path(), "/apis");
-    reply_json(
-        reply,
-        &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [{
-            "name": "discovery.k8s.io",
-            "versions": [{"groupVersion": "discovery.k8s.io/v1beta1", "version": "v1beta1"}],
-            "preferredVersion": {"groupVersion": "discovery.k8s.io/v1beta1", "version": "v1beta1"}
-        }]}),
-    );
-    let (req, reply) = next_request(&mut api).await;
-    assert_eq!(req.uri().path(), "/apis/discovery.k8s.io/v1beta1");
-    reply_json(
-        reply,
-        &json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "discovery.k8s.io/v1beta1",
-                "resources": [{"name": "endpointslices", "singularName": "", "namespaced": true,
-                               "kind": "EndpointSlice", "verbs": ["list", "watch"]}]}),
-    );
-    let slices = discovery.await.unwrap().expect("discovery");
-    assert_eq!(slices.version, "v1beta1");
-
     let state = ServiceState::new();
-    spawn_watches(client, slices, state.clone());
+    spawn_watches(client, state.clone());
     let ranges = ServiceRanges {
         load_balancer: vec![
             "2001:db8:5::/120".parse().unwrap(),
@@ -94,17 +68,17 @@ async fn on_1_20_v1beta1_slices_are_watched_and_local_routes_follow_the_endpoint
                 reply,
                 &list("ServiceList", "v1", "10", vec![lb_service("Local")]),
             ),
-            ("/apis/discovery.k8s.io/v1beta1/endpointslices", false) => reply_json(
+            ("/apis/discovery.k8s.io/v1/endpointslices", false) => reply_json(
                 reply,
                 &list(
                     "EndpointSliceList",
-                    "discovery.k8s.io/v1beta1",
+                    "discovery.k8s.io/v1",
                     "10",
                     vec![slice("node-a", "6")],
                 ),
             ),
             ("/api/v1/services", true) => service_watch = Some(reply),
-            ("/apis/discovery.k8s.io/v1beta1/endpointslices", true) => slice_watch = Some(reply),
+            ("/apis/discovery.k8s.io/v1/endpointslices", true) => slice_watch = Some(reply),
             other => panic!("unexpected request {other:?}"),
         }
     }

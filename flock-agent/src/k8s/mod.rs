@@ -135,25 +135,12 @@ pub async fn run(options: RunOptions, kube: KubeOptions) -> Result<()> {
     })
     .await?;
     // Service announcing: the Services and EndpointSlices of the cluster (docs/services.md).
-    // Discovery is retried in the background: it never holds up pods.
     {
         let (client, node, agent) = (client.clone(), node.clone(), agent.clone());
-        tokio::spawn(async move {
-            let slices = loop {
-                match services::endpoint_slice_resource(&client).await {
-                    Ok(slices) => break slices,
-                    Err(e) => {
-                        let reason = crate::agent::error::cause_chain(&e);
-                        tracing::warn!(%reason, "Service addresses are not announced yet; retrying");
-                        tokio::time::sleep(Duration::from_secs(10)).await;
-                    }
-                }
-            };
-            let state = crate::services::ServiceState::new();
-            services::spawn_watches(client.clone(), slices, state.clone());
-            agent.set_services(state.clone());
-            services::run_announcer(client, node, agent, state).await;
-        });
+        let state = crate::services::ServiceState::new();
+        services::spawn_watches(client.clone(), state.clone());
+        agent.set_services(state.clone());
+        tokio::spawn(services::run_announcer(client, node, agent, state));
     }
     health.set_problem("nodeconfig", Some(format!("waiting for NodeConfig {node}")));
     tokio::spawn(nodeconfig::follow_node_config(

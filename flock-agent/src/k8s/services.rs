@@ -1,17 +1,14 @@
 //! The cluster-wide watches of Services and EndpointSlices behind Service announcing, and
 //! the task that turns their changes into a BIRD refresh and a Warning event per refused
-//! address.
-//!
-//! EndpointSlices are served as `discovery.k8s.io/v1` from Kubernetes 1.21 and only as
-//! `v1beta1` on 1.20: the version is the one the API server prefers (discovery), read as
-//! dynamic objects of which only the endpoints' node and readiness are kept.
+//! address. EndpointSlices are `discovery.k8s.io/v1`; of each only its endpoints' node and
+//! readiness are kept.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
-use kube::api::{ApiResource, DynamicObject};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -21,26 +18,8 @@ use super::cluster::PAGE_SIZE;
 use crate::agent::Agent;
 use crate::services::{ReportedRefusals, ServiceState};
 
-/// The EndpointSlice resource the API server prefers (`v1`, or `v1beta1` on 1.20).
-pub async fn endpoint_slice_resource(client: &Client) -> crate::Result<ApiResource> {
-    let group = kube::discovery::group(client, "discovery.k8s.io")
-        .await
-        .map_err(|e| crate::Error::Kube {
-            op: "discover the discovery.k8s.io API group (EndpointSlices)".into(),
-            source: Box::new(e),
-        })?;
-    group
-        .recommended_kind("EndpointSlice")
-        .map(|(ar, _)| ar)
-        .ok_or_else(|| crate::Error::KubeMode {
-            reason: "the API server serves no EndpointSlice (discovery.k8s.io v1 or v1beta1); \
-                     Service announcing needs Kubernetes 1.20 or later"
-                .into(),
-        })
-}
-
 /// Starts the two watches; each retries with kube's default backoff.
-pub fn spawn_watches(client: Client, slices: ApiResource, state: Arc<ServiceState>) {
+pub fn spawn_watches(client: Client, state: Arc<ServiceState>) {
     let page = watcher::Config::default().page_size(PAGE_SIZE);
     {
         let state = state.clone();
@@ -55,8 +34,7 @@ pub fn spawn_watches(client: Client, slices: ApiResource, state: Arc<ServiceStat
             }
         });
     }
-    let api = Api::<DynamicObject>::all_with(client, &slices);
-    let stream = watcher(api, page).default_backoff();
+    let stream = watcher(Api::<EndpointSlice>::all(client), page).default_backoff();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {

@@ -6,7 +6,7 @@ fn service(value: serde_json::Value) -> Service {
     serde_json::from_value(value).unwrap()
 }
 
-fn slice(value: serde_json::Value) -> DynamicObject {
+fn slice(value: serde_json::Value) -> EndpointSlice {
     serde_json::from_value(value).unwrap()
 }
 
@@ -24,19 +24,19 @@ fn web(policy: &str, ingress: &[&str]) -> Service {
     }))
 }
 
-/// 1.20's EndpointSlice: `discovery.k8s.io/v1beta1`, the node in `topology`.
-fn slice_v1beta1(node: &str, ready: Option<bool>) -> DynamicObject {
+/// An EndpointSlice of `web` with one endpoint on `node`.
+fn slice_on(node: &str, ready: Option<bool>) -> EndpointSlice {
     let mut conditions = json!({});
     if let Some(r) = ready {
         conditions["ready"] = json!(r);
     }
     slice(json!({
-        "apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice",
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"namespace": "default", "name": "web-abc",
                      "labels": {"kubernetes.io/service-name": "web"}},
         "addressType": "IPv6",
         "endpoints": [{"addresses": ["2001:db8:0:1::5"], "conditions": conditions,
-                       "topology": {"kubernetes.io/hostname": node}}]
+                       "nodeName": node}]
     }))
 }
 
@@ -57,21 +57,19 @@ fn a_service_is_read_into_the_fields_announcing_needs() {
 }
 
 #[test]
-fn endpoints_of_both_slice_versions_name_their_node_and_readiness() {
-    let beta = slice_endpoints(&slice_v1beta1("node-a", None)).unwrap();
-    assert_eq!(beta[0].node.as_deref(), Some("node-a"));
-    assert!(beta[0].ready, "absent ready counts as ready");
-    assert!(!slice_endpoints(&slice_v1beta1("node-a", Some(false))).unwrap()[0].ready);
-    let v1 = slice(json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"namespace": "default", "name": "web-x",
-                     "labels": {"kubernetes.io/service-name": "web"}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": ["10.244.1.5"], "conditions": {"ready": true}, "nodeName": "node-b"}]
-    }));
-    let v1 = slice_endpoints(&v1).unwrap();
-    assert_eq!(v1[0].node.as_deref(), Some("node-b"));
-    assert_eq!(v1[0].service, ServiceKey::new("default", "web"));
+fn endpoints_name_their_service_node_and_readiness() {
+    let ready = slice_endpoints(&slice_on("node-a", None)).unwrap();
+    assert_eq!(ready[0].node.as_deref(), Some("node-a"));
+    assert_eq!(ready[0].service, ServiceKey::new("default", "web"));
+    assert!(ready[0].ready, "absent ready counts as ready");
+    assert!(!slice_endpoints(&slice_on("node-a", Some(false))).unwrap()[0].ready);
+    let mut orphan = slice_on("node-a", None);
+    orphan.metadata.labels = None;
+    assert_eq!(
+        slice_endpoints(&orphan),
+        None,
+        "a slice that names no Service"
+    );
 }
 
 #[test]
@@ -89,7 +87,7 @@ fn local_routes_follow_slice_events_and_a_relist_drops_what_went() {
     assert!(state.is_synced());
     let routes = |s: &ServiceState| s.announcement("node-a", &ranges).routes;
     assert!(routes(&state).is_empty(), "no endpoint yet");
-    state.on_slice(Event::Apply(slice_v1beta1("node-a", Some(true))));
+    state.on_slice(Event::Apply(slice_on("node-a", Some(true))));
     assert_eq!(
         routes(&state).into_iter().collect::<Vec<_>>(),
         ["2001:db8:5::1/128".parse().unwrap()]
@@ -99,7 +97,7 @@ fn local_routes_follow_slice_events_and_a_relist_drops_what_went() {
     assert_eq!(refused.len(), 1);
     assert_eq!(refused[0].address, "2001:db8:e::7");
     // The endpoint moves to node-b: withdrawn on node-a.
-    state.on_slice(Event::Apply(slice_v1beta1("node-b", Some(true))));
+    state.on_slice(Event::Apply(slice_on("node-b", Some(true))));
     assert!(routes(&state).is_empty());
     // A relist without the Service (deleted while the watch was down).
     state.on_service(Event::Init);
