@@ -71,7 +71,42 @@ pub struct NodePoolSpec {
     /// Service addresses (docs/services.md): the LoadBalancer addresses the controller hands
     /// out, and what the pool's nodes may announce; copied into each NodeConfig.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub services: Option<ServicesSpec>,
+    pub services: Option<PoolServicesSpec>,
+}
+
+/// `spec.services` of a pool: a NodeConfig's `spec.services`, which each node of the pool
+/// gets, and whether its cluster IP ranges also follow the cluster's `ServiceCIDR` objects.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct PoolServicesSpec {
+    /// The ranges, as a NodeConfig has them.
+    #[serde(flatten)]
+    pub ranges: ServicesSpec,
+    /// Announce, besides `clusterIPCIDRs`, the ranges of every `ServiceCIDR`
+    /// (networking.k8s.io/v1) in the cluster, each as one aggregate: the controller adds
+    /// them to each node's `clusterIPCIDRs` and follows as they are created and deleted.
+    #[serde(
+        rename = "followServiceCIDRs",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub follow_service_cidrs: bool,
+}
+
+impl PoolServicesSpec {
+    /// The NodeConfig `spec.services` of a node of the pool, given the ranges of the cluster's
+    /// `ServiceCIDR`s: the pool's own ranges, then (when it follows them) every ServiceCIDR
+    /// range it does not list already.
+    pub fn for_node(&self, service_cidrs: &[String]) -> ServicesSpec {
+        let mut spec = self.ranges.clone();
+        if self.follow_service_cidrs {
+            for cidr in service_cidrs {
+                if !spec.cluster_ip_cidrs.iter().any(|c| c.trim() == cidr) {
+                    spec.cluster_ip_cidrs.push(cidr.clone());
+                }
+            }
+        }
+        spec
+    }
 }
 
 /// `spec.bgp` of a pool: NodeConfig's BGP settings but the router ID, which each node gets
@@ -210,7 +245,8 @@ impl NodePool {
                 annotations: self.node_annotations(),
                 ..Default::default()
             },
-            spec: self.node_config_spec(&sample, Ipv4Addr::new(192, 0, 2, 1)),
+            // The pool's own ranges are checked; ServiceCIDRs are valid by the apiserver's checks.
+            spec: self.node_config_spec(&sample, Ipv4Addr::new(192, 0, 2, 1), &[]),
             status: None,
         };
         nc.settings().map_err(|e| match e {
@@ -233,11 +269,13 @@ impl NodePool {
         Ok(pool)
     }
 
-    /// The NodeConfig spec of a node of this pool with these prefixes and router ID.
+    /// The NodeConfig spec of a node of this pool with these prefixes and router ID, given the
+    /// ranges of the cluster's `ServiceCIDR`s (see [`PoolServicesSpec::for_node`]).
     pub fn node_config_spec(
         &self,
         assignment: &flock_ipam::NodeAssignment,
         router_id: Ipv4Addr,
+        service_cidrs: &[String],
     ) -> NodeConfigSpec {
         NodeConfigSpec {
             cidr6: Some(assignment.cidr6.to_string()),
@@ -251,7 +289,11 @@ impl NodePool {
                 timers: b.timers.clone(),
                 graceful_shutdown: b.graceful_shutdown,
             }),
-            services: self.spec.services.clone(),
+            services: self
+                .spec
+                .services
+                .as_ref()
+                .map(|s| s.for_node(service_cidrs)),
         }
     }
 

@@ -124,6 +124,7 @@ async fn apply_creates_owned_node_configs_and_releases_conditionally() {
             pools: &pools,
             nodes: &nodes,
             node_configs: &configs,
+            service_cidrs: &[],
         },
         "2026-01-01T00:00:00Z".parse().expect("time"),
     );
@@ -245,6 +246,7 @@ async fn apply_writes_nothing_once_the_lease_is_lost() {
             pools: &pools,
             nodes: &nodes,
             node_configs: &[],
+            service_cidrs: &[],
         },
         "2026-01-01T00:00:00Z".parse().expect("time"),
     );

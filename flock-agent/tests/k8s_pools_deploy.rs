@@ -142,6 +142,8 @@ fn controller_rbac_grants_exactly_what_it_uses() {
             "/services/status:patch",
             "events.k8s.io/events:create",
             "events.k8s.io/events:patch",
+            "networking.k8s.io/servicecidrs:list",
+            "networking.k8s.io/servicecidrs:watch",
         ])
     );
     let lease: Role = typed(&docs[3]);

@@ -35,6 +35,26 @@ pub struct Observed<'a> {
     pub nodes: &'a [NodeFacts],
     /// Every NodeConfig, hand-written or the controller's.
     pub node_configs: &'a [NodeConfig],
+    /// The ranges of every `ServiceCIDR` (networking.k8s.io/v1), for the pools that follow
+    /// them ([`service_cidr_ranges`]).
+    pub service_cidrs: &'a [String],
+}
+
+/// The ranges of the cluster's `ServiceCIDR` objects, sorted, each once. A ServiceCIDR being
+/// deleted counts until it is gone: the apiserver keeps it (a finalizer) while a Service
+/// still holds an address in it, so its range must stay routed that long; one not yet Ready
+/// costs nothing to announce early.
+pub fn service_cidr_ranges<'a>(
+    objects: impl IntoIterator<Item = &'a k8s_openapi::api::networking::v1::ServiceCIDR>,
+) -> Vec<String> {
+    let mut ranges: Vec<String> = objects
+        .into_iter()
+        .filter_map(|o| o.spec.as_ref())
+        .flat_map(|spec| spec.cidrs.iter().flatten().cloned())
+        .collect();
+    ranges.sort();
+    ranges.dedup();
+    ranges
 }
 
 /// A NodeConfig to delete: its node is gone and its agent reported no allocations. The
@@ -213,7 +233,7 @@ pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Reconcile {
                 annotations: pool.node_annotations(),
                 ..Default::default()
             },
-            spec: pool.node_config_spec(a, rid),
+            spec: pool.node_config_spec(a, rid, observed.service_cidrs),
             status: None,
         });
         out.events.push(PoolEvent {
@@ -265,7 +285,11 @@ pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Reconcile {
         let Some(pool) = valid.get(a.pool.as_str()) else {
             continue;
         };
-        let spec = pool.node_config_spec(a, router_id(&a.node, ipv4_of(&a.node), a));
+        let spec = pool.node_config_spec(
+            a,
+            router_id(&a.node, ipv4_of(&a.node), a),
+            observed.service_cidrs,
+        );
         let mut annotations = nc.metadata.annotations.clone().unwrap_or_default();
         match &pool.spec.ip_algo {
             Some(algo) => annotations.insert(IP_ALGO_ANNOTATION.to_owned(), algo.clone()),

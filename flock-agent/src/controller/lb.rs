@@ -98,7 +98,7 @@ pub fn load_balancer_cidrs(pools: &[NodePool]) -> Vec<IpNet> {
             .spec
             .services
             .as_ref()
-            .map(|s| s.ranges("spec.services"))
+            .map(|s| s.ranges.ranges("spec.services"))
         {
             for c in ranges.load_balancer {
                 if !out.contains(&c) {

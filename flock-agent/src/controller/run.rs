@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::runtime::events::{Recorder, Reporter};
@@ -158,11 +159,16 @@ pub async fn run(options: ControllerOptions) -> Result<()> {
     let pools = reflect(Api::<NodePool>::all(client.clone()), changed.clone());
     let configs = reflect(Api::<NodeConfig>::all(client.clone()), changed.clone());
     let services = reflect(Api::<Service>::all(client.clone()), changed.clone());
+    let service_cidrs = reflect(Api::<ServiceCIDR>::all(client.clone()), changed.clone());
     for (what, ready) in [
         ("Nodes", nodes.wait_until_ready().await.is_ok()),
         ("NodePools", pools.wait_until_ready().await.is_ok()),
         ("NodeConfigs", configs.wait_until_ready().await.is_ok()),
         ("Services", services.wait_until_ready().await.is_ok()),
+        (
+            "ServiceCIDRs",
+            service_cidrs.wait_until_ready().await.is_ok(),
+        ),
     ] {
         if !ready {
             return Err(Error::KubeMode {
@@ -190,11 +196,14 @@ pub async fn run(options: ControllerOptions) -> Result<()> {
         let node_list: Vec<NodeFacts> = nodes.state().iter().map(|n| node_facts(n)).collect();
         let pool_list: Vec<NodePool> = pools.state().iter().map(|p| (**p).clone()).collect();
         let config_list = overlay.merge(configs.state().iter().map(|c| (**c).clone()).collect());
+        let service_cidr_list =
+            super::decide::service_cidr_ranges(service_cidrs.state().iter().map(|c| &**c));
         let decision = decide(
             &Observed {
                 pools: &pool_list,
                 nodes: &node_list,
                 node_configs: &config_list,
+                service_cidrs: &service_cidr_list,
             },
             Timestamp::now(),
         );

@@ -60,7 +60,7 @@ fn a_rack_pool_becomes_a_cluster_pool_and_node_configs() {
         cidr6: "2001:db8:1:5::/64".parse().unwrap(),
         cidr4: Some("10.244.5.0/24".parse().unwrap()),
     };
-    let spec = pool.node_config_spec(&a, Ipv4Addr::new(192, 0, 2, 10));
+    let spec = pool.node_config_spec(&a, Ipv4Addr::new(192, 0, 2, 10), &[]);
     assert_eq!(spec.cidr6.as_deref(), Some("2001:db8:1:5::/64"));
     assert_eq!(spec.cidr4.as_deref(), Some("10.244.5.0/24"));
     let bgp = spec.bgp.as_ref().unwrap();

@@ -9,8 +9,8 @@ use anyhow::{Context, Result, bail};
 use crate::sys;
 
 use super::{
-    ANYCAST4, ANYCAST6, EXTERNAL_CIDR6, LB_CIDR4, LB_CIDR6, NODES, Node, ROUTER_ASN, SERVICE_CIDR,
-    SERVICE_CIDR4, images, kubectl, kubectl_stdin,
+    ANYCAST4, ANYCAST6, EXTERNAL_CIDR6, LB_CIDR4, LB_CIDR6, NODES, Node, ROUTER_ASN, images,
+    kubectl, kubectl_stdin,
 };
 
 /// The namespace of the demo workloads.
@@ -75,7 +75,7 @@ spec:
   services:
     loadBalancerCIDRs: [\"{LB_CIDR6}\", \"{LB_CIDR4}\"]
     externalIPCIDRs: [\"{EXTERNAL_CIDR6}\"]
-    clusterIPCIDRs: [\"{SERVICE_CIDR}\", \"{SERVICE_CIDR4}\"]
+    followServiceCIDRs: true
 ",
                 extra = neighbor_options(node),
                 rack = node.rack,

@@ -36,11 +36,21 @@ fn now() -> Timestamp {
 }
 
 fn run(pools: &[NodePool], nodes: &[NodeFacts], ncs: &[NodeConfig]) -> Reconcile {
+    run_with(pools, nodes, ncs, &[])
+}
+
+fn run_with(
+    pools: &[NodePool],
+    nodes: &[NodeFacts],
+    ncs: &[NodeConfig],
+    service_cidrs: &[String],
+) -> Reconcile {
     decide(
         &Observed {
             pools,
             nodes,
             node_configs: ncs,
+            service_cidrs,
         },
         now(),
     )
@@ -182,6 +192,91 @@ fn pool_bgp_changes_reach_every_node_and_prefixes_stay() {
         Some(BTreeMap::from([("keep".to_owned(), "me".to_owned())]))
     );
     assert_eq!(r.update[1].metadata.annotations, None);
+}
+
+/// A pool that follows the cluster's ServiceCIDRs gives each node its own `clusterIPCIDRs`
+/// and every ServiceCIDR range besides; a ServiceCIDR created or deleted updates each node,
+/// and a pool that does not follow them never sees them.
+#[test]
+fn a_pool_following_service_cidrs_gives_their_ranges_to_every_node() {
+    let mut following = pool("rack1", "2001:db8:1::/48", "r1", 64512);
+    following.spec.services = Some(
+        serde_yaml::from_str(
+            "{ loadBalancerCIDRs: [\"2001:db8:5::/112\"], clusterIPCIDRs: [\"fd97::/108\"], \
+             followServiceCIDRs: true }",
+        )
+        .expect("services"),
+    );
+    let nodes = [node("a", "r1", None), node("b", "r1", None)];
+    let default_cidrs = vec!["10.96.0.0/16".to_owned(), "fd97::/108".to_owned()];
+    let first = run_with(
+        std::slice::from_ref(&following),
+        &nodes,
+        &[],
+        &default_cidrs,
+    );
+    assert_eq!(first.create.len(), 2);
+    for nc in &first.create {
+        let services = nc.spec.services.as_ref().expect("services");
+        // The pool's own range first; the ServiceCIDR's fd97::/108 is not repeated.
+        assert_eq!(services.cluster_ip_cidrs, ["fd97::/108", "10.96.0.0/16"]);
+        assert_eq!(services.load_balancer_cidrs, ["2001:db8:5::/112"]);
+        let ranges = nc.settings().expect("a valid NodeConfig").services;
+        assert_eq!(ranges.cluster_ips.len(), 2);
+    }
+    let ncs = stored(first.create);
+    let same = run_with(
+        std::slice::from_ref(&following),
+        &nodes,
+        &ncs,
+        &default_cidrs,
+    );
+    assert!(same.update.is_empty(), "{:?}", same.update);
+
+    // A second ServiceCIDR: every node announces it too.
+    let mut more = default_cidrs.clone();
+    more.push("2001:db8:c6::/112".to_owned());
+    let grown = run_with(std::slice::from_ref(&following), &nodes, &ncs, &more);
+    assert_eq!(grown.update.len(), 2);
+    for nc in &grown.update {
+        assert_eq!(
+            nc.spec.services.as_ref().unwrap().cluster_ip_cidrs,
+            ["fd97::/108", "10.96.0.0/16", "2001:db8:c6::/112"]
+        );
+        let before = ncs
+            .iter()
+            .find(|b| b.metadata.name == nc.metadata.name)
+            .expect("the same node");
+        assert_eq!(nc.spec.cidr6, before.spec.cidr6, "the prefix never moves");
+    }
+    // Deleted again: back to the first.
+    let shrunk = run_with(
+        std::slice::from_ref(&following),
+        &nodes,
+        &stored(grown.update),
+        &default_cidrs,
+    );
+    assert_eq!(shrunk.update.len(), 2);
+    assert_eq!(
+        shrunk.update[0]
+            .spec
+            .services
+            .as_ref()
+            .unwrap()
+            .cluster_ip_cidrs,
+        ["fd97::/108", "10.96.0.0/16"]
+    );
+
+    // Without followServiceCIDRs the ServiceCIDRs change nothing.
+    let mut fixed = following.clone();
+    fixed.spec.services.as_mut().unwrap().follow_service_cidrs = false;
+    let r = run_with(std::slice::from_ref(&fixed), &nodes, &[], &more);
+    for nc in &r.create {
+        assert_eq!(
+            nc.spec.services.as_ref().unwrap().cluster_ip_cidrs,
+            ["fd97::/108"]
+        );
+    }
 }
 
 #[test]

@@ -13,7 +13,10 @@
 //! - An external IP outside the pools' `externalIPCIDRs` is refused: no route, and a Warning
 //!   event `AddressRefused` names the Service and the address.
 //! - The cluster IP ranges are announced from every node (the router's routes to them have a
-//!   next hop per node).
+//!   next hop per node): the pools follow the cluster's `ServiceCIDR`s
+//!   (`followServiceCIDRs`). A ServiceCIDR created is routed from every node within seconds,
+//!   a Service with a cluster IP in it answers GETs from the router through each node, and
+//!   the routes go when the ServiceCIDR is deleted. Timed.
 //! - Deleting the Service withdraws its routes. Timed.
 
 use std::collections::BTreeSet;
@@ -31,20 +34,28 @@ use crate::cluster::{NODES, Node, ROUTER, SERVICE_CIDR, SERVICE_CIDR4, kubectl, 
 use crate::sys;
 
 const SERVICE: &str = "web-lb";
+/// A ServiceCIDR beyond the apiserver's `--service-cluster-ip-range`, and a Service in it.
+const EXTRA_CIDR: &str = "flock-life-extra";
+const EXTRA_RANGES: [&str; 2] = ["2001:db8:c6::/112", "10.206.0.0/24"];
+const EXTRA_SERVICE: &str = "web-extra";
+const EXTRA_IPS: [&str; 2] = ["2001:db8:c6::80", "10.206.0.80"];
 /// An external IP no pool allows.
 const REFUSED: &str = "2001:db8:dead::80";
 
 pub fn services(out: &mut String) -> Result<Vec<String>> {
     let mut failures = Vec::new();
     let result = run(out, &mut failures);
-    let _ = kubectl(&[
-        "-n",
-        DEMO_NS,
-        "delete",
-        "service",
-        SERVICE,
-        "--ignore-not-found",
-    ]);
+    for service in [SERVICE, EXTRA_SERVICE] {
+        let _ = kubectl(&[
+            "-n",
+            DEMO_NS,
+            "delete",
+            "service",
+            service,
+            "--ignore-not-found",
+        ]);
+    }
+    let _ = kubectl(&["delete", "servicecidr", EXTRA_CIDR, "--ignore-not-found"]);
     let _ = spread_web();
     result?;
     out.push('\n');
@@ -204,6 +215,8 @@ fn run(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
         }
     }
 
+    let extra = extra_service_cidr(failures)?;
+
     // Local, and web's endpoints moved onto node1: node2's next hop goes.
     kubectl_stdin(&["apply", "-f", "-"], &manifest("Local"))?;
     let watch = SliceWatch::start()?;
@@ -319,8 +332,20 @@ fn run(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
             "refused: Warning AddressRefused, no route".to_owned(),
         ],
         vec![
-            "cluster IP ranges (clusterIPCIDRs)".to_owned(),
+            "cluster IP ranges (the ServiceCIDR kubernetes)".to_owned(),
             ranges.join("; "),
+        ],
+        vec![
+            format!("ServiceCIDR {EXTRA_CIDR} {EXTRA_RANGES:?} created → routed from every node"),
+            secs(extra.routed),
+        ],
+        vec![
+            format!("GETs to {EXTRA_SERVICE} {EXTRA_IPS:?} through each node"),
+            extra.gets.join("; "),
+        ],
+        vec![
+            format!("ServiceCIDR {EXTRA_CIDR} deleted (its Service first) → routes gone"),
+            secs(extra.withdrawn),
         ],
         vec![
             "Local, web on node1 only: next hops, GETs".to_owned(),
@@ -334,6 +359,112 @@ fn run(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
     ];
     sys::table(out, &["", ""], &rows);
     Ok(())
+}
+
+/// What [`extra_service_cidr`] measured.
+struct Extra {
+    routed: Duration,
+    gets: Vec<String>,
+    withdrawn: Duration,
+}
+
+/// Creates the ServiceCIDR [`EXTRA_CIDR`], waits for the router to route its ranges through
+/// every node, GETs a Service with a cluster IP of each family in it through each node, then
+/// deletes the Service and the ServiceCIDR and waits for the routes to go.
+fn extra_service_cidr(failures: &mut Vec<String>) -> Result<Extra> {
+    let t = Instant::now();
+    kubectl_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            "apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {{ name: {EXTRA_CIDR} }}
+spec: {{ cidrs: [\"{}\", \"{}\"] }}
+",
+            EXTRA_RANGES[0], EXTRA_RANGES[1]
+        ),
+    )?;
+    let routed = sys::wait_for(Duration::from_secs(30), || {
+        EXTRA_RANGES.iter().all(|r| next_hops(r) == all_nodes())
+    });
+    let routed = match routed {
+        Ok(()) => t.elapsed(),
+        Err(_) => {
+            failures.push(format!(
+                "services: ServiceCIDR {EXTRA_CIDR} not routed from every node after 30 s: {:?}",
+                EXTRA_RANGES.map(next_hops)
+            ));
+            t.elapsed()
+        }
+    };
+    // The apiserver hands out an address of a new ServiceCIDR once the ServiceCIDR is Ready.
+    kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "--timeout=30s",
+        &format!("servicecidr/{EXTRA_CIDR}"),
+    ])?;
+    kubectl_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            "apiVersion: v1
+kind: Service
+metadata: {{ name: {EXTRA_SERVICE}, namespace: {DEMO_NS} }}
+spec:
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv6, IPv4]
+  clusterIPs: [\"{}\", \"{}\"]
+  selector: {{ app: web }}
+  ports: [{{ port: 80, targetPort: 80 }}]
+",
+            EXTRA_IPS[0], EXTRA_IPS[1]
+        ),
+    )?;
+    let mut gets = Vec::new();
+    for ip in EXTRA_IPS {
+        for n in &NODES {
+            // kube-proxy programs the Service within a second or two.
+            let mut answer = Err(anyhow::anyhow!("not tried"));
+            let _ = sys::wait_for(Duration::from_secs(20), || {
+                answer = get_via(n, ip);
+                answer.as_ref().is_ok_and(|a| a.starts_with("web-"))
+            });
+            match answer {
+                Ok(a) if a.starts_with("web-") => gets.push(format!("{ip} via {}: {a}", n.name)),
+                other => {
+                    gets.push(format!("{ip} via {}: no answer", n.name));
+                    failures.push(format!(
+                        "services: GET {ip} ({EXTRA_SERVICE}, ServiceCIDR {EXTRA_CIDR}) through \
+                         {}: {other:?}",
+                        n.name
+                    ));
+                }
+            }
+        }
+    }
+    kubectl(&["-n", DEMO_NS, "delete", "service", EXTRA_SERVICE, "--wait"])?;
+    let t = Instant::now();
+    kubectl(&[
+        "delete",
+        "servicecidr",
+        EXTRA_CIDR,
+        "--wait",
+        "--timeout=60s",
+    ])?;
+    let gone = sys::wait_for(Duration::from_secs(30), || {
+        EXTRA_RANGES.iter().all(|r| next_hops(r).is_empty())
+    });
+    if gone.is_err() {
+        failures.push(format!(
+            "services: ServiceCIDR {EXTRA_CIDR} still routed 30 s after it was deleted: {:?}",
+            EXTRA_RANGES.map(next_hops)
+        ));
+    }
+    Ok(Extra {
+        routed,
+        gets,
+        withdrawn: t.elapsed(),
+    })
 }
 
 /// Sets `web`'s pod template's `nodeSelector` (JSON; `null` removes it) and waits for the
