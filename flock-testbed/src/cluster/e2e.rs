@@ -307,6 +307,9 @@ pub fn run(args: &[String]) -> Result<()> {
         log_path.display()
     );
     let t = Instant::now();
+    // The suite's traffic crosses the router: a BGP session that drops during it withdraws a
+    // node's pods, and specs then fail for that rather than for what they check.
+    let sessions_before = crate::cluster::site::router_session_starts();
     let stub = Stub::start(&kube, &report_dir)?;
     let service_family = DefaultServices::set(&kube, services)?;
     let families = PodFamilies::set(pods)?;
@@ -316,6 +319,18 @@ pub fn run(args: &[String]) -> Result<()> {
     drop(stub);
     let status = status?;
     let suite_took = t.elapsed();
+    let sessions_after = crate::cluster::site::router_session_starts();
+    let restarted: Vec<String> = sessions_after
+        .iter()
+        .filter(|s| !sessions_before.contains(s))
+        .map(|(name, now)| {
+            let before = sessions_before
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or("absent", |(_, b)| b.as_str());
+            format!("{name}: {before} before the suite, {now} after")
+        })
+        .collect();
     let specs = read_junit(&report_dir)?;
 
     let mut out = String::new();
@@ -384,6 +399,14 @@ pub fn run(args: &[String]) -> Result<()> {
             out.push_str(&format!("  {}\n", e.spec));
         }
     }
+    if restarted.is_empty() {
+        out.push_str("the router's BGP sessions stayed established through the suite\n");
+    } else {
+        out.push_str(&format!(
+            "the router's BGP sessions restarted during the suite: {}\n",
+            restarted.join("; ")
+        ));
+    }
     out.push_str(&format!(
         "images {:.0} s, suite {:.0} s; e2e.test's log: {}\n",
         images_took.as_secs_f64(),
@@ -413,10 +436,23 @@ pub fn run(args: &[String]) -> Result<()> {
                 .join("\n      ");
             why.push_str(&format!("\n  {}\n      {message}", s.name));
         }
+        if !restarted.is_empty() {
+            why.push_str(&format!(
+                "\n  and the router's BGP sessions restarted during the suite: {}",
+                restarted.join("; ")
+            ));
+        }
         bail!(
             "{failed} e2e specs failed (e2e.test {}); the failures are in {}{why}",
             if status { "exited 0" } else { "failed" },
             log_path.display()
+        );
+    }
+    if !restarted.is_empty() {
+        bail!(
+            "the router's BGP sessions restarted during the suite ({}): its routes to a node's \
+             pods went with them",
+            restarted.join("; ")
         );
     }
     Ok(())

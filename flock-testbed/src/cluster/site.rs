@@ -291,6 +291,20 @@ pub fn router_sessions() -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// Each BGP session of the router with its state and the time it entered it (`up
+/// 22:08:07.282`): a session that went down and up again in between shows a later time.
+pub fn router_session_starts() -> Vec<(String, String)> {
+    Place::Net(ROUTER.to_owned())
+        .run(&["birdc", "-s", &router_ctl(), "show", "protocols"])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 5 && f[1] == "BGP").then(|| (f[0].to_owned(), format!("{} {}", f[3], f[4])))
+        })
+        .collect()
+}
+
 /// The number of next hops of the router's kernel route to `prefix` (0 without a route).
 pub fn router_paths(prefix: &str) -> usize {
     let family = if prefix.contains(':') { "-6" } else { "-4" };
