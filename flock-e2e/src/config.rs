@@ -43,6 +43,9 @@ pub struct ContainerdConfig {
     pub snapshotter: Snapshotter,
     /// runc, when not the one on `PATH`.
     pub runc: Option<PathBuf>,
+    /// The folder of `containerd`, `ctr` and `containerd-shim-runc-v2` to run, when not those
+    /// [`crate::program`] finds (another containerd release beside the default one).
+    pub bin_dir: Option<PathBuf>,
     /// Pin sandbox network namespaces under [`ContainerdConfig::state`] rather than the
     /// machine's `/run/netns` (a harness sharing the machine); a node that has its own
     /// `/run/netns` leaves them there, where the CNI agent looks.
@@ -62,7 +65,17 @@ impl ContainerdConfig {
             sandbox_image: image.to_owned(),
             snapshotter: Snapshotter::default(),
             runc: None,
+            bin_dir: None,
             netns_under_state: true,
+        }
+    }
+
+    /// `containerd`, `ctr` or the shim: from [`ContainerdConfig::bin_dir`] when set, else
+    /// [`crate::program`]'s.
+    pub fn program(&self, name: &str) -> PathBuf {
+        match &self.bin_dir {
+            Some(dir) => dir.join(name),
+            None => crate::program(name),
         }
     }
 

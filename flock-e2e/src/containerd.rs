@@ -12,13 +12,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::config::ContainerdConfig;
-use crate::program;
 use crate::{Error, Result};
 
-/// The major version of the containerd [`program`] finds: 1 takes config version 2, 2 takes
-/// version 3.
-pub fn major_version() -> Result<u32> {
-    let mut cmd = Command::new(program("containerd"));
+/// The major version of the `containerd` binary at `containerd`: 1 takes config version 2, 2
+/// takes version 3.
+pub fn major_version(containerd: &Path) -> Result<u32> {
+    let mut cmd = Command::new(containerd);
     cmd.arg("--version");
     let shown = format!("{cmd:?}");
     let out = cmd.output().map_err(|source| Error::Spawn {
@@ -63,7 +62,7 @@ impl Containerd {
             })?;
         }
         let config_path = dir.join("containerd.toml");
-        let rendered = match major_version()? {
+        let rendered = match major_version(&config.program("containerd"))? {
             1 => config.render_v2(),
             _ => config.render(),
         };
@@ -86,12 +85,17 @@ impl Containerd {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net={}", netns_path.display()))
             .args(["--", "unshare", "--mount", "--propagation", "slave", "--"])
-            .arg(program("containerd"))
+            .arg(config.program("containerd"))
             .arg("--config")
             .arg(&config_path)
             .stdin(Stdio::null())
             .stdout(log_file)
             .stderr(log_err);
+        // containerd finds its shim (`containerd-shim-runc-v2`) on PATH: its own first.
+        if let Some(dir) = &config.bin_dir {
+            let path = std::env::var("PATH").unwrap_or_default();
+            cmd.env("PATH", format!("{}:{path}", dir.display()));
+        }
         let child = cmd.spawn().map_err(|source| Error::Spawn {
             program: format!("{cmd:?}"),
             source,
@@ -117,7 +121,7 @@ impl Containerd {
                 });
             }
             if self.config.socket.exists() {
-                let answered = Command::new(program("ctr"))
+                let answered = Command::new(self.config.program("ctr"))
                     .arg("--address")
                     .arg(&self.config.socket)
                     .arg("version")
@@ -163,6 +167,18 @@ impl Containerd {
     /// The rendered config file.
     pub fn config_path(&self) -> &Path {
         &self.config_path
+    }
+
+    /// What its binary's `--version` prints (`containerd github.com/containerd/containerd
+    /// v1.7.35 …`).
+    pub fn version(&self) -> Result<String> {
+        let mut cmd = Command::new(self.config.program("containerd"));
+        cmd.arg("--version");
+        let out = cmd.output().map_err(|source| Error::Spawn {
+            program: format!("{cmd:?}"),
+            source,
+        })?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }
 
     /// Its log file (stdout and stderr).

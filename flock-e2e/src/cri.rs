@@ -10,8 +10,8 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListPodSandboxRequest, NamespaceMode,
-    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StatusRequest, StopPodSandboxRequest,
+    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, PortMapping,
+    Protocol, RemovePodSandboxRequest, RunPodSandboxRequest, StatusRequest, StopPodSandboxRequest,
 };
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -36,6 +36,9 @@ pub struct PodSandboxSpec {
     pub annotations: HashMap<String, String>,
     /// The cgroup parent; empty lets containerd choose.
     pub cgroup_parent: String,
+    /// TCP `hostPort`s as (host port, container port): containerd passes them to CNI as the
+    /// `portMappings` capability.
+    pub host_ports: Vec<(u16, u16)>,
 }
 
 impl PodSandboxSpec {
@@ -48,6 +51,7 @@ impl PodSandboxSpec {
             attempt: 0,
             annotations: HashMap::new(),
             cgroup_parent: String::new(),
+            host_ports: Vec::new(),
         }
     }
 
@@ -72,6 +76,16 @@ impl PodSandboxSpec {
                     ("io.kubernetes.pod.uid".to_owned(), self.uid.clone()),
                 ]),
                 annotations: self.annotations.clone(),
+                port_mappings: self
+                    .host_ports
+                    .iter()
+                    .map(|&(host, container)| PortMapping {
+                        protocol: Protocol::Tcp as i32,
+                        container_port: i32::from(container),
+                        host_port: i32::from(host),
+                        host_ip: String::new(),
+                    })
+                    .collect(),
                 linux: Some(LinuxPodSandboxConfig {
                     cgroup_parent: self.cgroup_parent.clone(),
                     security_context: Some(LinuxSandboxSecurityContext {

@@ -188,10 +188,10 @@ impl PauseImage {
     }
 
     /// Imports the archive into containerd's `k8s.io` namespace (where the
-    /// CRI plugin looks) through `socket`, unpacked for `snapshotter`.
-    pub fn import(&self, socket: &Path, snapshotter: &str) -> Result<()> {
+    /// CRI plugin looks) with `ctr` through `socket`, unpacked for `snapshotter`.
+    pub fn import(&self, ctr: &Path, socket: &Path, snapshotter: &str) -> Result<()> {
         run_checked(
-            Command::new(crate::program("ctr"))
+            Command::new(ctr)
                 .arg("--address")
                 .arg(socket)
                 .args(["--namespace", "k8s.io", "images", "import"])

@@ -179,6 +179,27 @@ pub struct ReadmeDoctests;
 /// not the one on `PATH`: the test bed's build of containerd 2.
 pub const CONTAINERD_DIR_ENV: &str = "FLOCK_CONTAINERD_DIR";
 
+/// The folder of a containerd 1.7 (`containerd`, `ctr`, `containerd-shim-runc-v2`): the test
+/// bed's build, for the test that keeps flock's installed conflist working on it.
+pub const CONTAINERD_1_7_DIR_ENV: &str = "FLOCK_CONTAINERD_1_7_DIR";
+
+/// The folder [`CONTAINERD_1_7_DIR_ENV`] names; panics, saying how to get one, when it is
+/// unset or holds no containerd 1.7.
+#[cfg(feature = "cri")]
+pub fn containerd_1_7_dir() -> PathBuf {
+    let dir = std::env::var_os(CONTAINERD_1_7_DIR_ENV).map(PathBuf::from);
+    let major = dir
+        .as_ref()
+        .and_then(|d| containerd::major_version(&d.join("containerd")).ok());
+    assert_eq!(
+        major,
+        Some(1),
+        "{CONTAINERD_1_7_DIR_ENV}={dir:?} names no containerd 1.x: `cargo xtask test` builds \
+         containerd 1.7 into /var/cache/flock and sets it"
+    );
+    dir.expect("checked")
+}
+
 /// `containerd` or `ctr`: from [`CONTAINERD_DIR_ENV`] when set, else from `PATH`.
 pub fn program(name: &str) -> PathBuf {
     match std::env::var_os(CONTAINERD_DIR_ENV) {

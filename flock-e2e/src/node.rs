@@ -51,6 +51,9 @@ pub struct NodeSetup {
     pub snapshotter: Snapshotter,
     /// How long to wait for the CRI plugin to report NetworkReady.
     pub ready_timeout: Duration,
+    /// The folder of the containerd release to run, when not the default
+    /// ([`crate::program`]).
+    pub containerd_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for NodeSetup {
@@ -61,6 +64,7 @@ impl std::fmt::Debug for NodeSetup {
             .field("before_start", &self.before_start.is_some())
             .field("image_name", &self.image_name)
             .field("snapshotter", &self.snapshotter)
+            .field("containerd_dir", &self.containerd_dir)
             .finish_non_exhaustive()
     }
 }
@@ -94,7 +98,14 @@ impl NodeSetup {
             image_name: "flock.test/pause:e2e".into(),
             snapshotter: Snapshotter::default(),
             ready_timeout: Duration::from_secs(30),
+            containerd_dir: None,
         }
+    }
+
+    /// Runs the containerd (with its `ctr` and shim) in `dir` rather than the default one.
+    pub fn containerd_dir(mut self, dir: impl Into<PathBuf>) -> NodeSetup {
+        self.containerd_dir = Some(dir.into());
+        self
     }
 
     /// Sets the hook that runs before containerd starts.
@@ -165,6 +176,8 @@ impl E2eNode {
         let mut config =
             ContainerdConfig::in_dir(dir.path(), &setup.cni_bin_dir, &conf_dir, &setup.image_name);
         config.snapshotter = setup.snapshotter;
+        config.bin_dir = setup.containerd_dir;
+        let ctr = config.program("ctr");
         let containerd = Containerd::start(&netns.path(), config, dir.path())?;
         let node = E2eNode {
             containerd,
@@ -173,7 +186,7 @@ impl E2eNode {
             dir,
         };
         node.image
-            .import(node.containerd.socket(), setup.snapshotter.as_str())?;
+            .import(&ctr, node.containerd.socket(), setup.snapshotter.as_str())?;
         node.cri().await?.wait_ready(setup.ready_timeout).await?;
         Ok(node)
     }

@@ -8,6 +8,10 @@
 //!
 //! In the same run, the same five sandboxes with the reference `ptp` + `host-local` give the
 //! RunPodSandbox time to compare against (printed).
+//!
+//! containerd 1.7 (Kubernetes 1.35 and 1.36 still run on it) reads the same installed conflist:
+//! it knows CNI 1.0.0 at most, ignores `cniVersions` and runs the list as 1.0.0, portmap
+//! chained after flock included.
 #![cfg(feature = "root-tests")]
 
 use std::net::IpAddr;
@@ -445,6 +449,74 @@ async fn containerd_2_reports_flock_status_as_network_ready() {
     );
     let mut agent = start_agent(&files, node.containerd().pid());
     assert!(cri.status().await.expect("CRI Status").network_ready);
+    drop(cri);
+    drop(node);
+    let _ = agent.kill();
+    agent.wait().expect("reap the agent");
+}
+
+/// containerd 1.7 runs pods through the conflist `install-cni` writes by default: it takes the
+/// list's `cniVersion` 1.0.0 (it ignores `cniVersions` and would fail every pod on a 1.1.0
+/// result), runs flock and the chained portmap, and both DELs of a sandbox succeed.
+#[tokio::test]
+async fn containerd_1_7_runs_pods_through_the_installed_conflist() {
+    flock_e2e::require_tools();
+    let containerd_1_7 = flock_e2e::containerd_1_7_dir();
+    let files = AgentFiles::new(&[]);
+    let conflist = files.installed_conflist();
+    let chain: Vec<&Value> = conflist["plugins"]
+        .as_array()
+        .expect("plugins")
+        .iter()
+        .map(|p| &p["type"])
+        .collect();
+    assert_eq!(chain, [&json!("flock"), &json!("portmap")], "{conflist}");
+    let node = E2eNode::start(
+        NodeSetup::installed(files.conf_dir(), files.bin_dir()).containerd_dir(&containerd_1_7),
+    )
+    .await
+    .expect("node with containerd 1.7 starts");
+    let version = node.containerd().version().expect("containerd --version");
+    assert!(version.contains(" v1.7."), "{version}");
+    let mut agent = start_agent(&files, node.containerd().pid());
+    let mut cri = node.cri().await.expect("CRI client connects");
+    let mut spec = pod(0);
+    spec.host_ports = vec![(8080, 80)];
+    let run = cri.run_pod_sandbox(&spec).await.unwrap_or_else(|e| {
+        panic!(
+            "{e}\ncontainerd log:\n{}\nagent log:\n{}",
+            node.containerd().log_tail(30),
+            files.log()
+        )
+    });
+    let net = cri.sandbox_network(&run.id).await.expect("sandbox status");
+    assert_eq!(net.state, "SANDBOX_READY");
+    let flock_ips: Vec<IpAddr> = net.ips.iter().copied().filter(in_node_cidr).collect();
+    assert_eq!(
+        flock_ips.len(),
+        2,
+        "an address of each family: {:?}",
+        net.ips
+    );
+    // (A 1.1.0 result would have failed the sandbox: `unsupported CNI result version`.)
+    let records = files.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    // portmap ran after flock, with flock's result: its DNAT of the host port is there.
+    let ruleset = node.netns().ok(["nft", "list", "ruleset"]);
+    let iptables = node.netns().ok(["iptables-save"]);
+    assert!(
+        ruleset.contains("8080") || iptables.contains("8080"),
+        "no DNAT of host port 8080 after portmap:\n{ruleset}\n{iptables}"
+    );
+    cri.stop_pod_sandbox(&run.id).await.expect("stop");
+    cri.remove_pod_sandbox(&run.id).await.expect("remove");
+    assert_eq!(files.records(), Vec::new(), "the agent released the pod");
+    let log = std::fs::read_to_string(node.containerd().log_path()).expect("read log");
+    assert!(
+        !log.to_lowercase().contains("failed to destroy network"),
+        "a CNI DEL failed:\n{}",
+        node.containerd().log_tail(40)
+    );
     drop(cri);
     drop(node);
     let _ = agent.kill();

@@ -170,6 +170,38 @@ pub fn containerd() -> Component {
     }
 }
 
+/// containerd 1.7 (module `github.com/containerd/containerd`, before the `/v2` path), its
+/// runc shim and `ctr`: the release line Kubernetes 1.35 and 1.36 still run on.
+pub fn containerd_1_7() -> Component {
+    let version = versions::CONTAINERD_1_7;
+    let ldflags = format!(
+        "{STRIP} -X github.com/containerd/containerd/version.Version=v{version} \
+         -X github.com/containerd/containerd/version.Package=github.com/containerd/containerd"
+    );
+    let cmd = |name: &'static str, tags: &'static [&'static str]| Output {
+        name,
+        package: format!("github.com/containerd/containerd/cmd/{name}"),
+        test_binary: false,
+        cgo: false,
+        tags,
+        ldflags: ldflags.clone(),
+    };
+    Component {
+        name: "containerd",
+        version: version.to_owned(),
+        module: "containerd-1.7".to_owned(),
+        upstream: "github.com/containerd/containerd",
+        outputs: vec![
+            cmd("containerd", &["urfave_cli_no_docs", "no_btrfs"]),
+            cmd(
+                "containerd-shim-runc-v2",
+                &["urfave_cli_no_docs", "no_grpc"],
+            ),
+            cmd("ctr", &["urfave_cli_no_docs", "no_btrfs"]),
+        ],
+    }
+}
+
 /// runc with seccomp (cgo: its `nsenter` is C).
 pub fn runc() -> Component {
     let version = versions::RUNC;
@@ -267,6 +299,12 @@ pub fn cluster(k: Kubernetes) -> Vec<Component> {
         coredns(),
         kubernetes(k),
     ]
+}
+
+/// The components the tests run beside the cluster's: containerd 1.7 (`flock-e2e`'s test of
+/// the installed conflist on it).
+pub fn others() -> Vec<Component> {
+    vec![containerd_1_7()]
 }
 
 /// The wrapper modules' folder: `flock-testbed/go`.
@@ -504,6 +542,7 @@ mod tests {
                 .into_iter()
                 .filter(|c| c.name != "kubernetes"),
         );
+        all.extend(others());
         for c in all {
             let path = c.module_dir().join("go.mod");
             let text = std::fs::read_to_string(&path)

@@ -29,6 +29,9 @@ pub fn write_all() -> Result<()> {
             write(&c, "")?;
         }
     }
+    for c in components::others() {
+        write(&c, "")?;
+    }
     Ok(())
 }
 

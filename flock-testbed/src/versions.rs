@@ -37,6 +37,9 @@ pub const KUBERNETES: [Kubernetes; 3] = [
 
 /// containerd 2 (its CRI plugin calls CNI STATUS), with its runc shim.
 pub const CONTAINERD: &str = "2.4.2";
+/// containerd 1.7, the newest of its line: Kubernetes 1.35 and 1.36 still support it
+/// (Debian 13 ships it), and flock's installed conflist must keep working on it.
+pub const CONTAINERD_1_7: &str = "1.7.35";
 /// runc, the version containerd's own CI runs (`script/setup/runc-version` of [`CONTAINERD`]).
 pub const RUNC: &str = "1.5.2";
 /// etcd, the version the newest Kubernetes defaults to (kubeadm's `DefaultEtcdVersion`).

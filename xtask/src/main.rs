@@ -99,8 +99,10 @@ fn test(filters: &[String]) -> Result<()> {
     }
     nextest.extend(filters.iter().cloned());
     // The runtime and the plugins the tests drive for real: containerd 2, runc and the
-    // reference CNI plugins, built from their Go modules (cached per version).
+    // reference CNI plugins, built from their Go modules (cached per version); containerd 1.7
+    // for the test of the installed conflist on it.
     let containerd = components::containerd().ensure_built()?;
+    let containerd_1_7 = components::containerd_1_7().ensure_built()?;
     let runc = components::runc().ensure_built()?;
     let plugins = components::cni_plugins().ensure_built()?;
     let path = format!(
@@ -113,7 +115,9 @@ fn test(filters: &[String]) -> Result<()> {
         sys::cargo_command(&nextest)
             .env("FLOCK_SHIM_BIN", &shim)
             .env("PATH", path)
-            .env(flock_testkit::REFERENCE_PLUGINS_ENV, &plugins.bin),
+            .env(flock_testkit::REFERENCE_PLUGINS_ENV, &plugins.bin)
+            // flock_e2e::CONTAINERD_1_7_DIR_ENV
+            .env("FLOCK_CONTAINERD_1_7_DIR", &containerd_1_7.bin),
     )?;
     if filters.is_empty() {
         // The lab end to end on the debug binaries (replaces a lab that is up); the shim is
