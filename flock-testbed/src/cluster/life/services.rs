@@ -413,7 +413,8 @@ metadata: {{ name: {EXTRA_SERVICE}, namespace: {DEMO_NS} }}
 spec:
   ipFamilyPolicy: RequireDualStack
   ipFamilies: [IPv6, IPv4]
-  clusterIPs: [\"{}\", \"{}\"]
+  clusterIP: \"{0}\"
+  clusterIPs: [\"{0}\", \"{1}\"]
   selector: {{ app: web }}
   ports: [{{ port: 80, targetPort: 80 }}]
 ",
