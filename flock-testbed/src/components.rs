@@ -141,46 +141,31 @@ pub fn kubernetes(k: Kubernetes) -> Component {
 
 /// containerd 2, its runc shim and `ctr`, as containerd's Makefile builds them.
 pub fn containerd() -> Component {
-    let version = versions::CONTAINERD;
-    let ldflags = format!(
-        "{STRIP} -X github.com/containerd/containerd/v2/version.Version=v{version} \
-         -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
-    );
-    let cmd = |name: &'static str, tags: &'static [&'static str]| Output {
-        name,
-        package: format!("github.com/containerd/containerd/v2/cmd/{name}"),
-        test_binary: false,
-        cgo: false,
-        tags,
-        ldflags: ldflags.clone(),
-    };
-    Component {
-        name: "containerd",
-        version: version.to_owned(),
-        module: "containerd".to_owned(),
-        upstream: "github.com/containerd/containerd/v2",
-        outputs: vec![
-            cmd("containerd", &["urfave_cli_no_docs", "no_btrfs"]),
-            cmd(
-                "containerd-shim-runc-v2",
-                &["urfave_cli_no_docs", "no_grpc"],
-            ),
-            cmd("ctr", &["urfave_cli_no_docs", "no_btrfs"]),
-        ],
-    }
+    containerd_release(
+        versions::CONTAINERD,
+        "containerd",
+        "github.com/containerd/containerd/v2",
+    )
 }
 
 /// containerd 1.7 (module `github.com/containerd/containerd`, before the `/v2` path), its
 /// runc shim and `ctr`: the release line Kubernetes 1.35 and 1.36 still run on.
 pub fn containerd_1_7() -> Component {
-    let version = versions::CONTAINERD_1_7;
+    containerd_release(
+        versions::CONTAINERD_1_7,
+        "containerd-1.7",
+        "github.com/containerd/containerd",
+    )
+}
+
+/// containerd `version` from its Go module `upstream`, with the wrapper module `module`.
+fn containerd_release(version: &str, module: &str, upstream: &'static str) -> Component {
     let ldflags = format!(
-        "{STRIP} -X github.com/containerd/containerd/version.Version=v{version} \
-         -X github.com/containerd/containerd/version.Package=github.com/containerd/containerd"
+        "{STRIP} -X {upstream}/version.Version=v{version} -X {upstream}/version.Package={upstream}"
     );
     let cmd = |name: &'static str, tags: &'static [&'static str]| Output {
         name,
-        package: format!("github.com/containerd/containerd/cmd/{name}"),
+        package: format!("{upstream}/cmd/{name}"),
         test_binary: false,
         cgo: false,
         tags,
@@ -189,8 +174,8 @@ pub fn containerd_1_7() -> Component {
     Component {
         name: "containerd",
         version: version.to_owned(),
-        module: "containerd-1.7".to_owned(),
-        upstream: "github.com/containerd/containerd",
+        module: module.to_owned(),
+        upstream,
         outputs: vec![
             cmd("containerd", &["urfave_cli_no_docs", "no_btrfs"]),
             cmd(

@@ -309,7 +309,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let t = Instant::now();
     // The suite's traffic crosses the router: a BGP session that drops during it withdraws a
     // node's pods, and specs then fail for that rather than for what they check.
-    let sessions_before = crate::cluster::site::router_session_starts();
+    let sessions_before = crate::cluster::site::router_sessions();
     let stub = Stub::start(&kube, &report_dir)?;
     let service_family = DefaultServices::set(&kube, services)?;
     let families = PodFamilies::set(pods)?;
@@ -319,16 +319,25 @@ pub fn run(args: &[String]) -> Result<()> {
     drop(stub);
     let status = status?;
     let suite_took = t.elapsed();
-    let sessions_after = crate::cluster::site::router_session_starts();
+    let sessions_after = crate::cluster::site::router_sessions();
     let restarted: Vec<String> = sessions_after
         .iter()
-        .filter(|s| !sessions_before.contains(s))
-        .map(|(name, now)| {
+        .filter(|s| {
+            !sessions_before
+                .iter()
+                .any(|b| b.name == s.name && b.state == s.state && b.since == s.since)
+        })
+        .map(|s| {
             let before = sessions_before
                 .iter()
-                .find(|(n, _)| n == name)
-                .map_or("absent", |(_, b)| b.as_str());
-            format!("{name}: {before} before the suite, {now} after")
+                .find(|b| b.name == s.name)
+                .map_or("absent".to_owned(), |b| {
+                    format!("{} since {}", b.state, b.since)
+                });
+            format!(
+                "{}: {before} before the suite, {} since {} after",
+                s.name, s.state, s.since
+            )
         })
         .collect();
     let specs = read_junit(&report_dir)?;

@@ -158,7 +158,7 @@ fn flock_pods(r: &mut Report) -> Result<()> {
 fn wait_converged(r: &mut Report) -> Result<()> {
     let established = || {
         let s = site::router_sessions();
-        s.len() == NODES.len() && s.iter().all(|(_, _, info)| info == "Established")
+        s.len() == NODES.len() && s.iter().all(|s| s.info == "Established")
     };
     if sys::wait_for(CONVERGE, established).is_err() {
         r.failures.push(format!(

@@ -277,30 +277,34 @@ pub fn router_ctl() -> String {
     format!("{RUN_DIR}/router/bird.ctl")
 }
 
-/// `birdc show protocols` on the router: (name, state, info) of each BGP session.
-pub fn router_sessions() -> Vec<(String, String, String)> {
-    Place::Net(ROUTER.to_owned())
-        .run(&["birdc", "-s", &router_ctl(), "show", "protocols"])
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 6 && f[1] == "BGP")
-                .then(|| (f[0].to_owned(), f[3].to_owned(), f[5..].join(" ")))
-        })
-        .collect()
+/// A BGP session of the router, as `birdc show protocols` shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterSession {
+    /// The protocol's name: the node's.
+    pub name: String,
+    /// BIRD's protocol state (`up`, `start`).
+    pub state: String,
+    /// When it entered that state (`22:08:07.282`): a session that went down and up again
+    /// in between shows a later time.
+    pub since: String,
+    /// The rest: the BGP state (`Established`, `Active`) and why.
+    pub info: String,
 }
 
-/// Each BGP session of the router with its state and the time it entered it (`up
-/// 22:08:07.282`): a session that went down and up again in between shows a later time.
-pub fn router_session_starts() -> Vec<(String, String)> {
+/// `birdc show protocols` on the router: each BGP session.
+pub fn router_sessions() -> Vec<RouterSession> {
     Place::Net(ROUTER.to_owned())
         .run(&["birdc", "-s", &router_ctl(), "show", "protocols"])
         .unwrap_or_default()
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 5 && f[1] == "BGP").then(|| (f[0].to_owned(), format!("{} {}", f[3], f[4])))
+            (f.len() >= 5 && f[1] == "BGP").then(|| RouterSession {
+                name: f[0].to_owned(),
+                state: f[3].to_owned(),
+                since: f[4].to_owned(),
+                info: f[5..].join(" "),
+            })
         })
         .collect()
 }

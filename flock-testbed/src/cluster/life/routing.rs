@@ -37,8 +37,8 @@ fn signal(pid: u32, sig: nix::sys::signal::Signal) -> Result<()> {
 fn session(n: &Node) -> (String, String) {
     site::router_sessions()
         .into_iter()
-        .find(|(name, _, _)| name == n.name)
-        .map(|(_, state, info)| (state, info))
+        .find(|s| s.name == n.name)
+        .map(|s| (s.state, s.info))
         .unwrap_or_else(|| ("absent".into(), String::new()))
 }
 
