@@ -799,6 +799,9 @@ fn e2e_command(kube: &kube::KubeBuild, report_dir: &Path) -> std::process::Comma
     cmd
 }
 
+/// The CPU weight of the test client's processes together (an ordinary process has 1024).
+const E2E_CPU_SHARES: u32 = 512;
+
 /// Runs the suite, its output into `log`; echoes the suite's progress lines. Returns whether
 /// `e2e.test` exited 0.
 fn run_suite(
@@ -813,8 +816,15 @@ fn run_suite(
         std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
     // ginkgo (v2) runs `parallel` e2e.test processes, each a share of the specs, one
     // BeforeSuite for all; `-v` prints each spec as it ends, which is echoed as progress.
-    let mut cmd = suite_command(&kube.tool("ginkgo"), report_dir);
-    cmd.arg(format!("--nodes={parallel}"))
+    // The test client runs off the cluster in a real one; here it shares the 2 cores with the
+    // nodes: its processes together weigh as half an ordinary process, so that a burst of
+    // specs cannot starve the nodes it tests.
+    let procs = proc::cpu_weight(&format!("{}/e2e", proc::CGROUP), E2E_CPU_SHARES)?;
+    let mut cmd = suite_command(Path::new("sh"), report_dir);
+    cmd.args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
+        .arg(&procs)
+        .arg(kube.tool("ginkgo"))
+        .arg(format!("--nodes={parallel}"))
         .args(["--no-color", "-v", "--silence-skips"])
         .arg(format!("--timeout={}s", LIMIT.as_secs()))
         .arg(format!("--focus={focus}"))

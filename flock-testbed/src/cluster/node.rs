@@ -262,12 +262,23 @@ fn containerd_config(node: &Node, kube: &KubeBuild) -> String {
     format!("# containerd of {}\n{}", node.name, config.render())
 }
 
+/// The CPU cgroup containerd puts pods' containers in, and its weight: 2 cores' worth.
+const PODS_CPU_CGROUP: &str = "k8s.io";
+const PODS_CPU_SHARES: u32 = 2048;
+
 fn start_containerd(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
     let d = dir(node).join("containerd");
     std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
     let config = d.join("config.toml");
     std::fs::write(&config, containerd_config(node, kube))
         .with_context(|| format!("write {}", config.display()))?;
+    // The pods' containers go to the CPU cgroup `k8s.io` (containerd's default parent: this
+    // kubelet runs without its QoS hierarchy), one for both nodes, which competes with every
+    // process of the control plane and the test client on the machine's 2 cores. A kubelet
+    // with its QoS hierarchy gives `kubepods` its allocatable CPU in shares (2 cores: 2048);
+    // so does this. At 1024 (one process's weight) against a busy e2e run, BIRD in a pod
+    // missed BFD's 300 ms and the router dropped node2's session.
+    proc::cpu_weight(PODS_CPU_CGROUP, PODS_CPU_SHARES)?;
     let name = format!("{}-containerd", node.name);
     // containerd finds its shim on PATH.
     let path = format!(

@@ -25,6 +25,17 @@ pub const CGROUP: &str = "flockcluster";
 const TRACKING_HIERARCHY: &str = "/sys/fs/cgroup/pids";
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
+/// The CPU cgroup (v1) `path` below `/sys/fs/cgroup/cpu` with a weight of `shares` (an
+/// ordinary process has 1024), created when missing; returns its `cgroup.procs`.
+pub fn cpu_weight(path: &str, shares: u32) -> Result<PathBuf> {
+    let dir = Path::new(CGROUP_ROOT).join("cpu").join(path);
+    std::fs::create_dir_all(&dir).with_context(|| format!("create cgroup {}", dir.display()))?;
+    let file = dir.join("cpu.shares");
+    std::fs::write(&file, shares.to_string())
+        .with_context(|| format!("write {shares} to {}", file.display()))?;
+    Ok(dir.join("cgroup.procs"))
+}
+
 /// `RUN_DIR/logs/NAME.log`.
 pub fn log_path(name: &str) -> PathBuf {
     Path::new(RUN_DIR).join("logs").join(format!("{name}.log"))
