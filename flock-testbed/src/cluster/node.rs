@@ -379,8 +379,11 @@ fn start_kubelet(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
                 pki::kubeconfig(&format!("kubelet-{}", node.name))
             ),
             format!("--root-dir={}", root.display()),
-            // IPv6 first: the kubelet lists a dual-stack pod's addresses in this order.
-            format!("--node-ip={}", node.addr),
+            // A dual-stack node, IPv6 first: the kubelet lists a dual-stack pod's addresses, and
+            // the node's own, in this order. Its IPv4 address is its identity on its loopback
+            // (routed by the router): the dual-stack suite needs a node of both families (a
+            // pod's hostIPs, NodePorts of a Service's secondary family).
+            format!("--node-ip={},{}", node.addr, node.router_id),
             format!("--hostname-override={}", node.name),
             // Its rack: the label its NodePool selects it by.
             format!("--node-labels={}={}", super::deploy::RACK_LABEL, node.rack),
