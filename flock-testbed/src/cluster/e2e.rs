@@ -328,7 +328,7 @@ pub fn run(args: &[String]) -> Result<()> {
         .filter(|s| {
             !sessions_before
                 .iter()
-                .any(|b| b.name == s.name && b.state == s.state && b.since == s.since)
+                .any(|b| b.name == s.name && b.state == s.state && same_time(&b.since, &s.since))
         })
         .map(|s| {
             let before = sessions_before
@@ -802,6 +802,22 @@ fn e2e_command(kube: &kube::KubeBuild, report_dir: &Path) -> std::process::Comma
     cmd
 }
 
+/// Whether two of BIRD's `HH:MM:SS.mmm` times are the same moment: BIRD derives the wall time
+/// it shows from its monotonic clock, and the same moment shows a millisecond apart from one
+/// `show protocols` to the next.
+fn same_time(a: &str, b: &str) -> bool {
+    let ms = |t: &str| -> Option<i64> {
+        let (hms, frac) = t.split_once('.').unwrap_or((t, "0"));
+        let mut parts = hms.split(':').map(|p| p.parse::<i64>().ok());
+        let (h, m, s) = (parts.next()??, parts.next()??, parts.next()??);
+        Some(((h * 60 + m) * 60 + s) * 1000 + frac.parse::<i64>().ok()?)
+    };
+    match (ms(a), ms(b)) {
+        (Some(a), Some(b)) => (a - b).abs() <= 5,
+        _ => a == b,
+    }
+}
+
 /// The CPU weight of the test client's processes together (an ordinary process has 1024).
 const E2E_CPU_SHARES: u32 = 512;
 
@@ -947,6 +963,13 @@ mod tests {
         assert_eq!(specs[2].outcome, Outcome::Failed);
         assert_eq!(specs[2].failure.as_deref(), Some("boom"));
         assert_eq!(specs[0].failure, None);
+    }
+
+    #[test]
+    fn bird_times_a_millisecond_apart_are_one_moment() {
+        assert!(same_time("23:11:46.233", "23:11:46.234"));
+        assert!(!same_time("22:40:39.781", "22:58:11.393"));
+        assert!(!same_time("23:11:46.233", "23:11:47.233"));
     }
 
     #[test]
