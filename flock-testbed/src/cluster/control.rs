@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::sys;
-
 use super::kube::KubeBuild;
 use super::proc::{self, Place};
 use super::{
@@ -41,7 +39,7 @@ fn here() -> Place {
 pub fn start(kube: &KubeBuild) -> Result<()> {
     std::fs::create_dir_all(dir()).with_context(|| format!("create {}", dir().display()))?;
     start_etcd(kube)?;
-    start_apiserver(kube, ServiceFamily::Ipv6)?;
+    start_apiserver(kube)?;
     start_controller_manager(kube)?;
     start_scheduler(kube)?;
     Ok(())
@@ -95,40 +93,12 @@ rules:
     )
 }
 
-/// The family of the addresses Services get when they ask for none: the first of the
-/// apiserver's `--service-cluster-ip-range`s. The cluster is IPv6-first; the e2e suite's
-/// dual-stack NetworkPolicy run needs IPv4 Services (see `cluster::e2e`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum ServiceFamily {
-    Ipv6,
-    Ipv4,
+/// The cluster's Service ranges, IPv6 first: a Service that names no family gets IPv6.
+fn service_ranges() -> String {
+    format!("{SERVICE_CIDR},{SERVICE_CIDR4}")
 }
 
-impl ServiceFamily {
-    fn ranges(self) -> String {
-        match self {
-            ServiceFamily::Ipv6 => format!("{SERVICE_CIDR},{SERVICE_CIDR4}"),
-            ServiceFamily::Ipv4 => format!("{SERVICE_CIDR4},{SERVICE_CIDR}"),
-        }
-    }
-}
-
-/// Stops the apiserver and starts it again with Services of `family` by default. Services
-/// that exist keep their addresses (the `kubernetes` Service its IPv6 one); every client
-/// (kubelets, kube-proxies, flock's agents and controller) reconnects and relists.
-pub fn restart_apiserver(kube: &KubeBuild, family: ServiceFamily) -> Result<()> {
-    if let Some(pid) = proc::alive("kube-apiserver") {
-        sys::run(std::process::Command::new("kill").args(["-TERM", &pid.to_string()]))
-            .context("stop the apiserver")?;
-        sys::wait_for(Duration::from_secs(60), || {
-            proc::alive("kube-apiserver").is_none()
-        })
-        .context("the apiserver to exit after SIGTERM")?;
-    }
-    start_apiserver(kube, family)
-}
-
-fn start_apiserver(kube: &KubeBuild, family: ServiceFamily) -> Result<()> {
+fn start_apiserver(kube: &KubeBuild) -> Result<()> {
     let policy = dir().join("audit-policy.yaml");
     std::fs::write(&policy, audit_policy())
         .with_context(|| format!("write {}", policy.display()))?;
@@ -142,7 +112,7 @@ fn start_apiserver(kube: &KubeBuild, family: ServiceFamily) -> Result<()> {
             "--bind-address=::".to_owned(),
             "--secure-port=6443".to_owned(),
             format!("--advertise-address={CONTROL_ADDR}"),
-            format!("--service-cluster-ip-range={}", family.ranges()),
+            format!("--service-cluster-ip-range={}", service_ranges()),
             format!("--tls-cert-file={}", f("apiserver.crt")),
             format!("--tls-private-key-file={}", f("apiserver.key")),
             format!("--client-ca-file={}", f("ca.crt")),
@@ -193,10 +163,7 @@ fn start_controller_manager(kube: &KubeBuild) -> Result<()> {
             format!("--root-ca-file={}", pki::file("ca.crt")),
             format!("--service-account-private-key-file={}", pki::file("sa.key")),
             "--use-service-account-credentials=true".to_owned(),
-            format!(
-                "--service-cluster-ip-range={}",
-                ServiceFamily::Ipv6.ranges()
-            ),
+            format!("--service-cluster-ip-range={}", service_ranges()),
             "--profiling=false".to_owned(),
         ],
         &[],

@@ -21,8 +21,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::control::{self, ServiceFamily};
-use super::deploy::DEMO_NS;
 use super::{CONTROL, NODES, RUN_DIR, images, kube, node, pki, proc};
 use crate::sys;
 
@@ -202,7 +200,6 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut skip_tags = SKIP_TAGS;
     let mut extra_skip = None;
     let mut pods = Pods::Ipv6;
-    let mut services = ServiceFamily::Ipv6;
     let mut parallel = DEFAULT_PARALLEL;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -222,13 +219,6 @@ pub fn run(args: &[String]) -> Result<()> {
             },
             "--skip" => extra_skip = Some(it.next().context("--skip needs a regex")?.clone()),
             "--pods" => pods = Pods::parse(it.next().map_or("", String::as_str))?,
-            "--services" => {
-                services = match it.next().map(String::as_str) {
-                    Some("ipv6") => ServiceFamily::Ipv6,
-                    Some("ipv4") => ServiceFamily::Ipv4,
-                    other => bail!("--services {other:?}: ipv6 or ipv4"),
-                }
-            }
             "--parallel" => {
                 let v = it.next().map_or("", String::as_str);
                 parallel = v
@@ -239,12 +229,9 @@ pub fn run(args: &[String]) -> Result<()> {
             }
             other => bail!(
                 "unknown e2e argument {other:?} (--suite network|networkpolicy, --focus REGEX, \
-                 --skip REGEX, --pods ipv6|dual, --services ipv6|ipv4, --parallel N)"
+                 --skip REGEX, --pods ipv6|dual, --parallel N)"
             ),
         }
-    }
-    if services == ServiceFamily::Ipv4 && pods == Pods::Ipv6 {
-        bail!("--services ipv4 needs --pods dual: IPv6-only pods cannot serve an IPv4 Service");
     }
     let excluded = exclusions(EXCLUSIONS)?;
     if !Path::new(RUN_DIR).exists() {
@@ -314,11 +301,9 @@ pub fn run(args: &[String]) -> Result<()> {
     // node's pods, and specs then fail for that rather than for what they check.
     let sessions_before = crate::cluster::site::router_sessions();
     let stub = Stub::start(&kube, &report_dir)?;
-    let service_family = DefaultServices::set(&kube, services)?;
     let families = PodFamilies::set(pods)?;
     let status = run_suite(&kube, &report_dir, &log_path, &focus, &skip, parallel);
     drop(families);
-    drop(service_family);
     drop(stub);
     let status = status?;
     let suite_took = t.elapsed();
@@ -348,13 +333,9 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut out = String::new();
     out.push_str(&format!(
         "KUBERNETES E2E ({} e2e.test, --provider=local, from {CONTROL}, {parallel} processes; \
-         {} pods; {} Services; focus {focus:?}; skipped tags {skip_tags:?})\n",
+         {} pods; Services IPv6 unless they ask; focus {focus:?}; skipped tags {skip_tags:?})\n",
         kube.kubernetes,
         pods.describe(),
-        match services {
-            ServiceFamily::Ipv6 => "IPv6",
-            ServiceFamily::Ipv4 => "IPv4",
-        }
     ));
     let ran: Vec<&Spec> = specs
         .iter()
@@ -501,109 +482,6 @@ impl Pods {
     fn ipv4(self) -> bool {
         self == Pods::Dual
     }
-}
-
-/// The apiserver restarted to give the suite's Services IPv4 addresses, and restarted again
-/// with the cluster's IPv6-first ranges when dropped. The NetworkPolicy suite builds an
-/// `ipBlock` from the server pod's primary IP and connects through a Service: with
-/// dual-stack pods (IPv4-primary under containerd 1.6) it needs IPv4 Services, and then
-/// every connection it makes is IPv4.
-struct DefaultServices<'a> {
-    kube: &'a kube::KubeBuild,
-    restarted: bool,
-}
-
-impl<'a> DefaultServices<'a> {
-    fn set(kube: &'a kube::KubeBuild, family: ServiceFamily) -> Result<DefaultServices<'a>> {
-        if family == ServiceFamily::Ipv6 {
-            return Ok(DefaultServices {
-                kube,
-                restarted: false,
-            });
-        }
-        control::restart_apiserver(kube, family)
-            .context("restart the apiserver with IPv4 Services first")?;
-        let guard = DefaultServices {
-            kube,
-            restarted: true,
-        };
-        services_programmed(family)?;
-        Ok(guard)
-    }
-}
-
-impl Drop for DefaultServices<'_> {
-    fn drop(&mut self) {
-        if self.restarted {
-            let restored = control::restart_apiserver(self.kube, ServiceFamily::Ipv6)
-                .and_then(|()| services_programmed(ServiceFamily::Ipv6));
-            if let Err(e) = restored {
-                eprintln!("cluster: e2e: could not restart the apiserver IPv6-first: {e:#}");
-            }
-        }
-    }
-}
-
-/// After the apiserver's restart, waits until a new Service of the default family, in front
-/// of the demo's `web` pods, has its endpoints in kube-proxy's rules on every node: the
-/// controller manager and the kube-proxies have reconnected (a suite started at once had its
-/// first connections refused, the Services still without endpoints in kube-proxy's rules).
-fn services_programmed(family: ServiceFamily) -> Result<()> {
-    const PROBE: &str = "flock-e2e-services-probe";
-    let manifest = format!(
-        "apiVersion: v1
-kind: Service
-metadata: {{ name: {PROBE}, namespace: {DEMO_NS} }}
-spec:
-  selector: {{ app: web }}
-  ports: [{{ port: 80, targetPort: 80 }}]
-"
-    );
-    let delete = || {
-        let _ = super::kubectl(&[
-            "-n",
-            DEMO_NS,
-            "delete",
-            "service",
-            PROBE,
-            "--ignore-not-found",
-        ]);
-    };
-    delete();
-    let result = (|| -> Result<()> {
-        super::kubectl_stdin(&["apply", "-f", "-"], &manifest)?;
-        let ip = super::kubectl(&[
-            "-n",
-            DEMO_NS,
-            "get",
-            "service",
-            PROBE,
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ])?;
-        let ip = ip.trim().to_owned();
-        let tables = match family {
-            ServiceFamily::Ipv6 => node::Family::V6,
-            ServiceFamily::Ipv4 => node::Family::V4,
-        };
-        if ip.contains(':') != (family == ServiceFamily::Ipv6) {
-            bail!("Service {DEMO_NS}/{PROBE} got clusterIP {ip:?}, not one of {family:?}");
-        }
-        for n in &NODES {
-            sys::wait_for(Duration::from_secs(120), || {
-                node::forwards(&proc::Place::Net(n.ns()), tables, &ip)
-            })
-            .with_context(|| {
-                format!(
-                    "kube-proxy on {} to forward Service {DEMO_NS}/{PROBE} ({ip}) to its endpoints",
-                    n.name
-                )
-            })?;
-        }
-        Ok(())
-    })();
-    delete();
-    result
 }
 
 /// The pools' `spec.defaults.ipv4` set for the suite's pods (the pool controller passes it on

@@ -239,7 +239,7 @@ const USAGE: &str = "usage: cargo xtask cluster [up [OPTIONS]|down|check [FILTER
   build    only build (or find in the cache) Kubernetes and its peers, printing each one's time
   gomod    rewrite the Go wrapper modules (flock-testbed/go) from flock-testbed/src/versions.rs
   e2e [--suite network|dns|networkpolicy|dualstack] [--focus REGEX] [--skip REGEX]
-      [--pods ipv6|dual] [--services ipv6|ipv4] [--parallel N]
+      [--pods ipv6|dual] [--parallel N]
            Kubernetes' own e2e suite (e2e.test of the cluster's release) against the cluster
            that is up: sig-network's Networking, Services and Conformance specs unless --suite
            or --focus; skips [Slow], [Serial], [Disruptive], [Flaky], [Feature:…] (but the

@@ -53,18 +53,20 @@ fn kube_proxy_rules(n: &Node) -> Vec<String> {
         "-default/".to_owned(),
         format!("-{DEMO_NS}/"),
     ];
-    node::kube_services(&Place::Net(n.ns()), node::Family::V6)
-        .map(|s| {
-            let mut rules: Vec<String> = s
-                .lines()
+    // Both families: the demo's Services are dual-stack.
+    let mut rules: Vec<String> = [node::Family::V6, node::Family::V4]
+        .into_iter()
+        .filter_map(|family| node::kube_services(&Place::Net(n.ns()), family).ok())
+        .flat_map(|s| {
+            s.lines()
                 .filter(|l| ours.iter().any(|o| l.contains(o.as_str())))
                 .map(str::to_owned)
-                .collect();
-            // kube-proxy writes them in no fixed order.
-            rules.sort();
-            rules
+                .collect::<Vec<_>>()
         })
-        .unwrap_or_default()
+        .collect();
+    // kube-proxy writes them in no fixed order.
+    rules.sort();
+    rules
 }
 
 /// Removes flock from the cluster as a user does and checks that nothing of it is left while
