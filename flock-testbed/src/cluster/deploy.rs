@@ -99,7 +99,12 @@ pub const PASSWORD_SECRET: &str = "flock-bgp-passwords";
 fn neighbor_options(node: &Node) -> String {
     let mut extra = String::new();
     if node.bfd {
-        extra.push_str(", bfd: true");
+        // 150 ms × 4: the router gives up on a dead node within 600 ms, which `life routing`
+        // checks against its goal of a second. flock's default, 100 ms × 3, leaves 300 ms,
+        // and on this machine's 2 cores, with the control plane, an e2e suite and a build
+        // beside the nodes, BIRD was now and then not scheduled for that long: the session
+        // dropped, and node2's pods with it, in the middle of a suite.
+        extra.push_str(", bfd: true, bfdIntervalMs: 150, bfdMultiplier: 4");
     }
     if node.password {
         extra.push_str(&format!(

@@ -283,7 +283,7 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
         &[
             vec![
                 bfd_node.name.to_owned(),
-                "BFD 100 ms x 3, hold 6 s".to_owned(),
+                "BFD 150 ms x 4, hold 6 s".to_owned(),
                 fmt(bfd_down),
                 "withdrawn".to_owned(),
                 fmt(bfd_back),
