@@ -125,7 +125,6 @@ async fn apply_creates_owned_node_configs_and_releases_conditionally() {
             nodes: &nodes,
             node_configs: &configs,
             service_cidrs: &[],
-            podless_gone_nodes: &Default::default(),
         },
         "2026-01-01T00:00:00Z".parse().expect("time"),
     );
@@ -248,7 +247,6 @@ async fn apply_writes_nothing_once_the_lease_is_lost() {
             nodes: &nodes,
             node_configs: &[],
             service_cidrs: &[],
-            podless_gone_nodes: &Default::default(),
         },
         "2026-01-01T00:00:00Z".parse().expect("time"),
     );

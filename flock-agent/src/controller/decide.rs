@@ -38,11 +38,6 @@ pub struct Observed<'a> {
     /// The ranges of every `ServiceCIDR` (networking.k8s.io/v1), for the pools that follow
     /// them ([`service_cidr_ranges`]).
     pub service_cidrs: &'a [String],
-    /// Nodes gone from the API to which no pod is bound any more (the pod garbage collector
-    /// deletes the pods of a deleted Node). Their NodeConfigs' reports of held addresses are
-    /// then moot: no pod holds them, and the agent, whose own pod went too, may never report
-    /// again (since Kubernetes 1.32 its pod-bound token dies with its pod).
-    pub podless_gone_nodes: &'a BTreeSet<String>,
 }
 
 /// The ranges of the cluster's `ServiceCIDR` objects, sorted, each once. A ServiceCIDR being
@@ -257,16 +252,7 @@ pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Reconcile {
         if plan.orphaned.binary_search(&a.node).is_ok() {
             let status = nc.status.as_ref();
             let held = status.map_or(0, |s| s.allocated6 + s.allocated4);
-            let podless = observed.podless_gone_nodes.contains(&a.node);
-            if held == 0 || podless {
-                let why = if held == 0 {
-                    "reported no allocations".to_owned()
-                } else {
-                    format!(
-                        "no pod is bound to it any more (its agent last reported {held} pod \
-                         address(es))"
-                    )
-                };
+            if held == 0 {
                 out.release.push(Release {
                     name: a.node.clone(),
                     uid: nc.metadata.uid.clone(),
@@ -279,10 +265,8 @@ pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Reconcile {
                     warning: false,
                     reason: "PrefixReleased".into(),
                     note: format!(
-                        "NodePool {}: node {} is gone and {why}; {} returns to the pool",
-                        a.pool,
-                        a.node,
-                        prefixes(a)
+                        "NodePool {}: node {} is gone and reported no allocations; {} returns to the pool",
+                        a.pool, a.node, prefixes(a)
                     ),
                 });
             } else {
@@ -290,8 +274,7 @@ pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Reconcile {
                     .entry(a.pool.as_str())
                     .or_default()
                     .push(format!(
-                        "{} ({}: {held} pod address(es) still reported, and pods still bound \
-                         to it)",
+                        "{} ({}: {held} pod address(es) still reported)",
                         a.node,
                         prefixes(a)
                     ));

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -56,42 +56,6 @@ pub fn node_facts(node: &Node) -> NodeFacts {
         labels: node.metadata.labels.clone().unwrap_or_default(),
         internal_ipv4,
     }
-}
-
-/// The nodes among `configs` that are gone from the API (not in `nodes`), whose NodeConfig
-/// still reports held addresses, and to which no pod is bound any more: one LIST of at most
-/// one pod per such node (field selector `spec.nodeName`), so nothing is cached cluster-wide.
-/// A node whose LIST fails counts as having pods.
-async fn podless_gone_nodes(
-    client: &kube::Client,
-    nodes: &[NodeFacts],
-    configs: &[crate::nodeconfig::NodeConfig],
-) -> std::collections::BTreeSet<String> {
-    let mut podless = std::collections::BTreeSet::new();
-    let pods = Api::<Pod>::all(client.clone());
-    for nc in configs {
-        let Some(name) = nc.metadata.name.as_deref() else {
-            continue;
-        };
-        let held = nc
-            .status
-            .as_ref()
-            .map_or(0, |s| s.allocated6 + s.allocated4);
-        if held == 0 || nodes.iter().any(|n| n.name == name) {
-            continue;
-        }
-        let params = kube::api::ListParams::default()
-            .fields(&format!("spec.nodeName={name}"))
-            .limit(1);
-        match pods.list_metadata(&params).await {
-            Ok(list) if list.items.is_empty() => {
-                podless.insert(name.to_owned());
-            }
-            Ok(_) => {}
-            Err(e) => warn!(node = name, error = %e, "could not list the pods of a gone node"),
-        }
-    }
-    podless
 }
 
 /// A reflected watch whose every event wakes `notify`.
@@ -234,14 +198,12 @@ pub async fn run(options: ControllerOptions) -> Result<()> {
         let config_list = overlay.merge(configs.state().iter().map(|c| (**c).clone()).collect());
         let service_cidr_list =
             super::decide::service_cidr_ranges(service_cidrs.state().iter().map(|c| &**c));
-        let podless = podless_gone_nodes(&client, &node_list, &config_list).await;
         let decision = decide(
             &Observed {
                 pools: &pool_list,
                 nodes: &node_list,
                 node_configs: &config_list,
                 service_cidrs: &service_cidr_list,
-                podless_gone_nodes: &podless,
             },
             Timestamp::now(),
         );

@@ -51,7 +51,6 @@ fn run_with(
             nodes,
             node_configs: ncs,
             service_cidrs,
-            podless_gone_nodes: &Default::default(),
         },
         now(),
     )
@@ -299,9 +298,9 @@ fn a_prefix_is_released_only_after_the_node_is_gone_and_reports_no_allocations()
     assert!(r.release.is_empty());
     let pending = cond(&r.pool_status[0].1, "ReleasePending").unwrap();
     assert!(
-        pending.message.contains(
-            "a (2001:db8:1::/64: 3 pod address(es) still reported, and pods still bound to it)"
-        ),
+        pending
+            .message
+            .contains("a (2001:db8:1::/64: 3 pod address(es) still reported)"),
         "{}",
         pending.message
     );
@@ -322,50 +321,6 @@ fn a_prefix_is_released_only_after_the_node_is_gone_and_reports_no_allocations()
         }]
     );
     assert_eq!(r.events[0].reason, "PrefixReleased");
-}
-
-/// Since Kubernetes 1.32 a pod's bound token dies with the pod: once a deleted Node's pods are
-/// gone (the pod garbage collector), its agent cannot report its last release. No pod bound
-/// to a gone node holds an address, so the prefix goes back whatever was last reported.
-#[test]
-fn a_gone_node_without_pods_is_released_whatever_its_agent_last_reported() {
-    let pools = vec![pool("rack1", "2001:db8:1::/48", "r1", 64512)];
-    let mut ncs = stored(run(&pools, &[node("a", "r1", None)], &[]).create);
-    ncs[0].status = Some(NodeConfigStatus {
-        allocated6: 3,
-        allocated4: 1,
-        ..Default::default()
-    });
-    let podless = BTreeSet::from(["a".to_owned()]);
-    let released = decide(
-        &Observed {
-            pools: &pools,
-            nodes: &[],
-            node_configs: &ncs,
-            service_cidrs: &[],
-            podless_gone_nodes: &podless,
-        },
-        now(),
-    );
-    assert_eq!(released.release.len(), 1);
-    assert_eq!(released.release[0].name, "a");
-    assert_eq!(
-        released.events[0].note,
-        "NodePool rack1: node a is gone and no pod is bound to it any more (its agent last \
-         reported 4 pod address(es)); 2001:db8:1::/64 returns to the pool"
-    );
-    // A node that is back (same name) is never released, podless or not.
-    let back = decide(
-        &Observed {
-            pools: &pools,
-            nodes: &[node("a", "r1", None)],
-            node_configs: &ncs,
-            service_cidrs: &[],
-            podless_gone_nodes: &podless,
-        },
-        now(),
-    );
-    assert!(back.release.is_empty());
 }
 
 #[test]
