@@ -100,7 +100,16 @@ impl PoolServicesSpec {
         let mut spec = self.ranges.clone();
         if self.follow_service_cidrs {
             for cidr in service_cidrs {
-                if !spec.cluster_ip_cidrs.iter().any(|c| c.trim() == cidr) {
+                // The same range however written (`FD97::/108` is the apiserver's `fd97::/108`):
+                // listed twice, BIRD would get the route twice.
+                let same = |c: &String| {
+                    c.trim() == cidr
+                        || matches!(
+                            (c.trim().parse::<ipnet::IpNet>(), cidr.parse::<ipnet::IpNet>()),
+                            (Ok(a), Ok(b)) if a == b
+                        )
+                };
+                if !spec.cluster_ip_cidrs.iter().any(same) {
                     spec.cluster_ip_cidrs.push(cidr.clone());
                 }
             }
