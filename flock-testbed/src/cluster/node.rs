@@ -406,7 +406,10 @@ fn wait_registered(node: &Node) -> Result<()> {
 
 /// kube-proxy's configuration on `node`: nftables mode unless the cluster was brought up with
 /// iptables; the node's address first (IPv6: the proxier's primary family); the machine-wide
-/// conntrack settings left alone.
+/// conntrack settings left alone. Traffic is local when it comes in on a flock veth (`flock*`),
+/// so kube-proxy masquerades a cluster IP's traffic from outside the cluster: the fabric routes
+/// the Service ranges to any node, whose endpoint may be on another node, and the answer has to
+/// come back through the node that translated it (docs/services.md).
 fn kube_proxy_config(node: &Node, mode: ProxyMode) -> String {
     format!(
         r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -418,6 +421,9 @@ hostnameOverride: {name}
 bindAddress: "{addr}"
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
+detectLocalMode: InterfaceNamePrefix
+detectLocal:
+  interfaceNamePrefix: {veth_prefix}
 conntrack:
   maxPerCore: 0
   min: 0
@@ -428,8 +434,12 @@ conntrack:
         kubeconfig = pki::kubeconfig("kube-proxy"),
         name = node.name,
         addr = node.addr,
+        veth_prefix = KUBE_PROXY_LOCAL_PREFIX,
     )
 }
+
+/// The prefix of flock's host-side veths (DESIGN §5: `flock<8 hex>`).
+const KUBE_PROXY_LOCAL_PREFIX: &str = "flock";
 
 fn start_kube_proxy(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
     let config = dir(node).join("kube-proxy.yaml");
