@@ -10,7 +10,7 @@
 //! straight to `/var/cache/flock/NAME-VERSION/bin`, and a stamp written last names the recipe
 //! (a digest of the module files and the build commands), so an interrupted or changed build is
 //! redone and a finished one is found at once. The module and build caches live under
-//! [`CACHE_DIR`] too, so a machine pays for a cold build once.
+//! [`cache_dir`] too, so a machine pays for a cold build once.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -23,8 +23,19 @@ use sha2::{Digest, Sha256};
 use crate::sys;
 use crate::versions::{self, Kubernetes};
 
-/// Everything the test bed caches across runs (kept between CI jobs on one machine).
+/// Where the test bed caches across runs (kept between CI jobs on one machine), unless
+/// [`CACHE_DIR_ENV`] names another folder.
 pub const CACHE_DIR: &str = "/var/cache/flock";
+/// Names another cache folder: a run with an empty one shows what a fresh machine pays.
+pub const CACHE_DIR_ENV: &str = "FLOCK_CACHE_DIR";
+
+/// Everything the test bed caches across runs: [`CACHE_DIR`], or the folder [`CACHE_DIR_ENV`]
+/// names.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os(CACHE_DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from(CACHE_DIR), PathBuf::from)
+}
 /// Debian packages a build needs: runc links libseccomp through cgo.
 const BUILD_PACKAGES: &[&str] = &["gcc", "libc6-dev", "libseccomp-dev", "pkg-config"];
 /// Where the machine image puts Go when it is not on `PATH`.
@@ -325,8 +336,8 @@ pub fn go_command(dir: &Path) -> Result<Command> {
     cmd.args(["-n", "19"])
         .arg(go()?)
         .current_dir(dir)
-        .env("GOCACHE", Path::new(CACHE_DIR).join("go-build"))
-        .env("GOMODCACHE", Path::new(CACHE_DIR).join("go-mod"))
+        .env("GOCACHE", cache_dir().join("go-build"))
+        .env("GOMODCACHE", cache_dir().join("go-mod"))
         .env("GOTOOLCHAIN", "local")
         .env("GOFLAGS", "-mod=readonly -buildvcs=false");
     Ok(cmd)
@@ -335,7 +346,7 @@ pub fn go_command(dir: &Path) -> Result<Command> {
 impl Component {
     /// `/var/cache/flock/NAME-VERSION`.
     pub fn dir(&self) -> PathBuf {
-        Path::new(CACHE_DIR).join(format!("{}-{}", self.name, self.version))
+        cache_dir().join(format!("{}-{}", self.name, self.version))
     }
 
     /// The wrapper module's folder.

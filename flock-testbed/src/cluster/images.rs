@@ -23,7 +23,7 @@ use anyhow::{Context, Result, bail};
 use flock_e2e::{PauseImage, TarBuilder, oci_archive};
 
 use super::RUN_DIR;
-use super::kube::{CACHE_DIR, KubeBuild};
+use super::kube::{KubeBuild, cache_dir};
 use crate::sys;
 
 /// The sandbox image every node's containerd runs pods in.
@@ -49,10 +49,10 @@ fn dir() -> PathBuf {
     Path::new(RUN_DIR).join("images")
 }
 
-/// podman with its storage under [`CACHE_DIR`] (not the machine's `/var/lib/containers`),
+/// podman with its storage under [`cache_dir`] (not the machine's `/var/lib/containers`),
 /// cgroupfs (no systemd here) and no event log.
 fn podman() -> Command {
-    let cache = Path::new(CACHE_DIR).join("podman");
+    let cache = cache_dir().join("podman");
     let mut cmd = Command::new("podman");
     cmd.arg("--root")
         .arg(cache.join("storage"))
@@ -170,7 +170,7 @@ fn ensure_base_image() -> Result<()> {
     if exists {
         return Ok(());
     }
-    let images = Path::new(CACHE_DIR).join("images");
+    let images = cache_dir().join("images");
     std::fs::create_dir_all(&images).with_context(|| format!("create {}", images.display()))?;
     let tar = images.join("debian-bookworm-minbase.tar");
     if !tar.exists() {
@@ -342,10 +342,10 @@ fn debian_image(name: &str, kube: &KubeBuild) -> Option<E2eImage> {
 /// --list-images` gives: pause and busybox in Rust, the others with podman on the Debian base
 /// from the binaries of the same release (agnhost, CoreDNS, …); the images only other suites
 /// run (storage, apps, …) are not made. Returns their archives, kept under
-/// `CACHE_DIR/images/e2e` (an image is rebuilt only when a file of its context is newer than
+/// `cache_dir()/images/e2e` (an image is rebuilt only when a file of its context is newer than
 /// its archive or its Containerfile changed).
 pub fn build_e2e(kube: &KubeBuild) -> Result<Vec<PathBuf>> {
-    let dir = Path::new(CACHE_DIR).join("images/e2e");
+    let dir = cache_dir().join("images/e2e");
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let listed = sys::output(Command::new(kube.tool("e2e.test")).arg("--list-images"))?;
     let mut archives = Vec::new();

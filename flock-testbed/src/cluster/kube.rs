@@ -12,7 +12,7 @@ use super::RUN_DIR;
 use crate::components::{self, Built};
 use crate::versions::Kubernetes;
 
-pub use crate::components::CACHE_DIR;
+pub use crate::components::cache_dir;
 
 /// Every binary of one cluster: Kubernetes, containerd, runc, etcd, CoreDNS and the reference
 /// CNI plugins.
