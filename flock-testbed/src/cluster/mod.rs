@@ -81,8 +81,8 @@ const CONTROL_ADDR: &str = "2001:db8:c0:10::2";
 const CONTROL_GW: &str = "2001:db8:c0:10::1";
 /// The control plane's IPv4 address (on its loopback), its source towards IPv4 pods.
 const CONTROL_ADDR4: &str = "10.200.255.10";
-/// Services: IPv6 first (kube-apiserver 1.20 allows at most 20 host bits), IPv4 for a
-/// Service that asks for both families.
+/// Services: IPv6 first, IPv4 for a Service that asks for both families (the apiserver makes
+/// its ServiceCIDR `kubernetes` of them).
 const SERVICE_CIDR: &str = "2001:db8:c5::/108";
 const SERVICE_CIDR4: &str = "10.205.0.0/16";
 /// The pools' `spec.services`: LoadBalancer addresses flock hands out, the external IPs it
@@ -243,7 +243,7 @@ const USAGE: &str = "usage: cargo xtask cluster [up [OPTIONS]|down|check [FILTER
            Kubernetes' own e2e suite (e2e.test of the cluster's release) against the cluster
            that is up: sig-network's Networking, Services and Conformance specs unless --suite
            or --focus; skips [Slow], [Serial], [Disruptive], [Flaky], [Feature:…] (but the
-           suite's own feature) and the specs of flock-testbed/src/cluster/e2e-exclusions.txt;
+           suite's own feature) and the specs of flock-testbed/src/cluster/e2e/exclusions.txt;
            pods IPv6-only unless --pods dual (dualstack: dual); 4 e2e.test processes unless
            --parallel
   life [upgrade] [ready] [routing] [services] [reboot] [join] [leave] [startup] [policy] | life uninstall

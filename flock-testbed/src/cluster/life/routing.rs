@@ -65,7 +65,7 @@ fn ping_from_pod(from: &str, addr: &str, secs: u64) -> Result<std::process::Chil
 fn ping_result(child: std::process::Child) -> Result<(u64, u64)> {
     let out = child.wait_with_output().context("wait for ping")?;
     let text = String::from_utf8_lossy(&out.stdout);
-    super::ping_counts(&text).with_context(|| format!("no ping statistics: {text:?}"))
+    super::upgrade::ping_counts(&text).with_context(|| format!("no ping statistics: {text:?}"))
 }
 
 /// Polls `done` every 10 ms for at most `limit`; returns how long it took.

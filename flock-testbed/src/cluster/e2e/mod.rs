@@ -1,10 +1,11 @@
 //! `cargo xtask cluster e2e [--focus REGEX] [--skip REGEX]`: Kubernetes' own e2e suite
-//! (`e2e.test`, built from the same 1.20.2 source as the cluster) against the cluster that is up.
+//! (`e2e.test`, built from the same Kubernetes release as the cluster) against the cluster that
+//! is up.
 //!
-//! The images the suite's specs run are made here under the exact names 1.20 expects
+//! The images the suite's specs run are made here under the exact names that release expects
 //! ([`images::build_e2e`]) and imported into both nodes' containerd. `e2e.test` runs in the
 //! control plane's namespace with the admin kubeconfig. Specs carrying a tag of [`SKIP_TAGS`]
-//! are never run; the specs listed in `e2e-exclusions.txt` (each with its reason) are skipped
+//! are never run; the specs listed in `e2e/exclusions.txt` (each with its reason) are skipped
 //! too. The per-spec result comes from the suite's JUnit report.
 //!
 //! No internet here: every `[sig-network] Networking` spec first GETs `http://google.com` from
@@ -24,6 +25,14 @@ use anyhow::{Context, Result, bail};
 use super::{CONTROL, NODES, RUN_DIR, images, kube, node, pki, proc};
 use crate::sys;
 
+mod families;
+mod junit;
+
+use families::PodFamilies;
+pub use families::Pods;
+use junit::{EXCLUSIONS, read_junit, regex_escape};
+pub use junit::{Exclusion, Outcome, Spec, exclusions, parse_junit};
+
 /// `--suite network` (the default): every sig-network Conformance spec, and the Networking
 /// (pod to pod, node to pod, Services' granular checks) and Services specs.
 pub const DEFAULT_FOCUS: &str =
@@ -41,8 +50,6 @@ const NETWORKPOLICY_SKIP_TAGS: &str =
 /// `--suite dualstack`: the dual-stack specs (`[Feature:IPv6DualStack]`, the feature of the
 /// whole describe), with dual-stack pods; SCTP still skipped.
 pub const DUALSTACK_FOCUS: &str = r"\[Feature:IPv6DualStack\]";
-/// The specs excluded for a reason outside flock, each with the reason.
-const EXCLUSIONS: &str = include_str!("e2e-exclusions.txt");
 /// The stub "internet" (see the module's docs): agnhost netexec in the control plane's
 /// namespace, on the apiserver's address.
 const STUB_HTTP_PORT: u16 = 18080;
@@ -54,144 +61,6 @@ const NO_PROXY: &str = "2001:db8::/32,10.0.0.0/8,127.0.0.0/8,::1,localhost";
 const DEFAULT_PARALLEL: usize = 4;
 /// How long the whole suite may run before it is killed.
 const LIMIT: Duration = Duration::from_secs(40 * 60);
-
-/// One entry of the exclusion file.
-#[derive(Debug, PartialEq)]
-pub struct Exclusion {
-    /// A literal part of the spec's full name.
-    pub spec: String,
-    /// Why it cannot run here.
-    pub reason: String,
-}
-
-/// Parses the exclusion file: a spec line, then its indented reason lines; `#` comments.
-pub fn exclusions(text: &str) -> Result<Vec<Exclusion>> {
-    let mut out: Vec<Exclusion> = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() || line.trim_start().starts_with('#') {
-            continue;
-        }
-        if line.starts_with([' ', '\t']) {
-            let Some(last) = out.last_mut() else {
-                bail!("e2e-exclusions.txt:{}: a reason before any spec", n + 1);
-            };
-            if !last.reason.is_empty() {
-                last.reason.push(' ');
-            }
-            last.reason.push_str(line.trim());
-        } else {
-            out.push(Exclusion {
-                spec: line.trim().to_owned(),
-                reason: String::new(),
-            });
-        }
-    }
-    if let Some(e) = out.iter().find(|e| e.reason.is_empty()) {
-        bail!("e2e-exclusions.txt: {:?} has no reason", e.spec);
-    }
-    Ok(out)
-}
-
-/// Escapes `text` for Go's regexp (RE2).
-fn regex_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if r"\.+*?()|[]{}^$".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// One spec of a JUnit report.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Spec {
-    /// Its full name, tags included.
-    pub name: String,
-    /// How it ended.
-    pub outcome: Outcome,
-    /// How long it ran.
-    pub seconds: f64,
-    /// What its `<failure>` (or `<error>`) said, when it failed: Ginkgo's message, whose first
-    /// lines name the check that missed.
-    pub failure: Option<String>,
-}
-
-/// How a spec ended.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Outcome {
-    /// It ran and passed.
-    Passed,
-    /// It ran and failed (or errored).
-    Failed,
-    /// It did not run (not in focus, skipped by a tag or an exclusion, or by the spec itself).
-    Skipped,
-}
-
-/// Decodes the XML entities Ginkgo's JUnit reporter writes.
-fn unescape(text: &str) -> String {
-    text.replace("&#34;", "\"")
-        .replace("&#39;", "'")
-        .replace("&#xA;", "\n")
-        .replace("&#x9;", "\t")
-        .replace("&quot;", "\"")
-        .replace("&apos;", "'")
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&amp;", "&")
-}
-
-/// The value of attribute `name` in the tag text `tag`.
-fn attribute(tag: &str, name: &str) -> Option<String> {
-    let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
-    let len = tag[start..].find('"')?;
-    Some(unescape(&tag[start..start + len]))
-}
-
-/// Parses Ginkgo's JUnit report: every `<testcase>` with its outcome.
-pub fn parse_junit(xml: &str) -> Vec<Spec> {
-    let mut specs = Vec::new();
-    let mut rest = xml;
-    while let Some(i) = rest.find("<testcase ") {
-        rest = &rest[i..];
-        let tag_end = rest.find('>').unwrap_or(rest.len());
-        let tag = &rest[..tag_end];
-        let self_closed = tag.ends_with('/');
-        let body_end = if self_closed {
-            tag_end
-        } else {
-            rest.find("</testcase>").unwrap_or(rest.len())
-        };
-        let body = &rest[tag_end..body_end];
-        let outcome = if body.contains("<failure") || body.contains("<error") {
-            Outcome::Failed
-        } else if body.contains("<skipped") {
-            Outcome::Skipped
-        } else {
-            Outcome::Passed
-        };
-        let failure = ["<failure", "<error"].iter().find_map(|open| {
-            let start = body.find(open)?;
-            let text = &body[start..];
-            let text = &text[text.find('>')? + 1..];
-            let end = text.find("</").unwrap_or(text.len());
-            Some(unescape(text[..end].trim()))
-        });
-        if let Some(name) = attribute(tag, "name") {
-            specs.push(Spec {
-                name,
-                outcome,
-                seconds: attribute(tag, "time")
-                    .and_then(|t| t.parse().ok())
-                    .unwrap_or(0.0),
-                failure,
-            });
-        }
-        rest = &rest[body_end.max(1)..];
-    }
-    specs
-}
 
 /// `cargo xtask cluster e2e ARGS…`.
 pub fn run(args: &[String]) -> Result<()> {
@@ -381,7 +250,7 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     out.push_str(&format!(
         "\n{} specs in focus: {} run, {passed} passed, {failed} failed, {skipped} skipped by the \
-         suite itself, {excluded_count} excluded (flock-testbed/src/cluster/e2e-exclusions.txt)\n",
+         suite itself, {excluded_count} excluded (flock-testbed/src/cluster/e2e/exclusions.txt)\n",
         ran.len(),
         passed + failed,
     ));
@@ -449,160 +318,6 @@ pub fn run(args: &[String]) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// The address families of the pods the suite creates.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Pods {
-    /// IPv6 only (NodeConfig `defaults.ipv4: false`): every pod IP the suite sees is IPv6,
-    /// since containerd 1.6 makes IPv4 a dual-stack pod's primary IP.
-    Ipv6,
-    /// IPv6 and IPv4, as the cluster's NodeConfigs have it.
-    Dual,
-}
-
-impl Pods {
-    /// `--pods VALUE`.
-    pub fn parse(value: &str) -> Result<Pods> {
-        match value {
-            "ipv6" => Ok(Pods::Ipv6),
-            "dual" => Ok(Pods::Dual),
-            other => bail!("--pods {other:?}: ipv6 or dual"),
-        }
-    }
-
-    fn describe(self) -> &'static str {
-        match self {
-            Pods::Ipv6 => "IPv6-only",
-            Pods::Dual => "dual-stack",
-        }
-    }
-
-    /// The value of NodeConfig `spec.defaults.ipv4` for this mode.
-    fn ipv4(self) -> bool {
-        self == Pods::Dual
-    }
-}
-
-/// The pools' `spec.defaults.ipv4` set for the suite's pods (the pool controller passes it on
-/// to each node's NodeConfig), and put back when dropped.
-struct PodFamilies {
-    /// Each rack's pool's value before (`None`: unset).
-    previous: Vec<(&'static str, Option<bool>)>,
-}
-
-impl PodFamilies {
-    /// Sets every node's default and waits until a new pod on each node has just the wanted
-    /// families: the agents follow their NodeConfig through a watch.
-    fn set(pods: Pods) -> Result<PodFamilies> {
-        let mut previous = Vec::new();
-        for n in &NODES {
-            let before = super::kubectl(&[
-                "get",
-                "nodepool",
-                n.rack,
-                "-o",
-                "jsonpath={.spec.defaults.ipv4}",
-            ])?;
-            previous.push((n.rack, before.trim().parse::<bool>().ok()));
-            patch_ipv4(n.rack, Some(pods.ipv4()))?;
-        }
-        let families = PodFamilies { previous };
-        for n in &NODES {
-            // Each probe is a pod started and deleted; the last one's outcome is the error's.
-            let mut last = String::from("no probe finished");
-            sys::wait_for(Duration::from_secs(60), || match probe_families(n.name) {
-                Ok((v6, v4)) => {
-                    last = format!("the last probe pod got IPv6 {v6}, IPv4 {v4}");
-                    v6 && v4 == pods.ipv4()
-                }
-                Err(e) => {
-                    last = format!("the last probe: {e:#}");
-                    false
-                }
-            })
-            .with_context(|| {
-                format!(
-                    "new pods on {} do not get {} addresses after its NodePool's \
-                     defaults.ipv4 became {} ({last}; NodeConfig {}'s defaults.ipv4: {})",
-                    n.name,
-                    pods.describe(),
-                    pods.ipv4(),
-                    n.name,
-                    super::kubectl(&[
-                        "get",
-                        "nodeconfig",
-                        n.name,
-                        "-o",
-                        "jsonpath={.spec.defaults.ipv4}",
-                    ])
-                    .unwrap_or_else(|e| format!("{e:#}"))
-                )
-            })?;
-        }
-        Ok(families)
-    }
-}
-
-impl Drop for PodFamilies {
-    fn drop(&mut self) {
-        for (pool, before) in &self.previous {
-            if let Err(e) = patch_ipv4(pool, *before) {
-                eprintln!("cluster: e2e: could not restore NodePool {pool}'s defaults.ipv4: {e:#}");
-            }
-        }
-    }
-}
-
-fn patch_ipv4(pool: &str, ipv4: Option<bool>) -> Result<()> {
-    let value = ipv4.map_or("null".to_owned(), |v| v.to_string());
-    super::kubectl(&[
-        "patch",
-        "nodepool",
-        pool,
-        "--type=merge",
-        "-p",
-        &format!("{{\"spec\":{{\"defaults\":{{\"ipv4\":{value}}}}}}}"),
-    ])?;
-    Ok(())
-}
-
-/// Starts a pod on `node`, returns whether it got an IPv6 and an IPv4 address, deletes it.
-fn probe_families(node: &str) -> Result<(bool, bool)> {
-    let name = format!("flock-e2e-probe-{node}");
-    let manifest = format!(
-        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"default"}},
-"spec":{{"nodeName":"{node}","terminationGracePeriodSeconds":0,
-"containers":[{{"name":"net","image":"{}","imagePullPolicy":"Never"}}]}}}}"#,
-        images::NET
-    );
-    let _ = super::kubectl(&["delete", "pod", "-n", "default", &name, "--wait=true"]);
-    super::kubectl_stdin(&["apply", "-f", "-"], &manifest)?;
-    let mut ips = String::new();
-    let seen = sys::wait_for(Duration::from_secs(20), || {
-        match super::kubectl(&[
-            "get",
-            "pod",
-            "-n",
-            "default",
-            &name,
-            "-o",
-            "jsonpath={.status.podIPs[*].ip}",
-        ]) {
-            Ok(got) if !got.trim().is_empty() => {
-                ips = got;
-                true
-            }
-            _ => false,
-        }
-    });
-    let _ = super::kubectl(&["delete", "pod", "-n", "default", &name, "--wait=false"]);
-    seen.with_context(|| format!("{name} got no address"))?;
-    let ips: Vec<&str> = ips.split_whitespace().collect();
-    Ok((
-        ips.iter().any(|ip| ip.contains(':')),
-        ips.iter().any(|ip| !ip.contains(':')),
-    ))
 }
 
 /// The stub answering the suite's `GET http://google.com`; killed when dropped.
@@ -789,69 +504,14 @@ fn run_suite(
     Ok(status.success())
 }
 
-/// Every spec of the JUnit reports in `dir`.
-fn read_junit(dir: &Path) -> Result<Vec<Spec>> {
-    let mut specs = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
-        let path = entry?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if name.starts_with("junit") && name.ends_with(".xml") {
-            let xml = std::fs::read_to_string(&path)
-                .with_context(|| format!("read {}", path.display()))?;
-            specs.extend(parse_junit(&xml));
-        }
-    }
-    if specs.is_empty() {
-        bail!("no JUnit report in {}", dir.display());
-    }
-    Ok(specs)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_exclusion_file_parses_and_every_entry_has_a_reason() {
-        let e = exclusions(EXCLUSIONS).unwrap();
-        assert!(e.iter().all(|e| !e.reason.is_empty() && !e.spec.is_empty()));
-        let one = exclusions("# c\n[sig-network] a spec\n    its reason\n").unwrap();
-        assert_eq!(
-            one,
-            [Exclusion {
-                spec: "[sig-network] a spec".into(),
-                reason: "its reason".into()
-            }]
-        );
-        assert!(exclusions("a spec\n").is_err());
-        assert!(exclusions("  a reason\n").is_err());
-    }
-
-    #[test]
-    fn junit_outcomes() {
-        let xml = r#"<testsuite><testcase name="[sig-network] a &#34;b&#34;" classname="x" time="1.5"></testcase>
-<testcase name="c" classname="x" time="0"><skipped></skipped></testcase>
-<testcase name="d" classname="x" time="3"><failure type="Failure">boom</failure></testcase></testsuite>"#;
-        let specs = parse_junit(xml);
-        assert_eq!(specs.len(), 3);
-        assert_eq!(specs[0].name, "[sig-network] a \"b\"");
-        assert_eq!(specs[0].outcome, Outcome::Passed);
-        assert_eq!(specs[0].seconds, 1.5);
-        assert_eq!(specs[1].outcome, Outcome::Skipped);
-        assert_eq!(specs[2].outcome, Outcome::Failed);
-        assert_eq!(specs[2].failure.as_deref(), Some("boom"));
-        assert_eq!(specs[0].failure, None);
-    }
 
     #[test]
     fn bird_times_a_millisecond_apart_are_one_moment() {
         assert!(same_time("23:11:46.233", "23:11:46.234"));
         assert!(!same_time("22:40:39.781", "22:58:11.393"));
         assert!(!same_time("23:11:46.233", "23:11:47.233"));
-    }
-
-    #[test]
-    fn escapes_regex_metacharacters() {
-        assert_eq!(regex_escape("[sig-network] a.b"), r"\[sig-network\] a\.b");
     }
 }

@@ -1,0 +1,296 @@
+//! `life upgrade`: a rolling update of flock's DaemonSet under ping and HTTP probes from a
+//! pod on each node, with `web` scaled up and down meanwhile.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::super::deploy::DEMO_NS;
+use super::super::kubectl;
+use super::{cluster_now, exec, pods, sandbox_failures_since};
+use crate::sys;
+
+/// The ping and GET interval of the upgrade's probes.
+const PROBE_INTERVAL: &str = "0.05";
+
+/// The probe each pinger pod runs in the background until `/tmp/life.stop` exists: a ping
+/// to each address of its peer, and a GET of the Service, every 50 ms.
+fn probe_script(peer: &[String], service: &str) -> String {
+    let mut s = String::from(
+        "rm -f /tmp/life.*; \
+         http() { printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 \"$1\" 80 2>/dev/null | tail -n 1; }; ",
+    );
+    for (i, addr) in peer.iter().enumerate() {
+        let _ = write!(
+            s,
+            "ping -i {PROBE_INTERVAL} {addr} > /tmp/life.ping{i} 2>&1 & echo $! >> /tmp/life.pids; "
+        );
+    }
+    let _ = write!(
+        s,
+        "( ok=0; bad=0; while [ ! -e /tmp/life.stop ]; do \
+             b=$(http {service}); if [ -n \"$b\" ]; then ok=$((ok+1)); else bad=$((bad+1)); fi; \
+             sleep {PROBE_INTERVAL}; done; echo \"$ok $bad\" > /tmp/life.http ) \
+         > /dev/null 2>&1 &"
+    );
+    s
+}
+
+/// What a probe counted: per peer address (pings sent, received), and (GETs ok, failed).
+type ProbeCounts = (Vec<(u64, u64)>, (u64, u64));
+
+/// Stops the probe and returns its counts.
+fn stop_probe(pod: &str, peers: usize) -> Result<ProbeCounts> {
+    exec(
+        pod,
+        "touch /tmp/life.stop; kill -INT $(cat /tmp/life.pids); \
+         for i in 1 2 3 4 5 6 7 8 9 10; do [ -e /tmp/life.http ] && break; sleep 0.5; done",
+    )?;
+    let mut pings = Vec::new();
+    for i in 0..peers {
+        let text = exec(pod, &format!("cat /tmp/life.ping{i}"))?;
+        pings.push(
+            ping_counts(&text)
+                .with_context(|| format!("no ping statistics from {pod} (ping {i}): {text:?}"))?,
+        );
+    }
+    let http = exec(pod, "cat /tmp/life.http")?;
+    let mut it = http.split_whitespace().map(str::parse::<u64>);
+    let (Some(Ok(ok)), Some(Ok(bad))) = (it.next(), it.next()) else {
+        bail!("no GET counts from {pod}: {http:?}");
+    };
+    Ok((pings, (ok, bad)))
+}
+
+/// (transmitted, received) from ping's statistics line.
+pub(super) fn ping_counts(text: &str) -> Option<(u64, u64)> {
+    let line = text.lines().find(|l| l.contains("packets transmitted"))?;
+    let mut numbers = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .map(str::parse::<u64>);
+    let transmitted = numbers.next()?.ok()?;
+    let received = numbers.next()?.ok()?;
+    // The probe ends ping with SIGINT, and ping counts a request still in flight then as
+    // lost. One request after the last reply is that one, not a loss; more are losses.
+    let replies: std::collections::BTreeSet<u64> = text
+        .lines()
+        .filter(|l| !l.contains("DUP!"))
+        .filter_map(|l| l.split("seq=").nth(1))
+        .filter_map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    let Some(last) = replies.last() else {
+        // Quiet (`-q`) or no reply at all: the statistics line is all there is.
+        return Some((transmitted, received));
+    };
+    let sent = if transmitted == last + 2 {
+        last + 1
+    } else {
+        transmitted
+    };
+    Some((sent, replies.len() as u64))
+}
+
+pub(super) fn upgrade(out: &mut String) -> Result<Vec<String>> {
+    let mut failures = Vec::new();
+    let pingers = pods(DEMO_NS, "app=anycast")?;
+    let [a, b] = pingers.as_slice() else {
+        bail!("want one anycast pod per node, found {}", pingers.len());
+    };
+    let service = kubectl(&[
+        "-n",
+        DEMO_NS,
+        "get",
+        "service",
+        "web",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])?
+    .trim()
+    .to_owned();
+    let before: BTreeMap<String, Vec<String>> = pods(DEMO_NS, "app in (web, anycast)")?
+        .into_iter()
+        .map(|p| (p.name, p.ips))
+        .collect();
+    let agents_before: Vec<String> = pods("kube-system", "app.kubernetes.io/name=flock")?
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    let since = cluster_now()?;
+    for (from, to) in [(a, b), (b, a)] {
+        exec(&from.name, &probe_script(&to.ips, &service))
+            .with_context(|| format!("start the probe in {}", from.name))?;
+    }
+    // Let the probes run before the update starts, so a loss at its start would show.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let t = Instant::now();
+    kubectl(&[
+        "-n",
+        "kube-system",
+        "set",
+        "env",
+        "daemonset/flock",
+        "-c",
+        "agent",
+        &format!("FLOCK_ROLLOUT_MARK={}", since.replace(':', "")),
+    ])?;
+    // Pods come and go while the agents are replaced, one node after the other.
+    let scaling = std::thread::spawn(|| -> Result<()> {
+        super::super::deploy::scale_web(
+            super::super::deploy::WEB_REPLICAS * 2,
+            Duration::from_secs(180),
+        )?;
+        super::super::deploy::scale_web(
+            super::super::deploy::WEB_REPLICAS,
+            Duration::from_secs(180),
+        )?;
+        Ok(())
+    });
+    let rollout = kubectl(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        "daemonset/flock",
+        "--timeout=300s",
+    ]);
+    let rollout_took = t.elapsed();
+    let scaled = scaling
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the scaling thread panicked")));
+    let scale_up_down = t.elapsed();
+    std::thread::sleep(Duration::from_secs(2));
+    let mut rows = Vec::new();
+    for (from, to) in [(a, b), (b, a)] {
+        let (pings, (ok, bad)) = stop_probe(&from.name, to.ips.len())?;
+        for (addr, (sent, got)) in to.ips.iter().zip(&pings) {
+            let lost = sent.saturating_sub(*got);
+            if lost > 0 {
+                failures.push(format!(
+                    "{} -> {addr}: {lost} of {sent} pings lost",
+                    from.name
+                ));
+            }
+            rows.push(vec![
+                format!("{} ({})", from.name, from.node),
+                format!("ping {addr}"),
+                sent.to_string(),
+                lost.to_string(),
+            ]);
+        }
+        if bad > 0 {
+            failures.push(format!(
+                "{} -> Service {service}: {bad} of {} GETs failed",
+                from.name,
+                ok + bad
+            ));
+        }
+        rows.push(vec![
+            format!("{} ({})", from.name, from.node),
+            format!("GET Service {service}"),
+            (ok + bad).to_string(),
+            bad.to_string(),
+        ]);
+    }
+    rollout.context("the DaemonSet's rollout did not complete")?;
+    scaled.context("web's scaling during the rollout")?;
+    let agents_after: Vec<String> = pods("kube-system", "app.kubernetes.io/name=flock")?
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    if agents_after.iter().any(|n| agents_before.contains(n)) {
+        failures.push(format!(
+            "the rollout replaced no agent pod: before {agents_before:?}, after {agents_after:?}"
+        ));
+    }
+    let after = pods(DEMO_NS, "app in (web, anycast)")?;
+    let changed: Vec<String> = after
+        .iter()
+        .filter_map(|p| {
+            let was = before.get(&p.name)?;
+            (was != &p.ips).then(|| format!("{}: {was:?} -> {:?}", p.name, p.ips))
+        })
+        .collect();
+    let kept = after
+        .iter()
+        .filter(|p| before.contains_key(&p.name))
+        .count();
+    let creations = sandbox_failures_since(&since)?;
+    if !changed.is_empty() {
+        failures.push(format!("addresses changed: {}", changed.join("; ")));
+    }
+    if !creations.is_empty() {
+        failures.push(format!("failed pod creations: {}", creations.join("; ")));
+    }
+
+    let _ = writeln!(
+        out,
+        "UPGRADE (rolling update of daemonset/flock: agents {} -> {}; web scaled {} -> {} -> {} meanwhile; probes every {PROBE_INTERVAL} s)",
+        agents_before.join(" "),
+        agents_after.join(" "),
+        super::super::deploy::WEB_REPLICAS,
+        super::super::deploy::WEB_REPLICAS * 2,
+        super::super::deploy::WEB_REPLICAS
+    );
+    sys::table(out, &["from", "probe", "sent", "lost"], &rows);
+    let summary = vec![
+        vec![
+            "rollout complete after".to_owned(),
+            format!("{:.1} s", rollout_took.as_secs_f64()),
+        ],
+        vec![
+            "scale up and down done after".to_owned(),
+            format!("{:.1} s", scale_up_down.as_secs_f64()),
+        ],
+        vec![
+            "failed pod creations (FailedCreatePodSandBox)".to_owned(),
+            creations.len().to_string(),
+        ],
+        vec![
+            "pods whose address changed".to_owned(),
+            format!("{} of {kept} that lived through it", changed.len()),
+        ],
+    ];
+    sys::table(out, &["", ""], &summary);
+    out.push('\n');
+    Ok(failures)
+}
+
+// ---------------------------------------------------------------------------------------
+// reboot
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ping_statistics() {
+        let reply = |seq: u64| format!("64 bytes from x: seq={seq} ttl=62 time=0.1 ms\n");
+        let stats = |sent: u64, got: u64| {
+            format!(
+                "--- x ping statistics ---\n{sent} packets transmitted, {got} packets received\n"
+            )
+        };
+        // seq 2 lost, seq 5 in flight when ping was stopped: not a loss.
+        let text: String = [0, 1, 3, 4].map(reply).concat() + &stats(6, 4);
+        assert_eq!(ping_counts(&text), Some((5, 4)));
+        // Two after the last reply: the path was gone at the end, both lost.
+        let text: String = [0, 1].map(reply).concat() + &stats(4, 2);
+        assert_eq!(ping_counts(&text), Some((4, 2)));
+        // A duplicate counts once; no reply at all is every request lost.
+        let text = reply(0) + &reply(0).replace("ms", "ms (DUP!)") + &stats(1, 1);
+        assert_eq!(ping_counts(&text), Some((1, 1)));
+        assert_eq!(ping_counts(&stats(3, 0)), Some((3, 0)));
+        // Quiet: the statistics line.
+        assert_eq!(ping_counts(&stats(120, 118)), Some((120, 118)));
+        assert_eq!(ping_counts("ping: sendto: Network unreachable"), None);
+    }
+}
