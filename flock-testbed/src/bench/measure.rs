@@ -1,0 +1,286 @@
+//! One subject's run: its sequential and concurrent ADDs and DELs through the runtime
+//! stand-in, its daemon's RSS and CPU time, and the attachments the stand-in hands the
+//! plugins.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use flock_testkit::Netns;
+use flock_testkit::cni::{Attachment, Runtime};
+
+use super::breakdown::{self, Breakdown, Observed};
+use super::{Figures, Options, SetupContext, Subject, SubjectConfig, floor};
+
+pub(super) fn run_subject(
+    subject: &mut dyn Subject,
+    opts: &Options,
+    work_dir: &Path,
+    release_dir: &Path,
+) -> Result<Figures> {
+    let node = Netns::new("bnode");
+    let config = subject.setup(&SetupContext {
+        node: &node,
+        work_dir,
+        release_dir,
+    })?;
+    // The runtime stand-in lives in the node's namespace, as containerd lives in its node's:
+    // each exec is then a plain spawn, not a thread that enters the namespace first (about
+    // 0.2 ms per call here, which no runtime pays). Threads spawned below start there too.
+    let outcome = std::thread::scope(|s| {
+        s.spawn(|| {
+            flock_testkit::cni::enter_netns(&node.path())?;
+            measure(&*subject, &node, config, opts, work_dir)
+        })
+        .join()
+        .unwrap_or_else(|_| bail!("the measuring thread panicked"))
+    });
+    let teardown = subject.teardown();
+    let figures = outcome?;
+    teardown?;
+    Ok(figures)
+}
+
+fn measure(
+    subject: &dyn Subject,
+    node: &Netns,
+    config: SubjectConfig,
+    opts: &Options,
+    work_dir: &Path,
+) -> Result<Figures> {
+    let runtime = Runtime::new(config.conflist, config.bin_dirs, work_dir.join("cni-cache"))?
+        .in_netns(node.path());
+    let key = subject.key().to_owned();
+
+    // Sequential: N ADDs, RSS with N pods, N DELs.
+    let pods = make_pods(opts.pods);
+    let atts: Vec<Attachment> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| attachment(&key, "seq", i, ns))
+        .collect();
+    let mut add_seq = Vec::with_capacity(atts.len());
+    // The machine's monotonic clock at each call's start, for the agent's trace to compare.
+    let mut add_mono = Vec::with_capacity(atts.len());
+    for att in &atts {
+        add_mono.push(breakdown::monotonic());
+        let start = Instant::now();
+        runtime
+            .add(att)
+            .with_context(|| format!("ADD {}", att.container_id))?;
+        add_seq.push(start.elapsed());
+    }
+    let rss_kib = match subject.daemon_pid() {
+        None => None,
+        Some(pid) => {
+            // Bring the daemon up to `rss_pods` pods (untimed), read its RSS, take them away.
+            let extra = make_pods(opts.rss_pods.saturating_sub(opts.pods));
+            let extra_atts: Vec<Attachment> = extra
+                .iter()
+                .enumerate()
+                .map(|(i, ns)| attachment(&key, "rss", i, ns))
+                .collect();
+            for att in &extra_atts {
+                runtime
+                    .add(att)
+                    .with_context(|| format!("ADD {}", att.container_id))?;
+            }
+            let rss = rss_kib(pid)?;
+            for att in &extra_atts {
+                runtime
+                    .del(att)
+                    .with_context(|| format!("DEL {}", att.container_id))?;
+            }
+            Some(rss)
+        }
+    };
+    let mut del_seq = Vec::with_capacity(atts.len());
+    let mut del_mono = Vec::with_capacity(atts.len());
+    for att in &atts {
+        del_mono.push(breakdown::monotonic());
+        let start = Instant::now();
+        runtime
+            .del(att)
+            .with_context(|| format!("DEL {}", att.container_id))?;
+        del_seq.push(start.elapsed());
+    }
+    drop(pods);
+    let observed: Vec<Observed> = [("ADD", &add_seq, &add_mono), ("DEL", &del_seq, &del_mono)]
+        .into_iter()
+        .flat_map(|(op, elapsed, started)| {
+            atts.iter()
+                .zip(elapsed)
+                .zip(started)
+                .map(move |((a, d), m)| Observed {
+                    op,
+                    container_id: a.container_id.clone(),
+                    elapsed: *d,
+                    started_mono: *m,
+                })
+        })
+        .collect();
+
+    // A daemon may delete veths after answering a DEL (flock does): let the kernel finish
+    // before the concurrent phase, which would otherwise pay for the sequential one's.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while node.links().iter().any(|l| l.starts_with("flock")) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The deleted pod namespaces are cleaned up by a kernel worker, which takes the same
+    // lock as every ADD; nothing tells when it is done.
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Concurrent: fresh pods, `concurrency` threads.
+    let pods = make_pods(opts.pods);
+    let atts: Vec<Attachment> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| attachment(&key, "conc", i, ns))
+        .collect();
+    let cpu_before = subject.daemon_pid().map(cpu_ticks).transpose()?;
+    let (add_conc, add_conc_wall) = concurrently(&atts, opts.concurrency, |a| {
+        runtime
+            .add(a)
+            .map(drop)
+            .with_context(|| format!("ADD {}", a.container_id))
+    })?;
+    let daemon_cpu_per_add = match (subject.daemon_pid(), cpu_before) {
+        (Some(pid), Some(before)) => {
+            let ticks = cpu_ticks(pid)?.saturating_sub(before);
+            Some(ticks_to_duration(ticks) / u32::try_from(atts.len()).unwrap_or(u32::MAX))
+        }
+        _ => None,
+    };
+    let (del_conc, _) = concurrently(&atts, opts.concurrency, |a| {
+        runtime
+            .del(a)
+            .with_context(|| format!("DEL {}", a.container_id))
+    })?;
+    drop(pods);
+    let plugin = runtime.conflist()["plugins"][0]["type"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let version_exec = floor::measure_version_exec(&runtime, &plugin, opts.pods)?;
+    let breakdown = match subject.trace() {
+        Some(trace) => Some(Breakdown::from_trace(&trace, &observed)?),
+        None => None,
+    };
+
+    Ok(Figures {
+        label: subject.label().to_owned(),
+        key,
+        add_seq,
+        del_seq,
+        add_conc,
+        del_conc,
+        add_conc_wall,
+        rss_kib,
+        daemon_cpu_per_add,
+        version_exec,
+        breakdown,
+    })
+}
+
+fn make_pods(n: usize) -> Vec<Netns> {
+    (0..n).map(|_| Netns::new("bpod")).collect()
+}
+
+/// The attachment of pod `i` of `phase` for subject `key`.
+fn attachment(key: &str, phase: &str, i: usize, pod: &Netns) -> Attachment {
+    cri_attachment(
+        format!("bench-{key}-{phase}-{i:05}"),
+        &pod.path(),
+        &format!("pod-{phase}-{i}"),
+        i,
+    )
+}
+
+/// An attachment as containerd's CRI plugin makes it: container `id` in `netns`, pod
+/// `pod_name` (namespace `bench`) with a UID numbered `i`.
+pub(super) fn cri_attachment(id: String, netns: &Path, pod_name: &str, i: usize) -> Attachment {
+    Attachment::new(id.clone(), netns, "eth0")
+        .with_arg("IgnoreUnknown", "1")
+        .with_arg("K8S_POD_NAMESPACE", "bench")
+        .with_arg("K8S_POD_NAME", pod_name)
+        .with_arg("K8S_POD_INFRA_CONTAINER_ID", id)
+        .with_arg("K8S_POD_UID", format!("00000000-0000-4000-8000-{i:012}"))
+}
+
+/// Runs `op` on every attachment from `threads` threads; returns each call's
+/// latency and the wall time of the whole phase.
+pub(super) fn concurrently<F>(
+    atts: &[Attachment],
+    threads: usize,
+    op: F,
+) -> Result<(Vec<Duration>, Duration)>
+where
+    F: Fn(&Attachment) -> Result<()> + Sync,
+{
+    let next = AtomicUsize::new(0);
+    let start = Instant::now();
+    let per_thread: Vec<Result<Vec<Duration>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.min(atts.len()))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut times = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(att) = atts.get(i) else {
+                            return Ok(times);
+                        };
+                        let t = Instant::now();
+                        op(att)?;
+                        times.push(t.elapsed());
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| bail!("a bench thread panicked"))
+            })
+            .collect()
+    });
+    let wall = start.elapsed();
+    let mut all = Vec::with_capacity(atts.len());
+    for times in per_thread {
+        all.extend(times?);
+    }
+    Ok((all, wall))
+}
+
+/// utime + stime of a process, in clock ticks (`/proc/PID/stat` fields 14 and 15).
+fn cpu_ticks(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+    // The command name (field 2) may hold spaces: count fields after its closing paren.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |n: usize| -> Result<u64> {
+        fields
+            .get(n - 3)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no field {n} in {path}"))
+    };
+    Ok(field(14)? + field(15)?)
+}
+
+fn ticks_to_duration(ticks: u64) -> Duration {
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no VmRSS in {path}"))
+}
