@@ -69,6 +69,11 @@ struct ControllerArgs {
     /// How often to reconcile without a change (`30s`, `5m`).
     #[arg(long, env = "FLOCK_RESYNC", default_value = "30s", value_parser = parse_duration)]
     resync: Duration,
+    /// How long a deleted Node's prefixes stay its own while its NodeConfig still reports
+    /// allocations; after it, they return to the pool once no pod is bound to the node
+    /// (`90s`, `10m`, `1h`).
+    #[arg(long, env = "FLOCK_RELEASE_GRACE", default_value = "10m", value_parser = parse_duration)]
+    release_grace: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -246,6 +251,7 @@ fn controller(args: ControllerArgs) -> Result<()> {
         lease_name: args.lease_name,
         identity: args.identity,
         resync: args.resync,
+        release_grace: args.release_grace,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -125,6 +125,8 @@ async fn apply_creates_owned_node_configs_and_releases_conditionally() {
             nodes: &nodes,
             node_configs: &configs,
             service_cidrs: &[],
+            release_grace: flock_agent::controller::DEFAULT_RELEASE_GRACE,
+            podless: &Default::default(),
         },
         "2026-01-01T00:00:00Z".parse().expect("time"),
     );
@@ -247,6 +249,8 @@ async fn apply_writes_nothing_once_the_lease_is_lost() {
             nodes: &nodes,
             node_configs: &[],
             service_cidrs: &[],
+            release_grace: flock_agent::controller::DEFAULT_RELEASE_GRACE,
+            podless: &Default::default(),
         },
         "2026-01-01T00:00:00Z".parse().expect("time"),
     );

@@ -142,6 +142,7 @@ fn controller_rbac_grants_exactly_what_it_uses() {
             "/services/status:patch",
             "events.k8s.io/events:create",
             "events.k8s.io/events:patch",
+            "/pods:list",
             "networking.k8s.io/servicecidrs:list",
             "networking.k8s.io/servicecidrs:watch",
         ])

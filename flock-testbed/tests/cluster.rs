@@ -62,9 +62,6 @@ fn life_join() {
 }
 
 #[test]
-#[ignore = "fails on 1.37: the agent's service account token is bound to its pod, which pod GC \
-            deletes once the Node is deleted, so the agent can no longer report the released \
-            allocations and its NodeConfig is never deleted; run with --run-ignored"]
 fn life_leave() {
     life("leave");
 }

@@ -4,13 +4,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
+use std::time::Duration;
 
 use flock_ipam::{ClusterNode, ClusterState, NodeAssignment, ReservedCidr};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use k8s_openapi::jiff::Timestamp;
 
 use super::status::pool_status;
-use super::{MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL};
+use super::{GONE_SINCE_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL};
 use crate::nodeconfig::{IP_ALGO_ANNOTATION, NodeConfig};
 use crate::nodepool::{NodePool, NodePoolStatus, router_id};
 
@@ -38,6 +39,52 @@ pub struct Observed<'a> {
     /// The ranges of every `ServiceCIDR` (networking.k8s.io/v1), for the pools that follow
     /// them ([`service_cidr_ranges`]).
     pub service_cidrs: &'a [String],
+    /// How long a gone node's prefixes stay its own while its NodeConfig still reports
+    /// allocations, counted from the controller's mark [`GONE_SINCE_ANNOTATION`].
+    pub release_grace: Duration,
+    /// Gone nodes to which no pod is bound any more (the pod garbage collector deletes the
+    /// pods of a deleted Node): a LIST per node [`pod_checks_due`] names.
+    pub podless: &'a BTreeSet<String>,
+}
+
+/// When the controller first saw a NodeConfig's Node gone: its [`GONE_SINCE_ANNOTATION`].
+fn gone_since(nc: &NodeConfig) -> Option<Timestamp> {
+    nc.metadata
+        .annotations
+        .as_ref()?
+        .get(GONE_SINCE_ANNOTATION)?
+        .parse()
+        .ok()
+}
+
+fn held(nc: &NodeConfig) -> u64 {
+    nc.status
+        .as_ref()
+        .map_or(0, |s| s.allocated6 + s.allocated4)
+}
+
+/// Whether a gone node's grace has run out at `now`.
+fn grace_over(since: Timestamp, grace: Duration, now: Timestamp) -> bool {
+    let grace = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
+    now.as_second().saturating_sub(since.as_second()) >= grace
+}
+
+/// The gone nodes whose pods the controller must look for before it decides: its own
+/// NodeConfigs whose Node is gone, that still report allocations, and whose grace has run out.
+/// (Every other node's fate does not depend on its pods, so nothing is listed for it.)
+pub fn pod_checks_due(
+    node_configs: &[NodeConfig],
+    nodes: &[NodeFacts],
+    release_grace: Duration,
+    now: Timestamp,
+) -> Vec<String> {
+    node_configs
+        .iter()
+        .filter(|nc| owned_pool(nc).is_some() && held(nc) > 0)
+        .filter(|nc| gone_since(nc).is_some_and(|t| grace_over(t, release_grace, now)))
+        .filter_map(|nc| nc.metadata.name.clone())
+        .filter(|name| !nodes.iter().any(|n| &n.name == name))
+        .collect()
 }
 
 /// The ranges of the cluster's `ServiceCIDR` objects, sorted, each once. A ServiceCIDR being
@@ -57,8 +104,8 @@ pub fn service_cidr_ranges<'a>(
     ranges
 }
 
-/// A NodeConfig to delete: its node is gone and its agent reported no allocations. The
-/// delete is conditional on the uid and resource version that were seen, so a status
+/// A NodeConfig to delete: its node is gone and its agent reported no allocations, or, past
+/// the release grace, no pod is bound to it any more. The delete is conditional on the uid and resource version that were seen, so a status
 /// written in between (allocations after all) makes it fail rather than strand pods.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Release {
@@ -125,6 +172,15 @@ fn recorded(nc: &NodeConfig, pool: &str) -> Option<NodeAssignment> {
         cidr6,
         cidr4,
     })
+}
+
+/// `90s`, `10m`, `2h`: a grace as its flag takes it.
+fn humantime(d: Duration) -> String {
+    match d.as_secs() {
+        s if s % 3600 == 0 && s > 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 && s > 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }
 
 fn prefixes(a: &NodeAssignment) -> String {
@@ -250,9 +306,24 @@ pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Reconcile {
             continue;
         };
         if plan.orphaned.binary_search(&a.node).is_ok() {
-            let status = nc.status.as_ref();
-            let held = status.map_or(0, |s| s.allocated6 + s.allocated4);
-            if held == 0 {
+            let held = held(nc);
+            let since = gone_since(nc);
+            let why = if held == 0 {
+                Some("reported no allocations".to_owned())
+            } else if since.is_some_and(|t| grace_over(t, observed.release_grace, now))
+                && observed.podless.contains(&a.node)
+            {
+                // Its agent cannot report any more: its pod went with the Node, and since
+                // Kubernetes 1.32 its pod-bound token with it.
+                Some(format!(
+                    "no pod has been bound to it for the release grace ({}; its agent last \
+                     reported {held} pod address(es))",
+                    humantime(observed.release_grace)
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
                 out.release.push(Release {
                     name: a.node.clone(),
                     uid: nc.metadata.uid.clone(),
@@ -265,20 +336,39 @@ pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Reconcile {
                     warning: false,
                     reason: "PrefixReleased".into(),
                     note: format!(
-                        "NodePool {}: node {} is gone and reported no allocations; {} returns to the pool",
-                        a.pool, a.node, prefixes(a)
-                    ),
-                });
-            } else {
-                release_pending
-                    .entry(a.pool.as_str())
-                    .or_default()
-                    .push(format!(
-                        "{} ({}: {held} pod address(es) still reported)",
+                        "NodePool {}: node {} is gone and {why}; {} returns to the pool",
+                        a.pool,
                         a.node,
                         prefixes(a)
-                    ));
+                    ),
+                });
+                continue;
             }
+            let since = match since {
+                Some(t) => t,
+                None => {
+                    // The durable start of its grace, whichever instance leads later.
+                    let mut marked = (*nc).clone();
+                    marked
+                        .metadata
+                        .annotations
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(GONE_SINCE_ANNOTATION.to_owned(), now.to_string());
+                    marked.status = None;
+                    out.update.push(marked);
+                    now
+                }
+            };
+            release_pending
+                .entry(a.pool.as_str())
+                .or_default()
+                .push(format!(
+                    "{} ({}: {held} pod address(es) still reported; gone since {since}, \
+                     released once no pod is bound to it after {})",
+                    a.node,
+                    prefixes(a),
+                    humantime(observed.release_grace)
+                ));
             continue;
         }
         // The pool's settings may have changed: BGP, defaults, ip-algo, the router ID.
@@ -295,6 +385,8 @@ pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Reconcile {
             Some(algo) => annotations.insert(IP_ALGO_ANNOTATION.to_owned(), algo.clone()),
             None => annotations.remove(IP_ALGO_ANNOTATION),
         };
+        // Its Node is back: its grace no longer runs.
+        annotations.remove(GONE_SINCE_ANNOTATION);
         let same_annotations = annotations == nc.metadata.annotations.clone().unwrap_or_default();
         if spec != nc.spec || !same_annotations {
             let mut updated = (*nc).clone();

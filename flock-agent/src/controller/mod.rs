@@ -9,7 +9,11 @@
 //!   NodeConfig without them is hand-written, never touched, and its CIDRs are never handed
 //!   out.
 //! - A prefix is released (its NodeConfig deleted, conditional on the uid and version read)
-//!   only once its Node is deleted and its NodeConfig's status reports no allocations.
+//!   only once its Node is deleted and either its NodeConfig's status reports no allocations,
+//!   or the release grace has passed since the controller marked it gone
+//!   ([`GONE_SINCE_ANNOTATION`]) and no pod is bound to the node any more: a deleted Node's
+//!   pods are deleted by the pod garbage collector, and its agent, whose pod-bound token died
+//!   with its own pod, cannot report their release.
 //! - What a reconcile does is decided by [`decide::decide`] over plain data; [`apply`] writes
 //!   it, checking before each write that the lease is still held.
 //!
@@ -27,7 +31,9 @@ pub mod run;
 pub mod status;
 
 pub use apply::Overlay;
-pub use decide::{NodeFacts, Observed, PoolEvent, Reconcile, Release, decide, owned_pool};
+pub use decide::{
+    NodeFacts, Observed, PoolEvent, Reconcile, Release, decide, owned_pool, pod_checks_due,
+};
 pub use run::{ControllerOptions, run};
 
 /// The label that marks a NodeConfig as written by the controller (with [`MANAGED_BY`]).
@@ -36,5 +42,11 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "flock-controller";
 /// The label naming the NodePool a controller-written NodeConfig's prefixes came from.
 pub const POOL_LABEL: &str = "flock.fritzlab.net/pool";
+/// The controller's mark on one of its NodeConfigs whose Node is gone: when it first saw it
+/// gone (RFC 3339). The release grace counts from it; removed when the Node is back.
+pub const GONE_SINCE_ANNOTATION: &str = "flock.fritzlab.net/node-gone-since";
+/// How long a gone node's prefixes stay its own while its NodeConfig still reports
+/// allocations (`--release-grace`).
+pub const DEFAULT_RELEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
 /// The field manager of the controller's writes.
 pub const FIELD_MANAGER: &str = "flock-controller";

@@ -3,13 +3,14 @@
 //! lease is held. Losing the lease ends the process (the Deployment restarts it as a
 //! candidate): a leader never runs on stale beliefs.
 
+use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -20,7 +21,7 @@ use tokio::sync::Notify;
 use tracing::{error, info, warn};
 
 use super::apply::{Overlay, apply};
-use super::decide::{NodeFacts, Observed, decide};
+use super::decide::{NodeFacts, Observed, decide, pod_checks_due};
 use super::lease::{Leadership, LeaseElector, RETRY_PERIOD};
 use crate::nodeconfig::NodeConfig;
 use crate::nodepool::NodePool;
@@ -39,6 +40,9 @@ pub struct ControllerOptions {
     pub identity: String,
     /// How often to reconcile without a change.
     pub resync: Duration,
+    /// How long a gone node's prefixes stay its own while its NodeConfig still reports
+    /// allocations ([`super::DEFAULT_RELEASE_GRACE`]).
+    pub release_grace: Duration,
 }
 
 /// The facts of a Node the controller uses.
@@ -56,6 +60,27 @@ pub fn node_facts(node: &Node) -> NodeFacts {
         labels: node.metadata.labels.clone().unwrap_or_default(),
         internal_ipv4,
     }
+}
+
+/// Which of `names` (gone nodes) no pod is bound to any more: one LIST of at most one pod's
+/// metadata per node (field selector `spec.nodeName`), so nothing is cached cluster-wide. A
+/// node whose LIST fails counts as having pods.
+async fn podless(client: &kube::Client, names: Vec<String>) -> BTreeSet<String> {
+    let pods = Api::<Pod>::all(client.clone());
+    let mut out = BTreeSet::new();
+    for name in names {
+        let params = kube::api::ListParams::default()
+            .fields(&format!("spec.nodeName={name}"))
+            .limit(1);
+        match pods.list_metadata(&params).await {
+            Ok(list) if list.items.is_empty() => {
+                out.insert(name);
+            }
+            Ok(_) => {}
+            Err(e) => warn!(node = %name, error = %e, "could not list the pods of a gone node"),
+        }
+    }
+    out
 }
 
 /// A reflected watch whose every event wakes `notify`.
@@ -198,14 +223,19 @@ pub async fn run(options: ControllerOptions) -> Result<()> {
         let config_list = overlay.merge(configs.state().iter().map(|c| (**c).clone()).collect());
         let service_cidr_list =
             super::decide::service_cidr_ranges(service_cidrs.state().iter().map(|c| &**c));
+        let now = Timestamp::now();
+        let due = pod_checks_due(&config_list, &node_list, options.release_grace, now);
+        let podless = podless(&client, due).await;
         let decision = decide(
             &Observed {
                 pools: &pool_list,
                 nodes: &node_list,
                 node_configs: &config_list,
                 service_cidrs: &service_cidr_list,
+                release_grace: options.release_grace,
+                podless: &podless,
             },
-            Timestamp::now(),
+            now,
         );
         let failures = apply(
             &client,

@@ -128,6 +128,25 @@ fn password_secret() -> Result<String> {
     ))
 }
 
+/// The pool controller's release grace here (`deploy/controller.yaml` says `10m`): long enough
+/// that `life reboot`'s node, its Node deleted while it is off, is back before it (about a
+/// minute), short enough that `life join` and `life leave` see a deleted node's prefixes
+/// return within minutes.
+pub const RELEASE_GRACE: &str = "90s";
+
+/// `deploy/controller.yaml` with [`RELEASE_GRACE`].
+fn with_release_grace(manifest: &str) -> Result<String> {
+    let shipped = "{ name: FLOCK_RELEASE_GRACE, value: 10m }";
+    anyhow::ensure!(
+        manifest.contains(shipped),
+        "deploy/controller.yaml has no `{shipped}` for the test bed to shorten"
+    );
+    Ok(manifest.replace(
+        shipped,
+        &format!("{{ name: FLOCK_RELEASE_GRACE, value: {RELEASE_GRACE} }}"),
+    ))
+}
+
 /// Applies the CRD, the RBAC, the NodeConfigs and the DaemonSet from `repo/deploy`, then
 /// waits until the DaemonSet's pods are ready on every node.
 pub fn install_flock(repo: &Path) -> Result<()> {
@@ -160,7 +179,7 @@ pub fn install_flock(repo: &Path) -> Result<()> {
         .with_context(|| format!("read {}", controller_path.display()))?;
     kubectl_stdin(
         &["apply", "-f", "-"],
-        &with_image(&controller, images::FLOCK)?,
+        &with_release_grace(&with_image(&controller, images::FLOCK)?)?,
     )?;
     for node in &NODES {
         sys::wait_for(Duration::from_secs(120), || {

@@ -51,6 +51,8 @@ fn run_with(
             nodes,
             node_configs: ncs,
             service_cidrs,
+            release_grace: super::super::DEFAULT_RELEASE_GRACE,
+            podless: &BTreeSet::new(),
         },
         now(),
     )
@@ -300,7 +302,7 @@ fn a_prefix_is_released_only_after_the_node_is_gone_and_reports_no_allocations()
     assert!(
         pending
             .message
-            .contains("a (2001:db8:1::/64: 3 pod address(es) still reported)"),
+            .contains("a (2001:db8:1::/64: 3 pod address(es) still reported; gone since"),
         "{}",
         pending.message
     );
@@ -321,6 +323,90 @@ fn a_prefix_is_released_only_after_the_node_is_gone_and_reports_no_allocations()
         }]
     );
     assert_eq!(r.events[0].reason, "PrefixReleased");
+}
+
+fn run_at(
+    pools: &[NodePool],
+    nodes: &[NodeFacts],
+    ncs: &[NodeConfig],
+    podless: &[&str],
+    at: Timestamp,
+) -> Reconcile {
+    decide(
+        &Observed {
+            pools,
+            nodes,
+            node_configs: ncs,
+            service_cidrs: &[],
+            release_grace: Duration::from_secs(600),
+            podless: &podless.iter().map(|n| (*n).to_owned()).collect(),
+        },
+        at,
+    )
+}
+
+#[test]
+fn a_gone_node_that_still_reports_pods_is_released_after_the_grace_once_none_is_bound() {
+    let pools = vec![pool("rack1", "2001:db8:1::/48", "r1", 64512)];
+    let mut ncs = stored(run(&pools, &[node("a", "r1", None)], &[]).create);
+    ncs[0].status = Some(NodeConfigStatus {
+        allocated6: 3,
+        ..Default::default()
+    });
+    // Gone: marked with the time it was first seen gone, kept.
+    let r = run_at(&pools, &[], &ncs, &["a"], now());
+    assert!(r.release.is_empty());
+    let [marked] = r.update.as_slice() else {
+        panic!("one update, the mark: {:?}", r.update);
+    };
+    let mark = marked.metadata.annotations.as_ref().unwrap();
+    assert_eq!(mark[GONE_SINCE_ANNOTATION], now().to_string());
+    assert_eq!(marked.spec, ncs[0].spec);
+    ncs[0].metadata.annotations = marked.metadata.annotations.clone();
+    let later = |s: i64| now() + k8s_openapi::jiff::SignedDuration::from_secs(s);
+    // Within the grace: kept, even with no pod bound (a node off for a reboot), and the mark
+    // is not rewritten.
+    let r = run_at(&pools, &[], &ncs, &["a"], later(599));
+    assert!(r.release.is_empty() && r.update.is_empty(), "{r:?}");
+    assert_eq!(
+        pod_checks_due(&ncs, &[], Duration::from_secs(600), later(599)),
+        Vec::<String>::new()
+    );
+    // Past it: the pods are looked for, and while one is bound the prefix stays.
+    assert_eq!(
+        pod_checks_due(&ncs, &[], Duration::from_secs(600), later(600)),
+        ["a"]
+    );
+    assert!(
+        run_at(&pools, &[], &ncs, &[], later(600))
+            .release
+            .is_empty()
+    );
+    // None bound: released, conditional on what was read, and the event says why.
+    let r = run_at(&pools, &[], &ncs, &["a"], later(600));
+    assert_eq!(r.release.len(), 1);
+    assert_eq!(r.release[0].resource_version.as_deref(), Some("100"));
+    assert!(
+        r.events[0]
+            .note
+            .contains("no pod has been bound to it for the release grace (10m"),
+        "{}",
+        r.events[0].note
+    );
+    // The node is back before that: the mark goes, nothing else changes, nothing is listed.
+    let r = run_at(&pools, &[node("a", "r1", None)], &ncs, &[], later(30));
+    let [back] = r.update.as_slice() else {
+        panic!("one update, the mark removed: {:?}", r.update);
+    };
+    assert!(
+        back.metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| !a.contains_key(GONE_SINCE_ANNOTATION))
+    );
+    assert_eq!(back.spec, ncs[0].spec);
+    assert!(r.release.is_empty());
+    assert!(pod_checks_due(&ncs, &[node("a", "r1", None)], Duration::ZERO, later(30)).is_empty());
 }
 
 #[test]

@@ -63,14 +63,15 @@ fn join_then(out: &mut String, and_leave: bool) -> Result<Vec<String>> {
     ensure_leak_grace()?;
     let kube = kube::ensure_built()?;
     // A joiner of an earlier test (join before leave, on one cluster) left by deletion: its
-    // prefixes go back once the pod garbage collector has removed its pods. The rack starts
-    // empty, or the counts after the leave have nothing to be compared with.
-    sys::wait_for(Duration::from_secs(180), || {
+    // prefixes go back once the controller's release grace is over and the pod garbage
+    // collector has removed its pods. The rack starts empty, or the counts after the leave
+    // have nothing to be compared with.
+    sys::wait_for(Duration::from_secs(240), || {
         pool_counts(JOINER.rack).is_ok_and(|c| c.0 == "0")
     })
     .with_context(|| {
         format!(
-            "NodePool {} still counts a node 180 s after the last joiner left",
+            "NodePool {} still counts a node 240 s after the last joiner left",
             JOINER.rack
         )
     })?;

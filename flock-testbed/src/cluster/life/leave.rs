@@ -1,5 +1,7 @@
-//! `life leave`: the joined node drained, its kubelet stopped and its Node deleted; its
-//! allocations released past the leak grace, its NodeConfig deleted, its prefixes free again.
+//! `life leave`: the joined node drained, its kubelet stopped and its Node deleted. Its agent,
+//! still running, releases its pods' allocations past the leak grace but cannot report it
+//! (its pod-bound token died with its pod); the pool controller deletes its NodeConfig once
+//! the release grace is over and no pod is bound to it, and its prefixes are free again.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -8,6 +10,7 @@ use anyhow::{Context, Result};
 
 use super::join::{LEAK_GRACE, ms, pool_counts};
 use super::router_routes;
+use crate::cluster::deploy::RELEASE_GRACE;
 use crate::cluster::proc;
 use crate::cluster::{JOINER, kubectl, node, site};
 use crate::sys;
@@ -56,13 +59,16 @@ pub(super) fn leave(
             JOINER.name
         ));
     }
-    let freed = sys::wait_for(Duration::from_secs(150), || {
+    // The controller marked the node gone at its deletion; the release grace runs from there,
+    // then a resync (30 s) at most.
+    let freed = sys::wait_for(Duration::from_secs(180), || {
         kubectl(&["get", "nodeconfig", JOINER.name, "-o", "name"]).is_err()
     });
     let free_at = t.elapsed();
     if freed.is_err() {
         failures.push(format!(
-            "leave: {}'s NodeConfig is still there 150 s after its pods went (status {})",
+            "leave: {}'s NodeConfig is still there 180 s after its pods went (release grace \
+             {RELEASE_GRACE}; status {})",
             JOINER.name,
             holdings()
         ));
@@ -110,7 +116,8 @@ pub(super) fn leave(
     }
     let _ = writeln!(
         out,
-        "LEAVE ({} drained, its kubelet stopped, its Node deleted; agent's leak grace {LEAK_GRACE})",
+        "LEAVE ({} drained, its kubelet stopped, its Node deleted; agent's leak grace {LEAK_GRACE}, \
+         controller's release grace {RELEASE_GRACE})",
         JOINER.name
     );
     let rows = vec![
@@ -126,7 +133,7 @@ pub(super) fn leave(
         vec!["kubelet stopped, Node deleted".to_owned(), ms(deleted)],
         vec!["its pods gone from the API (pod GC)".to_owned(), ms(gc)],
         vec![
-            "its agent released them, reported none; NodeConfig deleted, prefixes free".to_owned(),
+            "release grace over, no pod bound: NodeConfig deleted, prefixes free".to_owned(),
             ms(free_at),
         ],
         vec![
