@@ -88,8 +88,12 @@ pub fn shim_rustc_flags(specs: &Path) -> Vec<String> {
     ]
 }
 
-/// Cargo's target folder (`CARGO_TARGET_DIR`, else `target/` of the workspace).
+/// Cargo's target folder ([`crate::sys::use_target_dir`], else `CARGO_TARGET_DIR`, else
+/// `target/` of the workspace).
 pub fn target_dir() -> PathBuf {
+    if let Some(dir) = crate::sys::target_dir_override() {
+        return dir.to_owned();
+    }
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"))

@@ -2,6 +2,7 @@
 
 use std::ffi::OsStr;
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -55,6 +56,20 @@ where
     run(&mut cargo_command(args))
 }
 
+/// The target folder every cargo of this process builds into, when [`use_target_dir`] set one.
+static TARGET_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Makes every later [`cargo_command`] build into `dir` (`CARGO_TARGET_DIR`, which the tests it
+/// runs inherit) and [`crate::binaries::target_dir`] find the binaries there. The first call wins.
+pub fn use_target_dir(dir: PathBuf) {
+    let _ = TARGET_DIR.set(dir);
+}
+
+/// The folder [`use_target_dir`] set, if any.
+pub fn target_dir_override() -> Option<&'static Path> {
+    TARGET_DIR.get().map(PathBuf::as_path)
+}
+
 /// `cargo ARGS…` with the same toolchain that runs xtask, to run with [`run`].
 pub fn cargo_command<I, S>(args: I) -> Command
 where
@@ -64,6 +79,9 @@ where
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.args(args);
+    if let Some(dir) = target_dir_override() {
+        cmd.env("CARGO_TARGET_DIR", dir);
+    }
     cmd
 }
 

@@ -67,6 +67,14 @@ fn main() -> Result<()> {
 /// `cargo xtask test [ARGS…]`: extra arguments go to `cargo nextest run`.
 fn test(filters: &[String]) -> Result<()> {
     sys::require_root("cargo xtask test")?;
+    // In CI every run is a fresh clone with an empty target/: its Rust build is cached per
+    // machine beside the Go components' instead, so a warm machine rebuilds only the
+    // workspace's own crates, not their dependencies.
+    if std::env::var_os("CI").is_some() && std::env::var_os("CARGO_TARGET_DIR").is_none() {
+        let dir = components::cache_dir().join("cargo-target");
+        eprintln!("xtask: CI: cargo's target folder is {}", dir.display());
+        sys::use_target_dir(dir);
+    }
     sys::ensure_packages(TEST_PACKAGES)?;
     for ns in flock_testkit::sweep_stale() {
         eprintln!("xtask: removed stale test namespace {ns}");
