@@ -45,17 +45,43 @@ fn run_with(
     ncs: &[NodeConfig],
     service_cidrs: &[String],
 ) -> Reconcile {
+    decide(&observed(pools, nodes, ncs, service_cidrs), now())
+}
+
+/// A reconcile at `at`, with the default release grace (10 min) and `podless` the gone nodes
+/// no pod is bound to.
+fn run_at(
+    pools: &[NodePool],
+    nodes: &[NodeFacts],
+    ncs: &[NodeConfig],
+    podless: &[&str],
+    at: Timestamp,
+) -> Reconcile {
+    let podless = podless.iter().map(|n| (*n).to_owned()).collect();
     decide(
         &Observed {
-            pools,
-            nodes,
-            node_configs: ncs,
-            service_cidrs,
-            release_grace: super::super::DEFAULT_RELEASE_GRACE,
-            podless: &BTreeSet::new(),
+            podless: &podless,
+            ..observed(pools, nodes, ncs, &[])
         },
-        now(),
+        at,
     )
+}
+
+fn observed<'a>(
+    pools: &'a [NodePool],
+    nodes: &'a [NodeFacts],
+    node_configs: &'a [NodeConfig],
+    service_cidrs: &'a [String],
+) -> Observed<'a> {
+    static NONE: BTreeSet<String> = BTreeSet::new();
+    Observed {
+        pools,
+        nodes,
+        node_configs,
+        service_cidrs,
+        release_grace: super::super::DEFAULT_RELEASE_GRACE,
+        podless: &NONE,
+    }
 }
 
 /// What the API server would hold after the creates: uid and version set.
@@ -323,26 +349,6 @@ fn a_prefix_is_released_only_after_the_node_is_gone_and_reports_no_allocations()
         }]
     );
     assert_eq!(r.events[0].reason, "PrefixReleased");
-}
-
-fn run_at(
-    pools: &[NodePool],
-    nodes: &[NodeFacts],
-    ncs: &[NodeConfig],
-    podless: &[&str],
-    at: Timestamp,
-) -> Reconcile {
-    decide(
-        &Observed {
-            pools,
-            nodes,
-            node_configs: ncs,
-            service_cidrs: &[],
-            release_grace: Duration::from_secs(600),
-            podless: &podless.iter().map(|n| (*n).to_owned()).collect(),
-        },
-        at,
-    )
 }
 
 #[test]
