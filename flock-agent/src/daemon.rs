@@ -15,8 +15,8 @@ use tracing::{info, warn};
 use crate::agent::{Agent, AgentParts};
 use crate::bird::{BirdTarget, Debounce};
 use crate::metrics::{Health, Metrics};
-use crate::nodeconfig::NodeConfig;
 use crate::{Error, Result};
+use flock_k8s_api::NodeConfig;
 
 /// The default paths and addresses of DESIGN §9 (the command line's defaults; the manifests
 /// under `deploy/` use the same, which a test checks). What the shim shares with the agent is
@@ -95,23 +95,22 @@ impl RunOptions {
 
 /// Runs the standalone agent until a termination signal.
 pub async fn run_standalone(options: RunOptions) -> Result<()> {
-    let path = options
-        .node_config
-        .clone()
-        .ok_or_else(|| Error::InvalidNodeConfig {
+    let path = options.node_config.clone().ok_or_else(|| {
+        Error::from(flock_k8s_api::Error::InvalidNodeConfig {
             field: "--node-config".into(),
             value: String::new(),
             reason: "standalone mode needs a NodeConfig file".into(),
-        })?;
-    let node_config = NodeConfig::from_yaml_file(&path)?;
+        })
+    })?;
+    let node_config = read_node_config(&path)?;
     let mut settings = node_config.settings()?;
     if let Some(node) = &options.node {
         if *node != settings.node {
-            return Err(Error::InvalidNodeConfig {
+            return Err(Error::from(flock_k8s_api::Error::InvalidNodeConfig {
                 field: "metadata.name".into(),
                 value: settings.node.clone(),
                 reason: format!("the file is for another node than --node {node}"),
-            });
+            }));
         }
         settings.node = node.clone();
     }
@@ -129,17 +128,29 @@ pub async fn run_standalone(options: RunOptions) -> Result<()> {
     serve(agent, report, options, metrics, health).await
 }
 
+/// Reads a NodeConfig from a YAML file (standalone mode).
+fn read_node_config(path: &std::path::Path) -> Result<NodeConfig> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::ReadFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_yaml::from_str(&text).map_err(|e| Error::NodeConfigFile {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
 /// Standalone mode: each `passwordFile` read into the BGP model (a trailing newline dropped).
 /// A file that cannot be read, or a password BIRD could not take, stops the start with an
 /// error naming the neighbor and the file, never the password.
-fn read_password_files(settings: &mut crate::nodeconfig::NodeSettings) -> Result<()> {
+fn read_password_files(settings: &mut flock_k8s_api::NodeSettings) -> Result<()> {
     if let Some((index, reference)) = settings.password_secrets.first() {
-        return Err(Error::InvalidNodeConfig {
+        return Err(Error::from(flock_k8s_api::Error::InvalidNodeConfig {
             field: format!("spec.bgp.neighbors[{index}].passwordSecretRef"),
             value: reference.to_string(),
             reason: "Secrets are read in Kubernetes mode only; use passwordFile in standalone mode"
                 .into(),
-        });
+        }));
     }
     let files = settings.password_files.clone();
     let Some(model) = settings.bgp.as_mut() else {
@@ -147,19 +158,23 @@ fn read_password_files(settings: &mut crate::nodeconfig::NodeSettings) -> Result
     };
     for (index, path) in files {
         let field = format!("spec.bgp.neighbors[{index}].passwordFile");
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::InvalidNodeConfig {
-            field: field.clone(),
-            value: path.display().to_string(),
-            reason: format!("cannot read the password file: {e}"),
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            Error::from(flock_k8s_api::Error::InvalidNodeConfig {
+                field: field.clone(),
+                value: path.display().to_string(),
+                reason: format!("cannot read the password file: {e}"),
+            })
         })?;
         if let Some(n) = model.neighbors.get_mut(index) {
             n.password = Some(text.trim_end_matches(['\n', '\r']).to_owned());
         }
     }
-    model.validate().map_err(|e| Error::InvalidNodeConfig {
-        field: "spec.bgp".into(),
-        value: String::new(),
-        reason: e.to_string(),
+    model.validate().map_err(|e| {
+        Error::from(flock_k8s_api::Error::InvalidNodeConfig {
+            field: "spec.bgp".into(),
+            value: String::new(),
+            reason: e.to_string(),
+        })
     })?;
     Ok(())
 }
@@ -255,7 +270,7 @@ async fn shutdown_signal() {
 mod tests {
     use super::*;
 
-    fn settings(neighbor: &str) -> crate::nodeconfig::NodeSettings {
+    fn settings(neighbor: &str) -> flock_k8s_api::NodeSettings {
         let yaml = format!(
             "apiVersion: flock.fritzlab.net/v1alpha1
 kind: NodeConfig

@@ -11,13 +11,12 @@ use std::path::PathBuf;
 pub mod agent;
 pub mod bird;
 pub mod controller;
+pub mod crd;
 pub mod daemon;
 pub mod install;
 pub mod k8s;
 pub mod kernel;
 pub mod metrics;
-pub mod nodeconfig;
-pub mod nodepool;
 pub mod pods;
 pub mod policy;
 pub mod server;
@@ -45,26 +44,9 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// A NodeConfig field is invalid.
-    #[error("invalid NodeConfig: {field} = {value:?}: {reason}")]
-    InvalidNodeConfig {
-        /// The field path, e.g. `spec.cidr6`.
-        field: String,
-        /// The bad value.
-        value: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// A NodePool field is invalid.
-    #[error("invalid NodePool: {field} = {value:?}: {reason}")]
-    InvalidNodePool {
-        /// The field path, e.g. `spec.nodePrefix6`.
-        field: String,
-        /// The bad value.
-        value: String,
-        /// What is wrong.
-        reason: String,
-    },
+    /// A NodeConfig or NodePool is invalid (the field, the value and why).
+    #[error(transparent)]
+    Api(#[from] flock_k8s_api::Error),
     /// A file the agent writes (other than the store's) could not be written.
     #[error("write {what} {path}: {op}")]
     WriteFile {

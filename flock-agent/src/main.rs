@@ -220,8 +220,8 @@ fn main() -> Result<()> {
         Command::Controller(args) => controller(args),
         Command::Crd { resource } => {
             match resource.as_str() {
-                "nodepools" => print!("{}", flock_agent::nodepool::crd_yaml()),
-                _ => print!("{}", flock_agent::nodeconfig::crd_yaml()),
+                "nodepools" => print!("{}", flock_agent::crd::node_pool_yaml()),
+                _ => print!("{}", flock_agent::crd::node_config_yaml()),
             }
             Ok(())
         }

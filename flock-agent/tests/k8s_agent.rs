@@ -16,11 +16,11 @@ use flock_agent::k8s::leaks::{LeakTracker, reconcile_once};
 use flock_agent::k8s::nodeconfig::follow_node_config;
 use flock_agent::k8s::pods::PodWatcher;
 use flock_agent::kernel::NetnsKernel;
-use flock_agent::nodeconfig::NodeConfig;
 use flock_agent::pods::PodDirectory;
 use flock_agent::store::AttachmentKey;
 use flock_cni_proto::ErrorCode;
 use flock_cni_proto::rpc::{Op, PROTOCOL_VERSION, Request};
+use flock_k8s_api::NodeConfig;
 use flock_netns::NodeNs;
 use flock_testkit::Netns;
 use k8s_support::*;
@@ -347,7 +347,7 @@ async fn a_pod_deleted_past_the_grace_period_is_released_one_within_it_is_not() 
     assert!(addrs.contains(&v6), "the live pod keeps {v6}: {addrs}");
 }
 
-fn settings_of(cidr6: &str, neighbors: Value) -> flock_agent::nodeconfig::NodeSettings {
+fn settings_of(cidr6: &str, neighbors: Value) -> flock_k8s_api::NodeSettings {
     serde_json::from_value::<NodeConfig>(node_config(cidr6, neighbors))
         .expect("fixture")
         .settings()

@@ -21,7 +21,7 @@ use deploy_support::{documents, read, typed};
 
 #[test]
 fn committed_crd_is_what_flock_agent_crd_prints() {
-    let printed = flock_agent::nodeconfig::crd_yaml();
+    let printed = flock_agent::crd::node_config_yaml();
     let committed = read("deploy/crds/nodeconfigs.flock.fritzlab.net.yaml");
     assert!(
         printed == committed,
@@ -34,7 +34,7 @@ fn committed_crd_is_what_flock_agent_crd_prints() {
 #[test]
 fn crd_schema_validates_what_it_can() {
     let crd: serde_yaml::Value =
-        serde_yaml::from_str(&flock_agent::nodeconfig::crd_yaml()).expect("the CRD is YAML");
+        serde_yaml::from_str(&flock_agent::crd::node_config_yaml()).expect("the CRD is YAML");
     let version = &crd["spec"]["versions"][0];
     assert_eq!(crd["spec"]["scope"], "Cluster");
     assert_eq!(crd["spec"]["names"]["shortNames"][0], "nc");
@@ -95,7 +95,7 @@ fn crd_schema_validates_what_it_can() {
 
 #[test]
 fn example_nodeconfig_is_valid() {
-    let nc: flock_agent::nodeconfig::NodeConfig =
+    let nc: flock_k8s_api::NodeConfig =
         serde_yaml::from_str(&read("deploy/nodeconfig-example.yaml")).expect("parses");
     let settings = nc.settings().expect("validates");
     assert!(settings.cidr6.is_some() && settings.bgp.is_some());

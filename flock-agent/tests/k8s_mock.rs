@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use flock_agent::k8s::pods::{PodWatcher, Presence};
 use flock_agent::k8s::status::{StatusInputs, build_status, write_status};
-use flock_agent::nodeconfig::NodeConfig;
 use flock_agent::pods::{PodDirectory, PodInfo};
 use flock_agent::policy::{Applied, PolicyStatus};
 use flock_agent::store::{AllocationRecord, PodRef, RecordState, STORE_FORMAT};
 use flock_cni_proto::ErrorCode;
+use flock_k8s_api::NodeConfig;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use k8s_support::*;
@@ -284,7 +284,7 @@ async fn the_status_patch_carries_a_network_policy_condition_that_names_a_failed
         ..StatusInputs::default()
     };
     let now = Timestamp::from_second(1_800_000_060).expect("time");
-    let condition = |status: &flock_agent::nodeconfig::NodeConfigStatus| {
+    let condition = |status: &flock_k8s_api::NodeConfigStatus| {
         status
             .conditions
             .iter()

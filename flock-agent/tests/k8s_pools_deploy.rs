@@ -12,7 +12,7 @@ use deploy_support::{documents, read, typed};
 
 #[test]
 fn committed_nodepool_crd_is_what_flock_agent_crd_nodepools_prints() {
-    let printed = flock_agent::nodepool::crd_yaml();
+    let printed = flock_agent::crd::node_pool_yaml();
     let committed = read("deploy/crds/nodepools.flock.fritzlab.net.yaml");
     assert!(
         printed == committed,
@@ -25,7 +25,7 @@ fn committed_nodepool_crd_is_what_flock_agent_crd_nodepools_prints() {
 #[test]
 fn nodepool_crd_schema_validates_what_it_can() {
     let crd: serde_yaml::Value =
-        serde_yaml::from_str(&flock_agent::nodepool::crd_yaml()).expect("the CRD is YAML");
+        serde_yaml::from_str(&flock_agent::crd::node_pool_yaml()).expect("the CRD is YAML");
     assert_eq!(crd["spec"]["group"], "flock.fritzlab.net");
     assert_eq!(crd["spec"]["scope"], "Cluster");
     assert_eq!(crd["spec"]["names"]["shortNames"][0], "np");
@@ -68,7 +68,7 @@ fn nodepool_crd_schema_validates_what_it_can() {
 
 #[test]
 fn example_nodepool_is_valid() {
-    let pool: flock_agent::nodepool::NodePool =
+    let pool: flock_k8s_api::NodePool =
         serde_yaml::from_str(&read("deploy/nodepool-example.yaml")).expect("parses");
     let p = pool.cluster_pool().expect("validates");
     assert_eq!(p.node_prefix6, 64);

@@ -16,9 +16,9 @@ use crate::trace::Phases;
 use super::{
     Agent, HandlerError, Outcome, attachment_key, cni_result, error, parse_conf, pod_spec,
 };
-use crate::nodeconfig::NodeSettings;
 use crate::pods::PodInfo;
 use crate::store::{AllocationRecord, AttachmentKey, PodRef, RecordState, STORE_FORMAT};
+use flock_k8s_api::NodeSettings;
 
 /// How many host veth names an attachment may try before ADD gives up (each a different
 /// FNV-1a 32 hash: a collision with a live attachment is about one in 4·10⁹ per pair).

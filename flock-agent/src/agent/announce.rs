@@ -4,8 +4,8 @@
 
 use flock_bird::BirdModel;
 
-use crate::nodeconfig::NodeSettings;
 use crate::store::AllocationRecord;
+use flock_k8s_api::NodeSettings;
 
 /// The BIRD model of this node, `None` without BGP settings.
 pub fn bird_model<'a>(

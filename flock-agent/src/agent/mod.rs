@@ -26,11 +26,11 @@ use tracing::{info, warn};
 use crate::bird::BirdHandle;
 use crate::kernel::Kernel;
 use crate::metrics::{Health, Metrics};
-use crate::nodeconfig::NodeSettings;
 use crate::pods::PodDirectory;
 use crate::policy::PolicyEnforcer;
 use crate::store::{AllocationRecord, AttachmentKey, Store};
 use crate::trace::{Phases, RequestTag, Tracer};
+use flock_k8s_api::NodeSettings;
 
 pub mod add;
 pub mod announce;
@@ -153,10 +153,12 @@ impl Agent {
             parts.settings.as_ref().and_then(|s| s.cidr6),
             parts.settings.as_ref().and_then(|s| s.cidr4),
         )
-        .map_err(|e| crate::Error::InvalidNodeConfig {
-            field: "spec".into(),
-            value: String::new(),
-            reason: e.to_string(),
+        .map_err(|e| {
+            crate::Error::from(flock_k8s_api::Error::InvalidNodeConfig {
+                field: "spec".into(),
+                value: String::new(),
+                reason: e.to_string(),
+            })
         })?;
         let agent = Arc::new(Agent {
             boot_id,

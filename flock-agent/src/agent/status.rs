@@ -8,7 +8,7 @@
 use flock_cni_proto::rpc::Request;
 
 use super::{Agent, HandlerError, Outcome, error, parse_conf};
-use crate::nodeconfig::NodeSettings;
+use flock_k8s_api::NodeSettings;
 
 /// What STATUS looks at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

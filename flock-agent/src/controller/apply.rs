@@ -11,9 +11,9 @@ use tracing::{info, warn};
 
 use super::FIELD_MANAGER;
 use super::decide::Reconcile;
-use crate::nodeconfig::NodeConfig;
-use crate::nodepool::NodePool;
 use crate::{Error, Result};
+use flock_k8s_api::NodeConfig;
+use flock_k8s_api::NodePool;
 
 /// The controller's writes the NodeConfig cache may not show yet.
 #[derive(Debug, Clone, Default)]

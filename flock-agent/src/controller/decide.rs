@@ -12,8 +12,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::status::pool_status;
 use super::{GONE_SINCE_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL};
-use crate::nodeconfig::{IP_ALGO_ANNOTATION, NodeConfig};
-use crate::nodepool::{NodePool, NodePoolStatus, router_id};
+use flock_k8s_api::{IP_ALGO_ANNOTATION, NodeConfig};
+use flock_k8s_api::{NodePool, NodePoolStatus, router_id};
 
 /// A Node as the controller sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -34,17 +34,9 @@ pub use apply::Overlay;
 pub use decide::{
     NodeFacts, Observed, PoolEvent, Reconcile, Release, decide, owned_pool, pod_checks_due,
 };
+pub use flock_k8s_api::{GONE_SINCE_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL};
 pub use run::{ControllerOptions, run};
 
-/// The label that marks a NodeConfig as written by the controller (with [`MANAGED_BY`]).
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// The value of [`MANAGED_BY_LABEL`] on the controller's NodeConfigs.
-pub const MANAGED_BY: &str = "flock-controller";
-/// The label naming the NodePool a controller-written NodeConfig's prefixes came from.
-pub const POOL_LABEL: &str = "flock.fritzlab.net/pool";
-/// The controller's mark on one of its NodeConfigs whose Node is gone: when it first saw it
-/// gone (RFC 3339). The release grace counts from it; removed when the Node is back.
-pub const GONE_SINCE_ANNOTATION: &str = "flock.fritzlab.net/node-gone-since";
 /// How long a gone node's prefixes stay its own while its NodeConfig still reports
 /// allocations (`--release-grace`).
 pub const DEFAULT_RELEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(600);

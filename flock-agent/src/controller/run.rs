@@ -23,9 +23,9 @@ use tracing::{error, info, warn};
 use super::apply::{Overlay, apply};
 use super::decide::{NodeFacts, Observed, decide, pod_checks_due};
 use super::lease::{Leadership, LeaseElector, RETRY_PERIOD};
-use crate::nodeconfig::NodeConfig;
-use crate::nodepool::NodePool;
 use crate::{Error, Result};
+use flock_k8s_api::NodeConfig;
+use flock_k8s_api::NodePool;
 
 /// What `flock-agent controller` needs.
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::decide::PoolEvent;
-use crate::nodepool::{NodePool, NodePoolStatus};
+use flock_k8s_api::{NodePool, NodePoolStatus};
 
 /// A condition message is cut after this many bytes (a pool with thousands of waiting nodes).
 const MAX_MESSAGE: usize = 2048;

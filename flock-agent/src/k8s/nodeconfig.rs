@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use crate::agent::Agent;
 use crate::k8s::secrets::{SecretReader, fill_passwords};
-use crate::nodeconfig::NodeConfig;
+use flock_k8s_api::NodeConfig;
 
 /// How often the NodeConfig is applied again without an event, so that a rotated password
 /// Secret reaches BIRD (the agent reads the named Secret, it does not watch Secrets).

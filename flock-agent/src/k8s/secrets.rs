@@ -7,7 +7,7 @@
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 
-use crate::nodeconfig::{NodeSettings, SecretKeyRef};
+use flock_k8s_api::{NodeSettings, SecretKeyRef};
 
 /// Reads one key of one Secret.
 #[derive(Clone)]

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use tokio::process::Command;
 
 use crate::bird::BirdTarget;
-use crate::nodeconfig::{NeighborStatus, NodeConfigStatus};
+use flock_k8s_api::{NeighborStatus, NodeConfigStatus};
 
 /// Protocol name → state, from `birdc show protocols` (parsed by `flock-bird`): a BGP
 /// session's state (`Established`, `Active`, `Idle`, …) followed by the rest of BIRD's Info

@@ -15,10 +15,10 @@ use tracing::{debug, warn};
 use crate::agent::Agent;
 use crate::bird::BirdTarget;
 use crate::metrics::Health;
-use crate::nodeconfig::{NeighborStatus, NodeConfig, NodeConfigStatus, NodeSettings};
 use crate::policy::PolicyStatus;
 use crate::store::AllocationRecord;
 use crate::{Error, Result};
+use flock_k8s_api::{NeighborStatus, NodeConfig, NodeConfigStatus, NodeSettings};
 
 use super::sessions::established_message;
 pub use super::sessions::{protocol_states, sessions_down, show_protocols};

@@ -2,8 +2,8 @@
 //! hand-written NodeConfigs and every problem condition.
 
 use super::*;
-use crate::nodeconfig::NodeConfigStatus;
-use crate::nodepool::NodePoolSpec;
+use flock_k8s_api::NodeConfigStatus;
+use flock_k8s_api::NodePoolSpec;
 
 fn pool(name: &str, cidr6: &str, rack: &str, asn: u32) -> NodePool {
     let yaml = format!(

@@ -1,4 +1,7 @@
+use std::collections::BTreeMap;
+
 use super::*;
+use crate::IP_ALGO_ANNOTATION;
 
 pub(crate) fn pool_yaml(name: &str, extra: &str) -> NodePool {
     let yaml = format!(
@@ -73,7 +76,7 @@ fn a_rack_pool_becomes_a_cluster_pool_and_node_configs() {
     );
     // What the node gets is a valid NodeConfig.
     let nc = NodeConfig {
-        metadata: kube::api::ObjectMeta {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
             name: Some("host1".into()),
             annotations: pool.node_annotations(),
             ..Default::default()

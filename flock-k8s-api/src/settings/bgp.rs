@@ -3,7 +3,10 @@
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::{BgpSpec, NeighborSpec, invalid};
+use super::invalid;
+use crate::nodeconfig::{
+    BgpSpec, DEFAULT_BFD_INTERVAL_MS, DEFAULT_BFD_MULTIPLIER, DEFAULT_RESTART_TIME, NeighborSpec,
+};
 use crate::{Error, Result};
 
 /// The node's BGP setup as a `flock-bird` model, validated now so a bad NodeConfig is
@@ -61,13 +64,6 @@ pub(super) fn bird_model(
     checked.validate().map_err(bird_error)?;
     Ok(model)
 }
-
-/// Graceful restart's restart time when a neighbor does not set one.
-pub const DEFAULT_RESTART_TIME: u16 = 120;
-/// BFD's interval when a neighbor does not set one (100 ms x 3: down in 300 ms).
-pub const DEFAULT_BFD_INTERVAL_MS: u32 = 100;
-/// BFD's multiplier when a neighbor does not set one.
-pub const DEFAULT_BFD_MULTIPLIER: u8 = 3;
 
 fn bird_neighbor(
     i: usize,
@@ -166,7 +162,7 @@ mod tests {
     use crate::Error;
     use crate::nodeconfig::NodeConfig;
 
-    fn node(neighbors: &str) -> Result<crate::nodeconfig::NodeSettings, Error> {
+    fn node(neighbors: &str) -> Result<crate::NodeSettings, Error> {
         let yaml = format!(
             "apiVersion: flock.fritzlab.net/v1alpha1
 kind: NodeConfig

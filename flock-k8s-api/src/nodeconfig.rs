@@ -1,23 +1,10 @@
 //! The `NodeConfig` resource (`flock.fritzlab.net/v1alpha1`, cluster-scoped, named after the
-//! node) and its validation into the typed [`NodeSettings`] the agent works with.
-//!
-//! The same schema is read from a YAML file in standalone mode (DESIGN §8).
+//! node): what a node serves. The same schema is read from a YAML file in standalone mode.
 
-use std::collections::BTreeMap;
-use std::path::Path;
-
-use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-
-use crate::{Error, Result};
-
-mod bgp;
-
-use bgp::bird_model;
-pub use bgp::{DEFAULT_BFD_INTERVAL_MS, DEFAULT_BFD_MULTIPLIER, DEFAULT_RESTART_TIME};
 
 /// The annotation on a NodeConfig (or a pod) that names the ip-algo spec.
 pub const IP_ALGO_ANNOTATION: &str = "flock.fritzlab.net/ip-algo";
@@ -86,51 +73,6 @@ pub struct ServicesSpec {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub cluster_ip_cidrs: Vec<String>,
-}
-
-impl ServicesSpec {
-    /// The ranges as `flock-ipam` reads them; every error names the field (under `at`,
-    /// e.g. `spec.services`) and the value.
-    pub fn ranges(&self, at: &str) -> Result<flock_ipam::ServiceRanges> {
-        let parse = |field: &str, list: &[String]| {
-            list.iter()
-                .enumerate()
-                .map(|(i, text)| {
-                    let field = format!("{at}.{field}[{i}]");
-                    let net: ipnet::IpNet = text.trim().parse().map_err(|_| {
-                        invalid(
-                            &field,
-                            text,
-                            "not a CIDR such as 2001:db8:5::/112 or 203.0.113.0/28",
-                        )
-                    })?;
-                    if net.trunc() != net {
-                        return Err(invalid(
-                            &field,
-                            text,
-                            &format!("host bits set; did you mean {}?", net.trunc()),
-                        ));
-                    }
-                    if net.prefix_len() == 0 {
-                        return Err(invalid(
-                            &field,
-                            text,
-                            "a default route is not a Service range",
-                        ));
-                    }
-                    if let Some(reason) = flock_ipam::unroutable(net.network()) {
-                        return Err(invalid(&field, text, &format!("{reason} is never routed")));
-                    }
-                    Ok(net)
-                })
-                .collect::<Result<Vec<_>>>()
-        };
-        Ok(flock_ipam::ServiceRanges {
-            load_balancer: parse("loadBalancerCIDRs", &self.load_balancer_cidrs)?,
-            external_ips: parse("externalIPCIDRs", &self.external_ip_cidrs)?,
-            cluster_ips: parse("clusterIPCIDRs", &self.cluster_ip_cidrs)?,
-        })
-    }
 }
 
 /// Family defaults for pods (`spec.defaults`).
@@ -307,156 +249,9 @@ pub struct NeighborStatus {
     pub info: Option<String>,
 }
 
-/// A validated NodeConfig: what the agent serves.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NodeSettings {
-    /// The node's name.
-    pub node: String,
-    /// IPv6 pod CIDR.
-    pub cidr6: Option<Ipv6Net>,
-    /// IPv4 pod CIDR.
-    pub cidr4: Option<Ipv4Net>,
-    /// Pods get IPv6 unless annotated otherwise.
-    pub default_ipv6: bool,
-    /// Pods get IPv4 unless annotated otherwise.
-    pub default_ipv4: bool,
-    /// The node's ip-algo annotation, if any.
-    pub ip_algo: Option<flock_embed::IpAlgo>,
-    /// BGP, validated by `flock-bird` (router ID, ASN, neighbors, communities, the node
-    /// CIDRs); the agent adds the pods' individually announced addresses when rendering.
-    /// Passwords from files are already in it (standalone); those from Secrets are filled in
-    /// by the Kubernetes watcher from [`password_secrets`](Self::password_secrets).
-    pub bgp: Option<flock_bird::BirdModel>,
-    /// The Service ranges the node may announce (`spec.services`; empty when absent).
-    pub services: flock_ipam::ServiceRanges,
-    /// The neighbors (index in `bgp.neighbors`) whose password is in a Secret.
-    pub password_secrets: Vec<(usize, SecretKeyRef)>,
-    /// The neighbors (index in `bgp.neighbors`) whose password is in a file (standalone).
-    pub password_files: Vec<(usize, std::path::PathBuf)>,
-}
-
-impl NodeConfig {
-    /// Reads a NodeConfig from a YAML file (standalone mode).
-    pub fn from_yaml_file(path: &Path) -> Result<NodeConfig> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::ReadFile {
-            path: path.to_owned(),
-            source,
-        })?;
-        serde_yaml::from_str(&text).map_err(|e| Error::NodeConfigFile {
-            path: path.to_owned(),
-            reason: e.to_string(),
-        })
-    }
-
-    /// Validates the resource into [`NodeSettings`]; every error names the field and the value.
-    pub fn settings(&self) -> Result<NodeSettings> {
-        let node = self.metadata.name.clone().unwrap_or_default();
-        if node.is_empty() {
-            return Err(invalid("metadata.name", "", "the node's name is required"));
-        }
-        let spec = &self.spec;
-        // The node-CIDR rules (syntax, host bits, sizes) are flock-ipam's.
-        let cidrs = flock_ipam::NodeCidrs::parse(spec.cidr6.as_deref(), spec.cidr4.as_deref())
-            .map_err(|e| match e {
-                flock_ipam::Error::NodeCidr {
-                    family,
-                    value,
-                    problem,
-                } => invalid(family.node_cidr_field(), &value, &problem.to_string()),
-                other => invalid("spec", "", &other.to_string()),
-            })?;
-        let (cidr6, cidr4) = (cidrs.cidr6(), cidrs.cidr4());
-        let defaults = spec.defaults.clone().unwrap_or_default();
-        let default_ipv6 = defaults.ipv6.unwrap_or(true);
-        let default_ipv4 = defaults.ipv4.unwrap_or(cidr4.is_some());
-        if default_ipv6
-            && cidr6.is_none()
-            && spec.defaults.as_ref().and_then(|d| d.ipv6) == Some(true)
-        {
-            return Err(invalid(
-                "spec.defaults.ipv6",
-                "true",
-                "the node has no spec.cidr6",
-            ));
-        }
-        if default_ipv4 && cidr4.is_none() {
-            return Err(invalid(
-                "spec.defaults.ipv4",
-                "true",
-                "the node has no spec.cidr4",
-            ));
-        }
-        let bgp = spec
-            .bgp
-            .as_ref()
-            .map(|b| bird_model(b, cidr6, cidr4))
-            .transpose()?;
-        let mut password_secrets = Vec::new();
-        let mut password_files = Vec::new();
-        for (i, n) in spec.bgp.iter().flat_map(|b| b.neighbors.iter()).enumerate() {
-            if let Some(r) = &n.password_secret_ref {
-                password_secrets.push((i, r.clone()));
-            }
-            if let Some(f) = &n.password_file {
-                password_files.push((i, std::path::PathBuf::from(f)));
-            }
-        }
-        let ip_algo = self
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a: &BTreeMap<String, String>| a.get(IP_ALGO_ANNOTATION))
-            .map(|spec| {
-                let algo = flock_embed::IpAlgo::parse(spec).map_err(|e| {
-                    invalid(
-                        &format!("metadata.annotations[{IP_ALGO_ANNOTATION}]"),
-                        spec,
-                        &e.to_string(),
-                    )
-                })?;
-                if let Some(c) = cidr6 {
-                    algo.validate_for(128 - c.prefix_len()).map_err(|e| {
-                        invalid(
-                            &format!("metadata.annotations[{IP_ALGO_ANNOTATION}]"),
-                            spec,
-                            &e.to_string(),
-                        )
-                    })?;
-                }
-                Ok::<_, Error>(algo)
-            })
-            .transpose()?;
-        let services = spec
-            .services
-            .as_ref()
-            .map(|s| s.ranges("spec.services"))
-            .transpose()?
-            .unwrap_or_default();
-        Ok(NodeSettings {
-            services,
-            node,
-            cidr6,
-            cidr4,
-            default_ipv6: default_ipv6 && cidr6.is_some(),
-            default_ipv4,
-            ip_algo,
-            bgp,
-            password_secrets,
-            password_files,
-        })
-    }
-}
-
-fn invalid(field: &str, value: &str, reason: &str) -> Error {
-    Error::InvalidNodeConfig {
-        field: field.to_owned(),
-        value: value.to_owned(),
-        reason: reason.to_owned(),
-    }
-}
-
-/// The NodeConfig CustomResourceDefinition as YAML (`flock-agent crd`).
-pub fn crd_yaml() -> String {
-    use kube::CustomResourceExt;
-    serde_yaml::to_string(&NodeConfig::crd()).expect("the CRD serializes to YAML")
-}
+/// Graceful restart's restart time when a neighbor does not set one.
+pub const DEFAULT_RESTART_TIME: u16 = 120;
+/// BFD's interval when a neighbor does not set one (100 ms x 3: down in 300 ms).
+pub const DEFAULT_BFD_INTERVAL_MS: u32 = 100;
+/// BFD's multiplier when a neighbor does not set one.
+pub const DEFAULT_BFD_MULTIPLIER: u8 = 3;
