@@ -1,7 +1,6 @@
 //! The flock node agent: RPC server, crash-safe allocation store, CNI handlers,
 //! Kubernetes watchers, NetworkPolicy enforcement with nftables, BIRD writer, metrics and
-//! health; and the cluster controller that writes NodeConfigs from NodePools
-//! (`flock-agent controller`).
+//! health. (The cluster-pool controller is the crate `flock-controller`.)
 //!
 //! Does I/O; business rules live in the pure crates it composes (`flock-ipam`,
 //! `flock-embed`, `flock-bird`, `flock-policy`, `flock-cni-proto`) and kernel work in `flock-netns`.
@@ -10,7 +9,6 @@ use std::path::PathBuf;
 
 pub mod agent;
 pub mod bird;
-pub mod controller;
 pub mod crd;
 pub mod daemon;
 pub mod install;

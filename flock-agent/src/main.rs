@@ -25,8 +25,13 @@ enum Command {
     Run(RunArgs),
     /// Install the shim and the conflist on this node (the DaemonSet's init container).
     InstallCni(InstallArgs),
-    /// Run the cluster-pool controller: one NodeConfig per Node a NodePool selects.
-    Controller(ControllerArgs),
+    /// Deprecated: runs `flock-controller` (beside this program) with the same arguments.
+    #[command(disable_help_flag = true)]
+    Controller {
+        /// `flock-controller`'s arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Print a CustomResourceDefinition as YAML (NodeConfig unless told otherwise).
     Crd {
         /// Which resource: nodeconfigs or nodepools.
@@ -50,30 +55,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-}
-
-#[derive(Args, Debug)]
-struct ControllerArgs {
-    /// A kubeconfig file (default: in-cluster service account, or $KUBECONFIG).
-    #[arg(long, env = "FLOCK_KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
-    /// The namespace of the leader-election Lease (the Deployment's own).
-    #[arg(long, env = "FLOCK_LEASE_NAMESPACE", default_value = "kube-system")]
-    lease_namespace: String,
-    /// The leader-election Lease's name.
-    #[arg(long, env = "FLOCK_LEASE_NAME", default_value = "flock-controller")]
-    lease_name: String,
-    /// This instance's identity in the Lease (the Deployment sets it from the pod's name).
-    #[arg(long, env = "FLOCK_POD_NAME")]
-    identity: String,
-    /// How often to reconcile without a change (`30s`, `5m`).
-    #[arg(long, env = "FLOCK_RESYNC", default_value = "30s", value_parser = parse_duration)]
-    resync: Duration,
-    /// How long a deleted Node's prefixes stay its own while its NodeConfig still reports
-    /// allocations; after it, they return to the pool once no pod is bound to the node
-    /// (`90s`, `10m`, `1h`).
-    #[arg(long, env = "FLOCK_RELEASE_GRACE", default_value = "10m", value_parser = parse_duration)]
-    release_grace: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -217,7 +198,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Run(args) => run(args),
         Command::InstallCni(args) => install_cni(args),
-        Command::Controller(args) => controller(args),
+        Command::Controller { args } => controller(args),
         Command::Crd { resource } => {
             match resource.as_str() {
                 "nodepools" => print!("{}", flock_agent::crd::node_pool_yaml()),
@@ -243,22 +224,20 @@ fn init_logs() {
         .init();
 }
 
-fn controller(args: ControllerArgs) -> Result<()> {
-    init_logs();
-    let options = flock_agent::controller::ControllerOptions {
-        kubeconfig: args.kubeconfig,
-        lease_namespace: args.lease_namespace,
-        lease_name: args.lease_name,
-        identity: args.identity,
-        resync: args.resync,
-        release_grace: args.release_grace,
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("start the async runtime")?;
-    runtime.block_on(flock_agent::controller::run(options))?;
-    Ok(())
+/// `flock-agent controller ARGS…`: the pool controller is its own program now,
+/// `flock-controller` (deploy/controller.yaml runs it); this runs it from beside this binary,
+/// with the same arguments, for the Deployments of the release before. To be removed in the
+/// next release.
+fn controller(args: Vec<std::ffi::OsString>) -> Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    let own = std::env::current_exe().context("find this program")?;
+    let program = own.with_file_name("flock-controller");
+    eprintln!(
+        "flock-agent controller is deprecated: running {} (deploy/controller.yaml runs it directly)",
+        program.display()
+    );
+    let error = std::process::Command::new(&program).args(args).exec();
+    Err(error).with_context(|| format!("run {}", program.display()))
 }
 
 fn run(args: RunArgs) -> Result<()> {

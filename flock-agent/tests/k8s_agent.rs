@@ -4,8 +4,6 @@
 //! change keeps the old pods announced until they go.
 #![cfg(feature = "root-tests")]
 
-mod k8s_support;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,7 +21,7 @@ use flock_cni_proto::rpc::{Op, PROTOCOL_VERSION, Request};
 use flock_k8s_api::NodeConfig;
 use flock_netns::NodeNs;
 use flock_testkit::Netns;
-use k8s_support::*;
+use flock_testkit::kube_mock::*;
 use serde_json::{Value, json};
 
 const NODE: &str = "node-a";

@@ -2,8 +2,6 @@
 //! `kube::Client`): the pod watcher's requests and lookups, the status PATCH, and the
 //! workload-name rule on real owner-reference shapes. No kernel, no root.
 
-mod k8s_support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,9 +13,9 @@ use flock_agent::policy::{Applied, PolicyStatus};
 use flock_agent::store::{AllocationRecord, PodRef, RecordState, STORE_FORMAT};
 use flock_cni_proto::ErrorCode;
 use flock_k8s_api::NodeConfig;
+use flock_testkit::kube_mock::*;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use k8s_support::*;
 use serde_json::{Value, json};
 
 const NODE: &str = "node-a";

@@ -220,7 +220,11 @@ fn controller_deployment_uses_the_daemonset_image_its_account_and_its_lease() {
     assert_eq!(pod.containers.len(), 1);
     let c = &pod.containers[0];
     assert_eq!(c.image, ds_image, "the same image as the DaemonSet");
-    assert_eq!(c.args.as_deref(), Some(&["controller".to_owned()][..]));
+    assert_eq!(
+        c.command.as_deref(),
+        Some(&["/usr/local/bin/flock-controller".to_owned()][..])
+    );
+    assert!(c.args.is_none());
     assert_eq!(
         pod.service_account_name.as_deref(),
         Some("flock-controller")

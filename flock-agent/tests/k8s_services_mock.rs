@@ -2,15 +2,13 @@
 //! EndpointSlice watches fill the state, and this node's routes follow its ready endpoints
 //! (Local policy). No kernel, no root.
 
-mod k8s_support;
-
 use std::time::Duration;
 
 use flock_agent::k8s::services::spawn_watches;
 use flock_agent::services::ServiceState;
 use flock_ipam::ServiceRanges;
+use flock_testkit::kube_mock::*;
 use ipnet::IpNet;
-use k8s_support::*;
 use serde_json::{Value, json};
 
 fn lb_service(policy: &str) -> Value {

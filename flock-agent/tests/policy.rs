@@ -391,15 +391,13 @@ async fn a_restarted_agent_keeps_its_pods_in_the_model_with_labels_from_the_clus
     );
 }
 
-mod k8s_support;
-
 /// The three cluster-wide watches against a mocked API server: each kind is listed and
 /// watched cluster-wide (pods without the finished ones), in pages; their objects reach the
 /// model, and a watch event changes it.
 #[tokio::test]
 async fn the_cluster_watches_list_and_watch_every_kind_and_feed_the_model() {
     use flock_agent::k8s::cluster::{LIVE_PODS, PAGE_SIZE, spawn_watches};
-    use k8s_support::*;
+    use flock_testkit::kube_mock::*;
 
     let (client, mut api) = mock_client();
     let enforcer = PolicyEnforcer::spawn(

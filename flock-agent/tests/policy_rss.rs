@@ -10,8 +10,6 @@
 //! The agent runs with `MALLOC_ARENA_MAX=1` (`deploy/daemonset.yaml`); glibc reads it at the
 //! first allocation, so the test re-runs itself with it set when it is not.
 
-mod k8s_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +18,7 @@ use flock_agent::metrics::{Health, Metrics};
 use flock_agent::policy::PolicyEnforcer;
 use flock_agent::policy::nft::MemoryNft;
 use flock_agent::policy::view::LocalPod;
-use k8s_support::*;
+use flock_testkit::kube_mock::*;
 use serde_json::{Value, json};
 
 const PODS: usize = 10_000;

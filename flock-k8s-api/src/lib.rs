@@ -9,9 +9,14 @@
 //! adds their validation into what flock's agent and controller work with (`flock-ipam`,
 //! `flock-bird`, `flock-embed`), every error naming the field and the value.
 //!
+//! The feature `client` adds [`client::client`], a kube client configured as flock's programs
+//! need it.
+//!
 //! The CustomResourceDefinitions are `NodeConfig::crd()` and `NodePool::crd()`
 //! ([`kube::CustomResourceExt`]); `deploy/crds/` holds them as YAML.
 
+#[cfg(feature = "client")]
+pub mod client;
 pub mod nodeconfig;
 pub mod nodepool;
 #[cfg(feature = "settings")]

@@ -1,5 +1,5 @@
-//! flock's own binaries as a node runs them: the agent and the shim, built by cargo, the shim
-//! linked statically against musl.
+//! flock's own binaries as a cluster runs them: the agent, the pool controller and the shim,
+//! built by cargo, the shim linked statically against musl.
 
 use std::path::{Path, PathBuf};
 
@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 
 use crate::sys;
 
-/// The packages of a flock node: the agent and the shim.
-pub const FLOCK: &[&str] = &["flock-agent", "flock-plugin"];
+/// The packages of flock's image: the agent, the pool controller and the shim.
+pub const FLOCK: &[&str] = &["flock-agent", "flock-controller", "flock-plugin"];
 
 /// Builds `packages` (`--release`, or the dev profile) and returns their directory
 /// (`target/release` or `target/debug`).

@@ -13,6 +13,8 @@
 //!   DEL, STATUS/GC), optionally inside a stand-in node namespace.
 
 pub mod cni;
+#[cfg(feature = "kube")]
+pub mod kube_mock;
 pub mod modules;
 pub mod node;
 

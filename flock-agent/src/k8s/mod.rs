@@ -65,28 +65,12 @@ impl Default for KubeOptions {
 
 /// A client from `kubeconfig`, or from the in-cluster service account / `$KUBECONFIG`.
 pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| Error::Kube {
-                op: format!("read kubeconfig {}", path.display()),
-                source: Box::new(e),
-            })?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| Error::Kube {
-                    op: format!("load kubeconfig {}", path.display()),
-                    source: Box::new(e),
-                })?
-        }
-        None => kube::Config::infer().await.map_err(|e| Error::Kube {
-            op: "infer the client config (in-cluster service account or $KUBECONFIG)".into(),
-            source: Box::new(e),
-        })?,
-    };
-    Client::try_from(config).map_err(|e| Error::Kube {
-        op: "build the client".into(),
-        source: Box::new(e),
-    })
+    flock_k8s_api::client::client(kubeconfig)
+        .await
+        .map_err(|e| Error::Kube {
+            op: e.op,
+            source: e.source,
+        })
 }
 
 /// Runs the leak reconcile every `interval` until the agent stops.

@@ -193,7 +193,7 @@ fn build_flock_image(bins: &Path, repo: &Path) -> Result<PathBuf> {
     ensure_base_image()?;
     let context = dir().join("flock-context");
     std::fs::create_dir_all(&context).with_context(|| format!("create {}", context.display()))?;
-    for bin in ["flock-agent", "flock"] {
+    for bin in ["flock-agent", "flock-controller", "flock"] {
         std::fs::copy(bins.join(bin), context.join(bin))
             .with_context(|| format!("copy {} into the image context", bins.join(bin).display()))?;
     }

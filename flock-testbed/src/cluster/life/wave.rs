@@ -187,7 +187,8 @@ fn leader() -> Result<(String, u32)> {
             continue;
         };
         let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
-        if !cmdline.split(|b| *b == 0).any(|a| a == b"controller") {
+        let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        if !program.ends_with(b"flock-controller") {
             continue;
         }
         let environ = std::fs::read(p.path().join("environ")).unwrap_or_default();

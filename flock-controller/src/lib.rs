@@ -1,4 +1,6 @@
-//! `flock-agent controller`: the cluster-pool controller. One active instance (a
+//! `flock-controller`: flock's cluster-pool controller (a library, and the binary
+//! `deploy/controller.yaml` runs; `flock-agent controller` runs it too, for one release). One
+//! active instance (a
 //! `coordination.k8s.io` Lease, [`lease`]) watches Nodes, NodePools and NodeConfigs, plans
 //! node prefixes with `flock-ipam`'s [`plan_node_prefixes`](flock_ipam::plan_node_prefixes)
 //! and writes one NodeConfig per selected Node.
@@ -25,17 +27,18 @@
 
 pub mod apply;
 pub mod decide;
+pub mod error;
 pub mod lb;
 pub mod lease;
 pub mod run;
 pub mod status;
 
 pub use apply::Overlay;
-pub use decide::{
-    NodeFacts, Observed, PoolEvent, Reconcile, Release, decide, owned_pool, pod_checks_due,
-};
+pub use decide::{NodeFacts, Observed, Reconcile, Release, decide, owned_pool, pod_checks_due};
+pub use error::{Error, Result};
 pub use flock_k8s_api::{GONE_SINCE_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL};
 pub use run::{ControllerOptions, run};
+pub use status::PoolEvent;
 
 /// How long a gone node's prefixes stay its own while its NodeConfig still reports
 /// allocations (`--release-grace`).

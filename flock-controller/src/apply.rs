@@ -9,9 +9,9 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource};
 use tracing::{info, warn};
 
-use super::FIELD_MANAGER;
-use super::decide::Reconcile;
-use crate::{Error, Result};
+use crate::FIELD_MANAGER;
+use crate::decide::Reconcile;
+use crate::error::{Error, Result, kube_err};
 use flock_k8s_api::NodeConfig;
 use flock_k8s_api::NodePool;
 
@@ -60,13 +60,6 @@ impl Overlay {
     }
 }
 
-fn kube_err(op: String) -> impl FnOnce(kube::Error) -> Error {
-    move |e| Error::Kube {
-        op,
-        source: Box::new(e),
-    }
-}
-
 fn conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
@@ -82,8 +75,8 @@ pub async fn apply(
     overlay: &mut Overlay,
     leads: &(dyn Fn() -> bool + Sync),
 ) -> Result<Vec<Error>> {
-    let lost = || Error::KubeMode {
-        reason: "the controller lost its lease; stopping before another write".into(),
+    let lost = || Error::LostLease {
+        then: "stopping before another write",
     };
     let configs: Api<NodeConfig> = Api::all(client.clone());
     let post = PostParams {

@@ -20,14 +20,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
 use tracing::{error, info, warn};
 
-use super::apply::{Overlay, apply};
-use super::decide::{NodeFacts, Observed, decide, pod_checks_due};
-use super::lease::{Leadership, LeaseElector, RETRY_PERIOD};
-use crate::{Error, Result};
+use crate::apply::{Overlay, apply};
+use crate::decide::{NodeFacts, Observed, decide, pod_checks_due};
+use crate::error::{Error, Result};
+use crate::lease::{Leadership, LeaseElector, RETRY_PERIOD};
 use flock_k8s_api::NodeConfig;
 use flock_k8s_api::NodePool;
 
-/// What `flock-agent controller` needs.
+/// What the controller needs.
 #[derive(Debug, Clone)]
 pub struct ControllerOptions {
     /// A kubeconfig file; `None`: in-cluster config or `$KUBECONFIG`.
@@ -41,7 +41,7 @@ pub struct ControllerOptions {
     /// How often to reconcile without a change.
     pub resync: Duration,
     /// How long a gone node's prefixes stay its own while its NodeConfig still reports
-    /// allocations ([`super::DEFAULT_RELEASE_GRACE`]).
+    /// allocations ([`crate::DEFAULT_RELEASE_GRACE`]).
     pub release_grace: Duration,
 }
 
@@ -112,13 +112,9 @@ where
 /// Runs the controller until it loses its lease or the process is stopped.
 pub async fn run(options: ControllerOptions) -> Result<()> {
     if options.identity.is_empty() {
-        return Err(Error::KubeMode {
-            reason: "the controller's identity is required: pass --identity or set \
-                     FLOCK_POD_NAME (the Deployment sets it from metadata.name)"
-                .into(),
-        });
+        return Err(Error::NoIdentity);
     }
-    let client = crate::k8s::client(options.kubeconfig.as_deref()).await?;
+    let client = flock_k8s_api::client::client(options.kubeconfig.as_deref()).await?;
     let start = Instant::now();
     let mut elector = LeaseElector::new(
         client.clone(),
@@ -196,33 +192,30 @@ pub async fn run(options: ControllerOptions) -> Result<()> {
         ),
     ] {
         if !ready {
-            return Err(Error::KubeMode {
-                reason: format!("the watch of {what} stopped before its first listing"),
-            });
+            return Err(Error::WatchStopped { what });
         }
     }
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
-            controller: super::MANAGED_BY.into(),
+            controller: crate::MANAGED_BY.into(),
             instance: Some(options.identity.clone()),
         },
     );
     let mut overlay = Overlay::default();
-    let mut lb_reported = super::lb::ReportedProblems::default();
+    let mut lb_reported = crate::lb::ReportedProblems::default();
     info!("watches synced: reconciling");
     loop {
         if renewer.is_finished() || !leads() {
-            return Err(Error::KubeMode {
-                reason: "the controller lost its lease; exiting so that it restarts as a candidate"
-                    .into(),
+            return Err(Error::LostLease {
+                then: "exiting so that it restarts as a candidate",
             });
         }
         let node_list: Vec<NodeFacts> = nodes.state().iter().map(|n| node_facts(n)).collect();
         let pool_list: Vec<NodePool> = pools.state().iter().map(|p| (**p).clone()).collect();
         let config_list = overlay.merge(configs.state().iter().map(|c| (**c).clone()).collect());
         let service_cidr_list =
-            super::decide::service_cidr_ranges(service_cidrs.state().iter().map(|c| &**c));
+            crate::decide::service_cidr_ranges(service_cidrs.state().iter().map(|c| &**c));
         let now = Timestamp::now();
         let due = pod_checks_due(&config_list, &node_list, options.release_grace, now);
         let podless = podless(&client, due).await;
@@ -247,21 +240,21 @@ pub async fn run(options: ControllerOptions) -> Result<()> {
         )
         .await?;
         for f in failures {
-            warn!(error = %crate::agent::error::cause_chain(&f), "reconcile");
+            warn!(error = %f, "reconcile");
         }
         // LoadBalancer addresses: the Services' statuses are the record (read back after a
         // restart), so only changed ones are written, each while the lease is held.
         let service_list: Vec<Service> = services.state().iter().map(|s| (**s).clone()).collect();
-        let lb = super::lb::decide_lb(&pool_list, &service_list);
+        let lb = crate::lb::decide_lb(&pool_list, &service_list);
         for write in &lb.writes {
             if !leads() {
                 break;
             }
-            match super::lb::apply_lb(&client, write).await {
+            match crate::lb::apply_lb(&client, write).await {
                 Ok(()) => {
                     info!(service = %write.service, ips = ?write.ips, "LoadBalancer status written")
                 }
-                Err(e) => warn!(error = %crate::agent::error::cause_chain(&e), "LoadBalancer"),
+                Err(e) => warn!(error = %e, "LoadBalancer"),
             }
         }
         for (service, note) in lb_reported.fresh(&lb.problems) {

@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use flock_k8s_api::NodePool;
 
 /// flock's load balancer class (`spec.loadBalancerClass`, or the annotation on 1.20).

@@ -2,16 +2,14 @@
 //! (create, wait, conditional take-over, a lost race), and `apply` (create, conditional
 //! release, status, nothing at all once the lease is lost).
 
-mod k8s_support;
-
 use std::time::Duration;
 
-use flock_agent::controller::apply::{Overlay, apply};
-use flock_agent::controller::lease::{LEASE_DURATION, LeaseElector};
-use flock_agent::controller::{NodeFacts, Observed, decide};
+use flock_controller::apply::{Overlay, apply};
+use flock_controller::lease::{LEASE_DURATION, LeaseElector};
+use flock_controller::{NodeFacts, Observed, decide};
 use flock_k8s_api::NodePool;
 use flock_k8s_api::{NodeConfig, NodeConfigStatus};
-use k8s_support::*;
+use flock_testkit::kube_mock::*;
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::json;
 
@@ -125,7 +123,7 @@ async fn apply_creates_owned_node_configs_and_releases_conditionally() {
             nodes: &nodes,
             node_configs: &configs,
             service_cidrs: &[],
-            release_grace: flock_agent::controller::DEFAULT_RELEASE_GRACE,
+            release_grace: flock_controller::DEFAULT_RELEASE_GRACE,
             podless: &Default::default(),
         },
         "2026-01-01T00:00:00Z".parse().expect("time"),
@@ -249,7 +247,7 @@ async fn apply_writes_nothing_once_the_lease_is_lost() {
             nodes: &nodes,
             node_configs: &[],
             service_cidrs: &[],
-            release_grace: flock_agent::controller::DEFAULT_RELEASE_GRACE,
+            release_grace: flock_controller::DEFAULT_RELEASE_GRACE,
             podless: &Default::default(),
         },
         "2026-01-01T00:00:00Z".parse().expect("time"),

@@ -5,8 +5,20 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use super::decide::PoolEvent;
 use flock_k8s_api::{NodePool, NodePoolStatus};
+
+/// An event about a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolEvent {
+    /// The pool.
+    pub pool: String,
+    /// Warning (a problem) or Normal.
+    pub warning: bool,
+    /// `PascalCase` reason.
+    pub reason: String,
+    /// What happened, naming pool, node and CIDR.
+    pub note: String,
+}
 
 /// A condition message is cut after this many bytes (a pool with thousands of waiting nodes).
 const MAX_MESSAGE: usize = 2048;

@@ -10,8 +10,8 @@ use flock_ipam::{ClusterNode, ClusterState, NodeAssignment, ReservedCidr};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use k8s_openapi::jiff::Timestamp;
 
-use super::status::pool_status;
-use super::{GONE_SINCE_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL};
+use crate::status::{PoolEvent, pool_status};
+use crate::{GONE_SINCE_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL};
 use flock_k8s_api::{IP_ALGO_ANNOTATION, NodeConfig};
 use flock_k8s_api::{NodePool, NodePoolStatus, router_id};
 
@@ -119,19 +119,6 @@ pub struct Release {
     pub pool: String,
     /// Its prefixes, for the event.
     pub prefixes: String,
-}
-
-/// An event about a pool.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolEvent {
-    /// The pool.
-    pub pool: String,
-    /// Warning (a problem) or Normal.
-    pub warning: bool,
-    /// `PascalCase` reason.
-    pub reason: String,
-    /// What happened, naming pool, node and CIDR.
-    pub note: String,
 }
 
 /// The outcome of one reconcile.

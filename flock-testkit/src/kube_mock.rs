@@ -1,7 +1,5 @@
 //! A mocked API server for the Kubernetes-mode tests: `tower_test::mock::pair` behind
 //! `kube::Client`, so each test sees the exact requests and answers them with fixtures.
-#![allow(dead_code)]
-
 use std::time::Duration;
 
 use kube::Client;

@@ -15,7 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
-use crate::{Error, Result};
+use crate::error::{Result, kube_err};
 
 /// How long a lease holds without renewal.
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
@@ -138,13 +138,6 @@ pub struct LeaseElector {
     name: String,
     identity: String,
     observation: Option<Observation>,
-}
-
-fn kube_err(op: String) -> impl FnOnce(kube::Error) -> Error {
-    move |e| Error::Kube {
-        op,
-        source: Box::new(e),
-    }
 }
 
 impl LeaseElector {
