@@ -171,7 +171,7 @@ async fn write_config(path: &Path, bytes: &[u8]) -> crate::Result<()> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "bird.conf".into());
-        flock_cni_proto::durable::write_file(dir, &name, &bytes, 0o644)
+        flock_rpc::durable::write_file(dir, &name, &bytes, 0o644)
             .map(drop)
             .map_err(|e| crate::Error::WriteFile {
                 what: "BIRD configuration",

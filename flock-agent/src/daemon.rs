@@ -20,12 +20,12 @@ use flock_k8s_api::NodeConfig;
 
 /// The default paths and addresses of DESIGN §9 (the command line's defaults; the manifests
 /// under `deploy/` use the same, which a test checks). What the shim shares with the agent is
-/// defined once, in `flock_cni_proto::defaults`.
+/// defined once, in `flock_rpc::defaults`.
 pub mod defaults {
     /// The RPC socket the shim connects to.
-    pub const SOCKET: &str = flock_cni_proto::defaults::DEFAULT_AGENT_SOCKET;
+    pub const SOCKET: &str = flock_rpc::defaults::DEFAULT_AGENT_SOCKET;
     /// Where allocations are persisted.
-    pub const STATE_DIR: &str = flock_cni_proto::defaults::DEFAULT_STATE_DIR;
+    pub const STATE_DIR: &str = flock_rpc::defaults::DEFAULT_STATE_DIR;
     /// The BIRD configuration file the agent renders.
     pub const BIRD_CONFIG: &str = "/etc/flock/bird/bird.conf";
     /// BIRD's control socket.
@@ -219,7 +219,7 @@ pub async fn serve(
 
     let listener = crate::server::bind(&options.socket)?;
     // Serving: a predecessor's restart notice has done its work.
-    let notice = flock_cni_proto::rpc::restart_notice(&options.socket);
+    let notice = flock_rpc::rpc::restart_notice(&options.socket);
     if let Err(e) = std::fs::remove_file(&notice)
         && e.kind() != std::io::ErrorKind::NotFound
     {
@@ -245,7 +245,7 @@ pub async fn serve(
 
     shutdown_signal().await;
     // The notice first, then the socket: a STATUS never finds neither (rpc::restart_notice).
-    let notice = flock_cni_proto::rpc::restart_notice(&options.socket);
+    let notice = flock_rpc::rpc::restart_notice(&options.socket);
     match std::fs::write(&notice, format!("pid {}\n", std::process::id())) {
         Ok(()) => info!(notice = %notice.display(), "terminating; restart notice left"),
         Err(e) => {

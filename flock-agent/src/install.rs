@@ -9,8 +9,9 @@
 
 use std::path::{Path, PathBuf};
 
-use flock_cni_proto::durable::{self, DurableError};
-use flock_cni_proto::{CniVersion, Conflist, FlockNetConf, NetConf};
+use flock_cni_proto::{CniVersion, Conflist, NetConf};
+use flock_rpc::FlockNetConf;
+use flock_rpc::durable::{self, DurableError};
 use serde_json::json;
 
 use crate::{Error, Result};

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use flock_agent::bird::{BirdTarget, Debounce};
 use flock_agent::daemon::{RunOptions, defaults};
 use flock_agent::store::Store;
-use flock_cni_proto::defaults as cni_defaults;
+use flock_rpc::defaults as cni_defaults;
 
 #[derive(Parser, Debug)]
 #[command(name = "flock-agent", version, about = "flock's node agent")]

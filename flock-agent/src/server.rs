@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flock_cni_proto::rpc::{self, LineDecoder, Response};
 use flock_cni_proto::{CniError, ErrorCode};
+use flock_rpc::rpc::{self, LineDecoder, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, warn};

@@ -10,8 +10,8 @@ use flock_agent::agent::{Agent, AgentParts};
 use flock_agent::kernel::memory::{FaultOp, MemoryKernel};
 use flock_agent::store::{AllocationRecord, RecordState, Store};
 use flock_cni_proto::ErrorCode;
-use flock_cni_proto::rpc::{Op, PROTOCOL_VERSION, Request, Response};
 use flock_k8s_api::{NodeConfig, NodeSettings};
+use flock_rpc::rpc::{Op, PROTOCOL_VERSION, Request, Response};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 

@@ -10,8 +10,9 @@ use flock_agent::daemon::defaults;
 use flock_agent::install::{
     CONFLIST_NAME, Chained, DEFAULT_CHAIN, DEFAULT_CNI_VERSION, InstallPlan, conflist, install,
 };
-use flock_cni_proto::defaults::{DEFAULT_AGENT_SOCKET, DEFAULT_DEL_QUEUE_DIR, DEFAULT_MTU};
-use flock_cni_proto::{CniVersion, Conflist, FlockNetConf, NetConf};
+use flock_cni_proto::{CniVersion, Conflist, NetConf};
+use flock_rpc::FlockNetConf;
+use flock_rpc::defaults::{DEFAULT_AGENT_SOCKET, DEFAULT_DEL_QUEUE_DIR, DEFAULT_MTU};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -506,13 +507,13 @@ fn installed_conflist_runs_in_1_0_0_under_containerd_1_6_and_1_1_0_where_known()
     assert_eq!(flock.mtu, DEFAULT_MTU);
 }
 
-/// Until the agent's `run` flags take their defaults from `flock_cni_proto::defaults`, they
+/// Until the agent's `run` flags take their defaults from `flock_rpc::defaults`, they
 /// must at least agree with them: the shim falls back to these when the conflist is silent.
 #[test]
 fn the_agents_defaults_are_the_shims() {
     assert_eq!(defaults::SOCKET, DEFAULT_AGENT_SOCKET);
     assert_eq!(
-        flock_cni_proto::defaults::del_queue_dir(Path::new(defaults::STATE_DIR)),
+        flock_rpc::defaults::del_queue_dir(Path::new(defaults::STATE_DIR)),
         Path::new(DEFAULT_DEL_QUEUE_DIR)
     );
 }

@@ -274,7 +274,7 @@ fn del_queued_while_the_agent_is_down_runs_at_its_start() {
 fn status_holds_through_a_restart_and_fails_after_a_crash() {
     let mut node = FlockNode::start("node", NODE);
     let rt = node.runtime("flock");
-    let notice = flock_cni_proto::rpc::restart_notice(&node.socket());
+    let notice = flock_rpc::rpc::restart_notice(&node.socket());
     rt.status().expect("STATUS of a serving agent");
     // SIGTERM (a rolling update): the agent leaves its notice, and STATUS answers ready.
     node.stop_agent();

@@ -16,11 +16,10 @@
 use std::os::unix::net::UnixStream;
 
 use flock_cni_proto::error::cause_chain;
-use flock_cni_proto::rpc::{Client, ClientError, Op, Request};
 use flock_cni_proto::serde_json;
-use flock_cni_proto::{
-    Call, CniError, CniResult, DelQueue, ErrorCode, FlockNetConf, Plugin, QueueError, skel,
-};
+use flock_cni_proto::{Call, CniError, CniResult, ErrorCode, Plugin, skel};
+use flock_rpc::rpc::{Client, ClientError, Op, Request};
+use flock_rpc::{DelQueue, FlockNetConf, QueueError};
 
 /// The shim: stateless; every call opens one connection to the agent.
 struct Shim {
@@ -204,7 +203,7 @@ impl Plugin for Shim {
 
 /// Whether the agent left its restart notice less than `agentWaitSeconds` ago.
 fn restarting(conf: &FlockNetConf) -> bool {
-    std::fs::metadata(flock_cni_proto::rpc::restart_notice(&conf.agent_socket))
+    std::fs::metadata(flock_rpc::rpc::restart_notice(&conf.agent_socket))
         .and_then(|m| m.modified())
         .is_ok_and(|at| at.elapsed().is_ok_and(|age| age <= conf.agent_wait))
 }

@@ -9,8 +9,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::thread::JoinHandle;
 
-use flock_cni_proto::rpc::{LineDecoder, Op, Request, Response, decode_request, encode_line};
-use flock_cni_proto::{CniError, DelQueue, ErrorCode};
+use flock_cni_proto::{CniError, ErrorCode};
+use flock_rpc::DelQueue;
+use flock_rpc::rpc::{LineDecoder, Op, Request, Response, decode_request, encode_line};
 use serde_json::{Value, json};
 
 struct Run {
@@ -250,7 +251,7 @@ fn status_succeeds_while_a_restarting_agent_notice_is_younger_than_agent_wait_se
         c["agentWaitSeconds"] = json!(seconds);
         c.to_string()
     };
-    let notice = flock_cni_proto::rpc::restart_notice(&dir.path().join("agent.sock"));
+    let notice = flock_rpc::rpc::restart_notice(&dir.path().join("agent.sock"));
     assert_eq!(notice, dir.path().join("agent.restarting"));
     // No agent, no notice: a crash. STATUS fails at once.
     assert_eq!(shim("STATUS", "", &with_wait(30)).json()["code"], 50);

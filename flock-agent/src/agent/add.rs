@@ -5,9 +5,10 @@
 //! Decided here, purely: the host veth's name ([`choose_host_if`]) and the record
 //! ([`new_record`]).
 
-use flock_cni_proto::rpc::Request;
-use flock_cni_proto::{CniArgs, FlockNetConf};
+use flock_cni_proto::CniArgs;
 use flock_netns::PodSpec;
+use flock_rpc::FlockNetConf;
+use flock_rpc::rpc::Request;
 use serde_json::Value;
 use tracing::warn;
 

@@ -5,8 +5,8 @@
 
 use std::collections::BTreeSet;
 
-use flock_cni_proto::rpc::Request;
 use flock_cni_proto::{CniResult, NetConf};
+use flock_rpc::rpc::Request;
 
 use super::{Agent, HandlerError, Outcome, attachment_key, cni_result, parse_conf, pod_spec};
 use crate::store::AllocationRecord;

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use flock_cni_proto::rpc::Request;
 use flock_netns::PodSpec;
+use flock_rpc::rpc::Request;
 use tracing::warn;
 
 use crate::trace::Phases;
@@ -78,7 +78,7 @@ impl Agent {
                 netns: netns.into(),
                 if_name: key.if_name.clone(),
                 host_if,
-                mtu: flock_cni_proto::defaults::DEFAULT_MTU,
+                mtu: flock_rpc::defaults::DEFAULT_MTU,
                 addresses: Vec::new(),
                 anycast: Vec::new(),
             };
@@ -136,7 +136,7 @@ impl Agent {
 
     /// Runs every DEL the shim queued while the agent was unreachable; returns how many ran.
     pub async fn drain_del_queue(&self, dir: &Path) -> usize {
-        let queue = flock_cni_proto::DelQueue::new(dir);
+        let queue = flock_rpc::DelQueue::new(dir);
         let mut done = 0;
         let pending = match queue.pending() {
             Ok(p) => p,

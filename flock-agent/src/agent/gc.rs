@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 
 use flock_cni_proto::NetConf;
-use flock_cni_proto::rpc::Request;
+use flock_rpc::rpc::Request;
 use tracing::{info, warn};
 
 use super::del::VethDeletion;

@@ -15,8 +15,9 @@
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use flock_cni_proto::rpc::{Op, Request, Response};
-use flock_cni_proto::{CniError, FlockNetConf, NetConf};
+use flock_cni_proto::{CniError, NetConf};
+use flock_rpc::FlockNetConf;
+use flock_rpc::rpc::{Op, Request, Response};
 use ipnet::IpNet;
 use rand_chacha::ChaCha12Rng;
 use rand_core::SeedableRng;

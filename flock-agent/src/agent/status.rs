@@ -5,7 +5,7 @@
 //!
 //! Decided here, purely: [`verdict`] over [`StatusFacts`].
 
-use flock_cni_proto::rpc::Request;
+use flock_rpc::rpc::Request;
 
 use super::{Agent, HandlerError, Outcome, error, parse_conf};
 use flock_k8s_api::NodeSettings;

@@ -44,7 +44,7 @@ use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use flock_cni_proto::durable;
+use flock_rpc::durable;
 use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
@@ -384,7 +384,7 @@ impl Store {
 
 impl Spares {
     /// A new spare name in `dir`: `.spare-<pid>-<n>`, as the temporary files of
-    /// `flock_cni_proto::durable` carry the pid.
+    /// `flock_rpc::durable` carry the pid.
     fn name(&mut self, dir: &Path) -> PathBuf {
         self.named += 1;
         dir.join(format!(".spare-{}-{}", std::process::id(), self.named))
@@ -435,7 +435,7 @@ fn fill(spare: &Path, fresh: bool, bytes: &[u8]) -> Result<()> {
 }
 
 /// Writes `bytes` to `dir/name` so that after a crash the file holds either its old content
-/// or the new one, never a mix (`flock_cni_proto::durable`, shared with the shim's DEL queue).
+/// or the new one, never a mix (`flock_rpc::durable`, shared with the shim's DEL queue).
 pub fn write_durably(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<()> {
     durable::write_file(dir, name, bytes, mode)
         .map(drop)

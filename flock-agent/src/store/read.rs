@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::Path;
 
-use flock_cni_proto::durable;
+use flock_rpc::durable;
 use tracing::warn;
 
 use super::{AllocationRecord, STORE_FORMAT, StoreMeta, store_error};

@@ -222,8 +222,8 @@ async fn serve_setup(
     specs: &std::collections::HashMap<String, PodSpec>,
     mut stream: tokio::net::UnixStream,
 ) -> Result<()> {
-    use flock_cni_proto::rpc::{self, LineDecoder, Response};
     use flock_cni_proto::{CniResult, Interface, IpConfig, IpPrefix, Route};
+    use flock_rpc::rpc::{self, LineDecoder, Response};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut decoder = LineDecoder::new();
     let mut buf = [0u8; 16 * 1024];
@@ -239,7 +239,7 @@ async fn serve_setup(
     };
     let req = rpc::decode_request(&line)?;
     let conf = flock_cni_proto::NetConf::from_value(&req.config)
-        .and_then(|c| flock_cni_proto::FlockNetConf::from_netconf(&c))
+        .and_then(|c| flock_rpc::FlockNetConf::from_netconf(&c))
         .map_err(|e| anyhow::anyhow!("the request's configuration: {e}"))?;
     let Some(spec) = specs.get(&req.container_id) else {
         bail!(

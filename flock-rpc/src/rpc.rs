@@ -15,8 +15,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::env::CniEnv;
-use crate::error::{CniError, ErrorCode, cause_chain};
+use flock_cni_proto::env::CniEnv;
+use flock_cni_proto::error::{CniError, ErrorCode, cause_chain};
 
 /// The restart notice an agent leaves beside its socket `socket` when it stops to be replaced
 /// (SIGTERM: a rolling update, a drain), removed by its successor once that serves.

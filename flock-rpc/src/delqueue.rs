@@ -70,9 +70,10 @@ impl DelQueue {
             if_name: req.if_name.clone(),
             reason,
         };
-        crate::env::validate_container_id(&req.container_id)
+        flock_cni_proto::env::validate_container_id(&req.container_id)
             .map_err(|_| bad("invalid container ID"))?;
-        crate::env::validate_if_name(&req.if_name).map_err(|_| bad("invalid interface name"))?;
+        flock_cni_proto::env::validate_if_name(&req.if_name)
+            .map_err(|_| bad("invalid interface name"))?;
         for n in 0u32.. {
             let name = match n {
                 0 => format!("{}.{}.json", req.container_id, req.if_name),
