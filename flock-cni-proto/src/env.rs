@@ -8,6 +8,7 @@ use crate::error::{CniError, ErrorCode};
 
 /// `CNI_COMMAND`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Command {
     /// ADD.
     Add,

@@ -10,6 +10,7 @@ use crate::version::{CniVersion, VersionParseError};
 /// plugin-specific codes (100 and above).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(from = "u32", into = "u32")]
+#[non_exhaustive]
 pub enum ErrorCode {
     /// 1: incompatible CNI version.
     IncompatibleCniVersion,

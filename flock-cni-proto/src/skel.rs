@@ -44,11 +44,19 @@ pub trait Plugin {
     fn del(&self, call: &Call<'_>) -> Result<(), CniError>;
     /// CHECK: report any difference from what ADD created.
     fn check(&self, call: &Call<'_>) -> Result<(), CniError>;
-    /// STATUS: whether the plugin is ready to serve ADDs.
-    fn status(&self, call: &Call<'_>) -> Result<(), CniError>;
+    /// STATUS: whether the plugin is ready to serve ADDs. By default it always is: a plugin
+    /// with nothing to wait for need not implement it.
+    fn status(&self, call: &Call<'_>) -> Result<(), CniError> {
+        let _ = call;
+        Ok(())
+    }
     /// GC: release every attachment of this network not in
-    /// [`NetConf::gc_attachments`].
-    fn gc(&self, call: &Call<'_>) -> Result<(), CniError>;
+    /// [`NetConf::gc_attachments`]. By default nothing: a plugin that keeps no state per
+    /// attachment has nothing to collect.
+    fn gc(&self, call: &Call<'_>) -> Result<(), CniError> {
+        let _ = call;
+        Ok(())
+    }
 }
 
 /// The exit code of a failed call.

@@ -20,6 +20,7 @@ pub use workload::workload_name;
 
 /// Everything that can go wrong with an ip-algo spec.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The spec is empty or only whitespace.
     #[error(

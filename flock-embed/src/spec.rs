@@ -10,6 +10,7 @@ pub const MAX_FIELD_BITS: u8 = 64;
 
 /// One kind of field of a spec (DESIGN §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Field {
     /// FNV-1a 64 of the pod's namespace.
     Ns,
@@ -68,6 +69,7 @@ pub struct FieldWidth {
 
 /// The named presets of DESIGN §4.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Preset {
     /// All host bits random (the default).
     Random,

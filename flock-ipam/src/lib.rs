@@ -74,6 +74,7 @@ impl fmt::Display for Family {
 
 /// Everything that can go wrong in this crate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A pod annotation (or the node's ip-algo annotation) is wrong.
     #[error("annotation {key}={value:?}: {reason}")]

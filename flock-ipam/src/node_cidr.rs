@@ -17,6 +17,7 @@ pub const SHORTEST_NODE_PREFIX4: u8 = 8;
 
 /// Why a node pod CIDR is refused ([`Error::NodeCidr`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum NodeCidrProblem {
     /// Not a CIDR of the family.
     Syntax {

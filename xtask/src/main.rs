@@ -34,6 +34,17 @@ const TEST_PACKAGES: &[&str] = &[
     "musl-dev",
 ];
 
+/// The crates published for other CNI authors (every other crate is `publish = false`).
+const PUBLISHED_LIBRARIES: &[&str] = &[
+    "flock-cni-proto",
+    "flock-embed",
+    "flock-ipam",
+    "flock-bird",
+    "flock-policy",
+    "flock-netns",
+    "flock-k8s-api",
+];
+
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let command = args.next().unwrap_or_default();
@@ -107,6 +118,13 @@ fn test(filters: &[String]) -> Result<()> {
         "-D",
         "warnings",
     ])?;
+    // The library crates as crates.io would get them: packaged, then built from the package
+    // alone (each against its workspace dependencies as packaged too).
+    let mut package: Vec<&str> = vec!["package", "--allow-dirty"];
+    for library in PUBLISHED_LIBRARIES {
+        package.extend(["-p", library]);
+    }
+    sys::cargo(package)?;
     // Tests exec the shim and the agent as a runtime does: build them first.
     sys::cargo(["build", "--workspace", "--bins", "--all-features"])?;
     // The shim as a node has it (static, musl): the tests exec this copy, which the next
