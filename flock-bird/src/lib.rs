@@ -41,6 +41,7 @@ mod birdc;
 mod error;
 mod model;
 mod render;
+mod validate;
 
 pub use birdc::{ProtocolRow, parse_show_protocols};
 pub use error::{Error, Result};
