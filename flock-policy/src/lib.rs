@@ -125,10 +125,12 @@
 //! ```
 
 mod addr;
+mod allows;
 mod error;
 mod input;
 mod model;
 mod render;
+mod state;
 
 pub use addr::{AddrRange, Family};
 pub use error::{Error, Result};
@@ -137,10 +139,10 @@ pub use input::{
     PolicyTypes, Port, PortSpec, Protocol, Requirement, Rule,
 };
 pub use model::{
-    AddrSet, Allow, ChainChange, Delta, Direction, Elements, Hop, Member, Model, Packet, Ports,
-    Ruleset, Transport, Verdict, build,
+    AddrSet, Allow, Direction, Elements, Hop, Member, Packet, Ports, Ruleset, Transport, Verdict,
 };
 pub use render::{Element, ElementOp, REMOVE_SCRIPT, TABLE, Update};
+pub use state::{ChainChange, Delta, Model, build};
 
 #[cfg(test)]
 mod tests;

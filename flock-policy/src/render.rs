@@ -5,9 +5,8 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use crate::addr::{AddrRange, Family};
-use crate::model::{
-    ALWAYS_ICMPV6, AddrSet, Allow, ChainChange, Delta, Direction, Elements, Member, Ports, Ruleset,
-};
+use crate::model::{ALWAYS_ICMPV6, AddrSet, Allow, Direction, Elements, Member, Ports, Ruleset};
+use crate::state::{ChainChange, Delta};
 
 /// The nftables table flock's policies live in (family `inet`, in the node's namespace).
 pub const TABLE: &str = "flock_policy";

@@ -94,11 +94,9 @@ impl Built {
 /// Static Go, stripped: as upstream's release builds.
 const STRIP: &str = "-s -w";
 
-/// Kubernetes `k`: the control plane, the kubelet, kube-proxy, kubectl, our own `e2e.test`
-/// (the networking suites only, see `go/kubernetes-1.N/e2e`), agnhost and ginkgo.
-pub fn kubernetes(k: Kubernetes) -> Component {
-    let version = k.to_string();
-    // What `hack/lib/version.sh` stamps, or the binaries say v0.0.0-master.
+/// A Go build of Kubernetes `k`'s module: `package` into `name`, stamped with the release the
+/// way `hack/lib/version.sh` stamps it (else the binaries say v0.0.0-master).
+fn kube_output(k: Kubernetes, name: &'static str, package: &str) -> Output {
     let mut ldflags = STRIP.to_owned();
     for pkg in [
         "k8s.io/component-base/version",
@@ -106,20 +104,24 @@ pub fn kubernetes(k: Kubernetes) -> Component {
     ] {
         let _ = write!(
             ldflags,
-            " -X {pkg}.gitVersion=v{version} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={} \
+            " -X {pkg}.gitVersion=v{k} -X {pkg}.gitMajor=1 -X {pkg}.gitMinor={} \
              -X {pkg}.gitTreeState=clean",
             k.minor
         );
     }
-    let go = |name: &'static str, package: &str| Output {
+    Output {
         name,
         package: package.to_owned(),
         test_binary: false,
         cgo: false,
         tags: &[],
-        ldflags: ldflags.clone(),
-    };
-    let mut outputs: Vec<Output> = [
+        ldflags,
+    }
+}
+
+/// Kubernetes `k` as a cluster runs it: the control plane, the kubelet, kube-proxy, kubectl.
+pub fn kubernetes(k: Kubernetes) -> Component {
+    let outputs = [
         "kube-apiserver",
         "kube-controller-manager",
         "kube-scheduler",
@@ -128,22 +130,40 @@ pub fn kubernetes(k: Kubernetes) -> Component {
         "kubectl",
     ]
     .into_iter()
-    .map(|c| go(c, &format!("k8s.io/kubernetes/cmd/{c}")))
+    .map(|c| kube_output(k, c, &format!("k8s.io/kubernetes/cmd/{c}")))
     .collect();
-    outputs.push(go("agnhost", "k8s.io/kubernetes/test/images/agnhost"));
-    // The conntrack spec's client, which sends invalid TCP packets.
-    outputs.push(go(
-        "regression-issue-74839",
-        "k8s.io/kubernetes/test/images/regression-issue-74839",
-    ));
-    outputs.push(go("ginkgo", "github.com/onsi/ginkgo/v2/ginkgo"));
-    outputs.push(Output {
-        test_binary: true,
-        ..go("e2e.test", "./e2e")
-    });
     Component {
         name: "kubernetes",
-        version,
+        version: k.to_string(),
+        module: k.module_dir(),
+        upstream: "k8s.io/kubernetes",
+        outputs,
+    }
+}
+
+/// What Kubernetes `k`'s own suites need besides the cluster (`cargo xtask cluster e2e`):
+/// our own `e2e.test` (the networking suites only, see `go/kubernetes-1.N/e2e`), agnhost and
+/// the conntrack spec's client for the suites' images, and ginkgo to run it in parallel. A
+/// component of its own, from the same module, so that a cluster comes up without it (about
+/// a third of Kubernetes' build).
+pub fn kubernetes_e2e(k: Kubernetes) -> Component {
+    let outputs = vec![
+        kube_output(k, "agnhost", "k8s.io/kubernetes/test/images/agnhost"),
+        // The conntrack spec's client, which sends invalid TCP packets.
+        kube_output(
+            k,
+            "regression-issue-74839",
+            "k8s.io/kubernetes/test/images/regression-issue-74839",
+        ),
+        kube_output(k, "ginkgo", "github.com/onsi/ginkgo/v2/ginkgo"),
+        Output {
+            test_binary: true,
+            ..kube_output(k, "e2e.test", "./e2e")
+        },
+    ];
+    Component {
+        name: "kubernetes-e2e",
+        version: k.to_string(),
         module: k.module_dir(),
         upstream: "k8s.io/kubernetes",
         outputs,
@@ -562,6 +582,7 @@ mod tests {
     #[test]
     fn kubernetes_binaries_carry_their_version() {
         let k = kubernetes(Kubernetes::newest());
+        let e2e = kubernetes_e2e(Kubernetes::newest());
         let apiserver = k
             .outputs
             .iter()
@@ -572,10 +593,9 @@ mod tests {
                 .ldflags
                 .contains(&format!("gitVersion=v{}", Kubernetes::newest()))
         );
-        assert!(
-            k.outputs
-                .iter()
-                .any(|o| o.name == "e2e.test" && o.test_binary)
-        );
+        let e2e_test = e2e.outputs.iter().find(|o| o.name == "e2e.test").unwrap();
+        assert!(e2e_test.test_binary);
+        assert_eq!(e2e_test.ldflags, apiserver.ldflags);
+        assert_ne!(k.dir(), e2e.dir());
     }
 }

@@ -26,12 +26,28 @@ pub struct KubeBuild {
     etcd: Built,
     coredns: Built,
     cni: Built,
+    /// The suites' binaries ([`KubeBuild::with_e2e`]), once built.
+    e2e: Option<Built>,
 }
 
 impl KubeBuild {
-    /// A binary of Kubernetes (`kubelet`, `kubectl`, `e2e.test`, `agnhost`, `ginkgo` …).
+    /// A binary of Kubernetes (`kubelet`, `kubectl` …), or of its suites (`e2e.test`,
+    /// `agnhost`, `ginkgo` …) once [`with_e2e`](Self::with_e2e) has built them.
     pub fn tool(&self, name: &str) -> PathBuf {
-        self.kube.tool(name)
+        match &self.e2e {
+            Some(e2e) if !self.kube.bin.join(name).exists() => e2e.tool(name),
+            _ => self.kube.tool(name),
+        }
+    }
+
+    /// The same, with the binaries Kubernetes' own suites need (`e2e.test`, agnhost,
+    /// ginkgo), building them when the cache lacks them.
+    pub fn with_e2e(mut self) -> Result<KubeBuild> {
+        if self.e2e.is_none() {
+            let list = [components::kubernetes_e2e(self.kubernetes)];
+            self.e2e = components::ensure_all(&list)?.pop();
+        }
+        Ok(self)
     }
 
     /// containerd's folder: `containerd`, `containerd-shim-runc-v2`, `ctr`.
@@ -116,5 +132,6 @@ pub fn ensure_release(k: Kubernetes) -> Result<KubeBuild> {
         etcd,
         coredns,
         cni,
+        e2e: None,
     })
 }

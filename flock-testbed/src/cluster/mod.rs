@@ -299,7 +299,7 @@ pub fn cluster(args: &[String]) -> Result<()> {
         Some("build") => {
             sys::require_root("cargo xtask cluster build")?;
             let options = UpOptions::parse(args.get(1..).unwrap_or_default())?;
-            kube::ensure_release(options.kubernetes)?;
+            kube::ensure_release(options.kubernetes)?.with_e2e()?;
             Ok(())
         }
         Some("gomod") => crate::gomod::write_all(),

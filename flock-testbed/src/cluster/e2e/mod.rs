@@ -106,7 +106,7 @@ pub fn run(args: &[String]) -> Result<()> {
     if !Path::new(RUN_DIR).exists() {
         bail!("no cluster is up: `cargo xtask cluster up` first");
     }
-    let kube = kube::ensure_built()?;
+    let kube = kube::ensure_built()?.with_e2e()?;
     super::kubectl(&["get", "nodes"]).context("the cluster does not answer")?;
 
     let started = Instant::now();

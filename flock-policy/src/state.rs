@@ -1,0 +1,456 @@
+//! The incremental [`Model`]: the cluster's policies, namespaces and pods held between
+//! changes, each change answered with the [`Delta`] of chains and set elements it makes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::addr::Family;
+use crate::allows::{
+    KeyedAllow, KeyedPorts, NsScope, PodsKey, SetKey, empty_set, pod_allows, referenced,
+};
+use crate::error::{Error, Result};
+use crate::input::{CheckedPolicy, Labels, Namespace, Pod, Protocol};
+use crate::model::{Allow, Direction, Member, Ports, Ruleset, family_suffix};
+
+/// Builds the rule model of the node whose pods are those with a `host_if`.
+///
+/// `pods` is every flock pod of the cluster (selectors pick peers anywhere); `namespaces`
+/// gives the labels namespace selectors see (a pod's namespace missing from it has only the
+/// [`NAMESPACE_NAME_LABEL`](crate::NAMESPACE_NAME_LABEL) label). Fails on the first invalid
+/// policy or pod: check policies one by one with [`Policy::validate`](crate::Policy::validate)
+/// to leave out only the bad ones. [`Model::new`] builds the same and keeps what it needs to
+/// follow pods joining and leaving without a rebuild.
+pub fn build(
+    policies: &[crate::Policy],
+    namespaces: &[Namespace],
+    pods: &[Pod],
+) -> Result<Ruleset> {
+    Model::new(policies, namespaces, pods).map(Model::into_ruleset)
+}
+
+/// A local pod's chain of one direction before and after a change (`None`: not isolated).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainChange {
+    /// Which chain.
+    pub direction: Direction,
+    /// The pod's host veth.
+    pub host_if: String,
+    /// Its allow rules before (`None`: the pod was not isolated for `direction`).
+    pub before: Option<Vec<Allow>>,
+    /// Its allow rules after.
+    pub after: Option<Vec<Allow>>,
+}
+
+/// What changed in a [`Model`] since the last [`Model::take_delta`]: set elements that came
+/// (`true`) or went (`false`), and local pods' chains. Sets themselves never change in a
+/// delta: a change that would add or remove a set makes [`Model::add_pod`] or
+/// [`Model::remove_pod`] ask for a rebuild.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Delta {
+    /// `(set, element, added)`, sorted by set and element.
+    pub elements: Vec<(String, Member, bool)>,
+    /// Chains that differ, sorted by direction and host veth.
+    pub chains: Vec<ChainChange>,
+}
+
+impl Delta {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.elements.is_empty() && self.chains.is_empty()
+    }
+}
+
+/// What a [`Model`] changed since the last delta: each touched element's and chain's state
+/// before.
+#[derive(Debug, Clone, Default)]
+struct Journal {
+    /// Off while [`Model::new`] joins every pod: a fresh model has no delta, and recording
+    /// each element (a copy of its set's name) would double the memory a build peaks at.
+    off: bool,
+    elements: BTreeMap<(String, Member), bool>,
+    chains: BTreeMap<(Direction, String), Option<Vec<Allow>>>,
+}
+
+/// The rule model of a node, kept up to date pod by pod: [`add_pod`](Model::add_pod) and
+/// [`remove_pod`](Model::remove_pod) change set members and local pods' chains in time
+/// proportional to the pod (not the cluster), and leave the model equal to what
+/// [`Model::new`] would build from the new inputs. A change of policies or namespace labels
+/// needs a new model.
+#[derive(Debug, Clone)]
+pub struct Model {
+    policies: Vec<CheckedPolicy>,
+    /// Effective labels of the listed namespaces.
+    ns_labels: BTreeMap<String, Labels>,
+    names: BTreeMap<SetKey, String>,
+    /// Sets whose members are pods: `(name, key)`.
+    member_sets: Vec<(String, SetKey)>,
+    /// Indices into `member_sets` of the sets of pods of one named namespace.
+    scoped: BTreeMap<String, Vec<usize>>,
+    /// Indices of the other member sets (namespace selectors, named ports).
+    unscoped: Vec<usize>,
+    /// Per set, how many pods besides the first hold an element (an anycast address may be
+    /// several pods'). The set itself says whether one does: no second copy of every element.
+    extra: BTreeMap<String, BTreeMap<Member, u32>>,
+    /// Per set, how many local chains name it.
+    set_users: BTreeMap<String, usize>,
+    /// Local pods by host veth: their `namespace/name`.
+    local: BTreeMap<String, String>,
+    ruleset: Ruleset,
+    journal: Journal,
+}
+
+const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
+
+impl Model {
+    /// Builds the model (see [`build`]).
+    pub fn new(
+        policies: &[crate::Policy],
+        namespaces: &[Namespace],
+        pods: &[Pod],
+    ) -> Result<Model> {
+        let mut local: BTreeMap<String, String> = BTreeMap::new();
+        for pod in pods {
+            pod.validate()?;
+            if let Some(h) = &pod.host_if
+                && let Some(first) = local.insert(h.clone(), pod.id())
+            {
+                return Err(Error::DuplicateHostIf {
+                    host_if: h.clone(),
+                    first,
+                    second: pod.id(),
+                });
+            }
+        }
+        let policies = policies
+            .iter()
+            .map(crate::Policy::checked)
+            .collect::<Result<Vec<_>>>()?;
+        let mut keyed: Vec<(Direction, &str, BTreeSet<KeyedAllow>)> = Vec::new();
+        for pod in pods {
+            let Some(h) = &pod.host_if else { continue };
+            for direction in DIRECTIONS {
+                if let Some(allows) = pod_allows(&policies, pod, direction) {
+                    keyed.push((direction, h, allows));
+                }
+            }
+        }
+        let mut model = Model {
+            policies,
+            ns_labels: namespaces
+                .iter()
+                .map(|n| (n.name.clone(), n.effective_labels()))
+                .collect(),
+            names: BTreeMap::new(),
+            member_sets: Vec::new(),
+            scoped: BTreeMap::new(),
+            unscoped: Vec::new(),
+            extra: BTreeMap::new(),
+            set_users: BTreeMap::new(),
+            local,
+            ruleset: Ruleset::default(),
+            journal: Journal::default(),
+        };
+
+        // name the sets in the order of their keys
+        let mut keys = BTreeSet::new();
+        for (_, _, allows) in &keyed {
+            for a in allows {
+                keys.extend(a.peer.clone());
+                if let KeyedPorts::Named(k) = &a.ports {
+                    keys.insert(k.clone());
+                }
+            }
+        }
+        let mut counters: BTreeMap<(&str, Family), usize> = BTreeMap::new();
+        for key in keys {
+            let (kind, family) = match &key {
+                SetKey::Pods(_, f) => ("pods", *f),
+                SetKey::Block(f, _) => ("block", *f),
+                SetKey::NamedPort(_, _, f) => ("port", *f),
+            };
+            let n = counters.entry((kind, family)).or_default();
+            let name = format!("{kind}{n}_{}", family_suffix(family));
+            *n += 1;
+            model.ruleset.sets.insert(name.clone(), empty_set(&key));
+            match &key {
+                SetKey::Pods(
+                    PodsKey {
+                        namespaces: NsScope::Named(ns),
+                        ..
+                    },
+                    _,
+                ) => model
+                    .scoped
+                    .entry(ns.clone())
+                    .or_default()
+                    .push(model.member_sets.len()),
+                SetKey::Block(..) => {}
+                _ => model.unscoped.push(model.member_sets.len()),
+            }
+            if !matches!(key, SetKey::Block(..)) {
+                model.member_sets.push((name.clone(), key.clone()));
+            }
+            model.names.insert(key, name);
+        }
+        for (direction, host_if, allows) in keyed {
+            let allows = model.name_allows(&allows).unwrap_or_default();
+            for set in referenced(&allows) {
+                *model.set_users.entry(set.to_owned()).or_default() += 1;
+            }
+            model
+                .ruleset
+                .chains_mut(direction)
+                .insert(host_if.to_owned(), allows);
+        }
+        model.journal.off = true;
+        for pod in pods {
+            model.join(pod);
+        }
+        model.journal = Journal::default();
+        Ok(model)
+    }
+
+    /// The model as a ruleset.
+    pub fn ruleset(&self) -> &Ruleset {
+        &self.ruleset
+    }
+
+    /// The ruleset, without what the model keeps to follow changes.
+    pub fn into_ruleset(self) -> Ruleset {
+        self.ruleset
+    }
+
+    /// A pod joins (a local one with its `host_if`). `Ok(false)`: the model cannot follow
+    /// without a set it lacks (a local pod selected by a policy that no other local pod is);
+    /// build a new one — this one is unchanged. An invalid pod, or a second pod of the same
+    /// host veth, is an error, as for [`build`].
+    pub fn add_pod(&mut self, pod: &Pod) -> Result<bool> {
+        pod.validate()?;
+        if let Some(h) = &pod.host_if {
+            if let Some(first) = self.local.get(h) {
+                return Err(Error::DuplicateHostIf {
+                    host_if: h.clone(),
+                    first: first.clone(),
+                    second: pod.id(),
+                });
+            }
+            let mut chains = Vec::new();
+            for direction in DIRECTIONS {
+                if let Some(allows) = pod_allows(&self.policies, pod, direction) {
+                    match self.name_allows(&allows) {
+                        Some(named) => chains.push((direction, named)),
+                        None => return Ok(false),
+                    }
+                }
+            }
+            self.local.insert(h.clone(), pod.id());
+            for (direction, allows) in chains {
+                for set in referenced(&allows) {
+                    *self.set_users.entry(set.to_owned()).or_default() += 1;
+                }
+                self.note_chain(direction, h);
+                self.ruleset.chains_mut(direction).insert(h.clone(), allows);
+            }
+        }
+        self.join(pod);
+        Ok(true)
+    }
+
+    /// A pod leaves; `pod` must be the value it joined with. `false`: the model cannot
+    /// follow (a set would go unused, or `pod` is not what joined); build a new one — this
+    /// one is then in no defined state.
+    pub fn remove_pod(&mut self, pod: &Pod) -> bool {
+        if let Some(h) = &pod.host_if {
+            if self.local.get(h) != Some(&pod.id()) {
+                return false;
+            }
+            self.local.remove(h);
+            for direction in DIRECTIONS {
+                self.note_chain(direction, h);
+                let Some(allows) = self.ruleset.chains_mut(direction).remove(h) else {
+                    continue;
+                };
+                for set in referenced(&allows) {
+                    match self.set_users.get_mut(set) {
+                        Some(n) if *n > 1 => *n -= 1,
+                        _ => return false,
+                    }
+                }
+            }
+        }
+        self.leave(pod)
+    }
+
+    /// What changed since the last call (or since the model was built).
+    pub fn take_delta(&mut self) -> Delta {
+        let journal = std::mem::take(&mut self.journal);
+        let elements = journal
+            .elements
+            .into_iter()
+            .filter_map(|((set, member), before)| {
+                let now = self.ruleset.sets.get(&set).is_some_and(|s| s.has(member));
+                (now != before).then_some((set, member, now))
+            })
+            .collect();
+        let chains = journal
+            .chains
+            .into_iter()
+            .filter_map(|((direction, host_if), before)| {
+                let after = self.ruleset.chains(direction).get(&host_if).cloned();
+                (after != before).then_some(ChainChange {
+                    direction,
+                    host_if,
+                    before,
+                    after,
+                })
+            })
+            .collect();
+        Delta { elements, chains }
+    }
+
+    fn note_chain(&mut self, direction: Direction, host_if: &str) {
+        if !self
+            .journal
+            .chains
+            .contains_key(&(direction, host_if.to_owned()))
+        {
+            let before = self.ruleset.chains(direction).get(host_if).cloned();
+            self.journal
+                .chains
+                .insert((direction, host_if.to_owned()), before);
+        }
+    }
+
+    /// The allow rules with their sets named; `None` when a set is not in the model.
+    fn name_allows(&self, allows: &BTreeSet<KeyedAllow>) -> Option<Vec<Allow>> {
+        let name = |k: &SetKey| self.names.get(k).cloned();
+        let mut out = BTreeSet::new();
+        for a in allows {
+            out.insert(Allow {
+                family: a.family,
+                peer: match &a.peer {
+                    Some(k) => Some(name(k)?),
+                    None => None,
+                },
+                ports: match &a.ports {
+                    KeyedPorts::Any => Ports::Any,
+                    KeyedPorts::Listed(protocol, ranges) => Ports::Listed {
+                        protocol: *protocol,
+                        ranges: ranges.clone(),
+                    },
+                    KeyedPorts::Named(k) => Ports::Named {
+                        protocol: match k {
+                            SetKey::NamedPort(_, p, _) => *p,
+                            _ => Protocol::Tcp,
+                        },
+                        set: name(k)?,
+                    },
+                },
+            });
+        }
+        Some(out.into_iter().collect())
+    }
+
+    /// The member sets `pod` is in, and the elements it gives each.
+    fn memberships(&self, pod: &Pod) -> Vec<(String, Vec<Member>)> {
+        let unlisted;
+        let ns_labels = match self.ns_labels.get(&pod.namespace) {
+            Some(l) => l,
+            None => {
+                unlisted = Namespace {
+                    name: pod.namespace.clone(),
+                    labels: Labels::new(),
+                }
+                .effective_labels();
+                &unlisted
+            }
+        };
+        let mut addresses = pod.addresses.clone();
+        addresses.sort();
+        addresses.dedup();
+        let of = |f: Family| addresses.iter().filter(move |a| Family::of(a) == f);
+        let mut out = Vec::new();
+        let scoped = self.scoped.get(&pod.namespace).into_iter().flatten();
+        for i in scoped.chain(&self.unscoped) {
+            let (name, key) = &self.member_sets[*i];
+            let members: Vec<Member> = match key {
+                SetKey::Pods(k, f) => {
+                    let in_scope = match &k.namespaces {
+                        NsScope::Named(n) => *n == pod.namespace,
+                        NsScope::Selector(s) => s.matches(ns_labels),
+                    };
+                    if !in_scope || !k.pods.as_ref().is_none_or(|s| s.matches(&pod.labels)) {
+                        continue;
+                    }
+                    of(*f).map(|a| Member::Addr(*a)).collect()
+                }
+                SetKey::NamedPort(port, protocol, f) => match pod.named_port(port, *protocol) {
+                    Some(n) => of(*f).map(|a| Member::AddrPort(*a, n)).collect(),
+                    None => continue,
+                },
+                SetKey::Block(..) => continue,
+            };
+            if !members.is_empty() {
+                out.push((name.clone(), members));
+            }
+        }
+        out
+    }
+
+    /// Adds `pod`'s elements to the sets it is in.
+    fn join(&mut self, pod: &Pod) {
+        for (set, members) in self.memberships(pod) {
+            let Some(s) = self.ruleset.sets.get_mut(&set) else {
+                continue;
+            };
+            for m in members {
+                if s.has(m) {
+                    *self
+                        .extra
+                        .entry(set.clone())
+                        .or_default()
+                        .entry(m)
+                        .or_default() += 1;
+                } else {
+                    s.insert(m);
+                    if !self.journal.off {
+                        self.journal
+                            .elements
+                            .entry((set.clone(), m))
+                            .or_insert(false);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes `pod`'s elements out of the sets it is in; `false` when one is not there.
+    fn leave(&mut self, pod: &Pod) -> bool {
+        for (set, members) in self.memberships(pod) {
+            let Some(s) = self.ruleset.sets.get_mut(&set) else {
+                return false;
+            };
+            for m in members {
+                if let Some(extra) = self.extra.get_mut(&set)
+                    && let Some(n) = extra.get_mut(&m)
+                {
+                    *n -= 1;
+                    if *n == 0 {
+                        extra.remove(&m);
+                        if extra.is_empty() {
+                            self.extra.remove(&set);
+                        }
+                    }
+                } else if s.has(m) {
+                    s.remove(m);
+                    self.journal
+                        .elements
+                        .entry((set.clone(), m))
+                        .or_insert(true);
+                } else {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
