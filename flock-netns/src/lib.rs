@@ -18,6 +18,7 @@
 // anycast (ECMP routes over pods' host veths); pod (one attachment: setup, check, detach,
 // teardown).
 mod anycast;
+mod check;
 mod error;
 mod host;
 mod nl;
@@ -25,6 +26,7 @@ mod ns;
 mod pod;
 
 pub use anycast::{AnycastMember, sync_anycast};
+pub use check::{Mismatch, Side, check};
 pub use error::{Error, Result, TeardownError};
 pub use host::{
     HOST_IF_PREFIX, HostIface, HostRoute, ensure_blackholes, host_ifname, host_routes,
@@ -32,10 +34,7 @@ pub use host::{
 };
 pub use nl::RouteSpec;
 pub use ns::{NodeNs, NsTarget, blocking_in_netns};
-pub use pod::{
-    GATEWAY4, GATEWAY6, Mismatch, PodSpec, SetupOutcome, SetupTiming, Side, check, detach, setup,
-    teardown,
-};
+pub use pod::{GATEWAY4, GATEWAY6, PodSpec, SetupOutcome, SetupTiming, detach, setup, teardown};
 
 #[cfg(test)]
 mod tests {

@@ -9,11 +9,11 @@ use ipnet::IpNet;
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth};
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth};
 
-use crate::anycast::{is_unicast, member_set, program_anycast};
+use crate::anycast::{member_set, program_anycast};
 use crate::error::{Error, Result, TeardownError};
 use crate::host::{HOST_IF_PREFIX, remove_host_iface};
 use crate::nl::{self, AddrKind, Link, RouteSpec};
-use crate::ns::{NlConn, NodeNs, NsTarget, Sysctl, ensure_sysctls, read_sysctl, run_in};
+use crate::ns::{NlConn, NodeNs, NsTarget, Sysctl, ensure_sysctls, run_in};
 
 const EEXIST: i32 = 17;
 
@@ -56,7 +56,7 @@ impl PodSpec {
         self.addresses.iter().any(|a| a.addr().is_ipv6())
     }
 
-    fn has_v4(&self) -> bool {
+    pub(crate) fn has_v4(&self) -> bool {
         self.addresses.iter().any(|a| a.addr().is_ipv4())
     }
 
@@ -185,7 +185,7 @@ pub struct SetupTiming {
 }
 
 /// The sysctls of a host veth, with the values flock wants.
-fn host_sysctls(host_if: &str) -> Vec<Sysctl> {
+pub(crate) fn host_sysctls(host_if: &str) -> Vec<Sysctl> {
     vec![
         Sysctl {
             path: "net/ipv4/ip_forward".to_owned(),
@@ -206,7 +206,7 @@ fn host_sysctls(host_if: &str) -> Vec<Sysctl> {
     ]
 }
 
-fn ns_name(path: &std::path::Path) -> String {
+pub(crate) fn ns_name(path: &std::path::Path) -> String {
     path.display().to_string()
 }
 
@@ -524,355 +524,5 @@ pub async fn detach(node: &NodeNs, spec: &PodSpec) -> Result<(), TeardownError> 
         Ok(())
     } else {
         Err(TeardownError { errors })
-    }
-}
-
-/// Which namespace a [`Mismatch`] is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Side {
-    /// The node's namespace (host veth, host routes).
-    Host,
-    /// The pod's namespace.
-    Pod,
-}
-
-impl std::fmt::Display for Side {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Side::Host => "host",
-            Side::Pod => "pod",
-        })
-    }
-}
-
-/// One difference between the kernel and what a pod should have.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Mismatch {
-    /// The pod's namespace file does not exist.
-    NetnsMissing {
-        /// The path.
-        path: PathBuf,
-    },
-    /// An interface is missing.
-    LinkMissing {
-        /// Where.
-        side: Side,
-        /// Which.
-        ifname: String,
-    },
-    /// An interface is administratively down.
-    LinkDown {
-        /// Where.
-        side: Side,
-        /// Which.
-        ifname: String,
-    },
-    /// An interface has the wrong MTU.
-    Mtu {
-        /// Where.
-        side: Side,
-        /// Which.
-        ifname: String,
-        /// Wanted.
-        expected: u32,
-        /// Found.
-        actual: u32,
-    },
-    /// An address is missing from an interface.
-    AddressMissing {
-        /// Where.
-        side: Side,
-        /// Which interface.
-        ifname: String,
-        /// Which address.
-        addr: IpNet,
-    },
-    /// An interface carries an address it should not.
-    AddressExtra {
-        /// Where.
-        side: Side,
-        /// Which interface.
-        ifname: String,
-        /// Which address.
-        addr: IpNet,
-    },
-    /// A route is missing (or goes elsewhere).
-    RouteMissing {
-        /// Where.
-        side: Side,
-        /// The route that should be there.
-        route: RouteSpec,
-    },
-    /// The anycast route lacks this pod's nexthop.
-    AnycastNexthopMissing {
-        /// The anycast address.
-        addr: IpAddr,
-        /// The pod's host veth.
-        host_if: String,
-    },
-    /// A sysctl has the wrong value.
-    Sysctl {
-        /// Where.
-        side: Side,
-        /// Path under `/proc/sys`.
-        path: String,
-        /// Wanted.
-        expected: String,
-        /// Found (or the read error).
-        actual: String,
-    },
-}
-
-impl std::fmt::Display for Mismatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Mismatch::NetnsMissing { path } => {
-                write!(f, "network namespace {} is missing", path.display())
-            }
-            Mismatch::LinkMissing { side, ifname } => {
-                write!(f, "{side} interface {ifname} is missing")
-            }
-            Mismatch::LinkDown { side, ifname } => write!(f, "{side} interface {ifname} is down"),
-            Mismatch::Mtu {
-                side,
-                ifname,
-                expected,
-                actual,
-            } => write!(
-                f,
-                "{side} interface {ifname} has mtu {actual}, expected {expected}"
-            ),
-            Mismatch::AddressMissing { side, ifname, addr } => {
-                write!(f, "address {addr} is missing on {side} interface {ifname}")
-            }
-            Mismatch::AddressExtra { side, ifname, addr } => {
-                write!(f, "unexpected address {addr} on {side} interface {ifname}")
-            }
-            Mismatch::RouteMissing { side, route } => {
-                write!(f, "{side} route {route} is missing")
-            }
-            Mismatch::AnycastNexthopMissing { addr, host_if } => {
-                write!(f, "anycast route {addr} has no nexthop via {host_if}")
-            }
-            Mismatch::Sysctl {
-                side,
-                path,
-                expected,
-                actual,
-            } => write!(f, "{side} sysctl {path} is {actual}, expected {expected}"),
-        }
-    }
-}
-
-/// Compares both namespaces with what `spec` should have; an empty list
-/// means the pod is intact. `Err` only when the kernel could not be read.
-pub async fn check(node: &NodeNs, spec: &PodSpec) -> Result<Vec<Mismatch>> {
-    let mut out = Vec::new();
-    let host_if = spec.host_if.clone();
-    let nodename = node.name();
-    let h = node.handle().await?;
-
-    // Host side.
-    let host = nl::link_by_name(&h, &nodename, &host_if).await?;
-    let host_routes = nl::main_routes(&h, &nodename).await?;
-    match &host {
-        None => out.push(Mismatch::LinkMissing {
-            side: Side::Host,
-            ifname: host_if.clone(),
-        }),
-        Some(host) => {
-            link_state(&mut out, Side::Host, host, spec.mtu);
-            let gw6 = IpNet::new(IpAddr::V6(GATEWAY6), 64).expect("64 is a valid prefix");
-            let have = nl::addrs(&h, &nodename, host.index, &host_if).await?;
-            addr_diff(&mut out, Side::Host, &host_if, &[gw6], &have, false);
-            let sysctls = host_sysctls(&host_if);
-            let ns = nodename.clone();
-            let values = run_in(&node.target, move || {
-                Ok(sysctls
-                    .into_iter()
-                    .map(|s| {
-                        let v = read_sysctl(&ns, &s.path).unwrap_or_else(|e| e.to_string());
-                        (s, v)
-                    })
-                    .collect::<Vec<_>>())
-            })
-            .await?;
-            for (s, v) in values {
-                if v != s.want {
-                    out.push(Mismatch::Sysctl {
-                        side: Side::Host,
-                        path: s.path,
-                        expected: s.want.to_owned(),
-                        actual: v,
-                    });
-                }
-            }
-        }
-    }
-    if spec.has_v4() {
-        match nl::link_by_name(&h, &nodename, "lo").await? {
-            Some(lo) => {
-                let have = nl::addrs(&h, &nodename, lo.index, "lo").await?;
-                if !have.iter().any(|a| a.net == gateway4_net()) {
-                    out.push(Mismatch::AddressMissing {
-                        side: Side::Host,
-                        ifname: "lo".to_owned(),
-                        addr: gateway4_net(),
-                    });
-                }
-            }
-            None => out.push(Mismatch::LinkMissing {
-                side: Side::Host,
-                ifname: "lo".to_owned(),
-            }),
-        }
-    }
-    let host_index = host.as_ref().map(|l| l.index);
-    for r in spec.host_routes() {
-        let ok = host_index.is_some_and(|idx| {
-            host_routes
-                .iter()
-                .any(|k| k.dst == r.dst && is_unicast(k) && k.nexthops == vec![(idx, None)])
-        });
-        if !ok {
-            out.push(Mismatch::RouteMissing {
-                side: Side::Host,
-                route: r,
-            });
-        }
-    }
-    for a in &spec.anycast {
-        let dst = IpNet::from(*a);
-        let ok = host_index.is_some_and(|idx| {
-            host_routes
-                .iter()
-                .any(|k| k.dst == dst && k.nexthops.iter().any(|(i, _)| *i == idx))
-        });
-        if !ok {
-            out.push(Mismatch::AnycastNexthopMissing {
-                addr: *a,
-                host_if: host_if.clone(),
-            });
-        }
-    }
-
-    // Pod side.
-    if !spec.netns.exists() {
-        out.push(Mismatch::NetnsMissing {
-            path: spec.netns.clone(),
-        });
-        return Ok(out);
-    }
-    let podname = ns_name(&spec.netns);
-    let pod = NlConn::open(&NsTarget::Path(spec.netns.clone())).await?;
-    let p = &pod.handle;
-    let Some(peer) = nl::link_by_name(p, &podname, &spec.if_name).await? else {
-        out.push(Mismatch::LinkMissing {
-            side: Side::Pod,
-            ifname: spec.if_name.clone(),
-        });
-        return Ok(out);
-    };
-    link_state(&mut out, Side::Pod, &peer, spec.mtu);
-    let mut have = nl::addrs(p, &podname, peer.index, &spec.if_name).await?;
-    // Anycast addresses are checked on their own below.
-    let anycast: Vec<IpNet> = spec.anycast.iter().map(|a| IpNet::from(*a)).collect();
-    let anycast_here: Vec<IpNet> = have
-        .iter()
-        .map(|a| a.net)
-        .filter(|n| anycast.contains(n))
-        .collect();
-    have.retain(|a| !anycast.contains(&a.net));
-    addr_diff(
-        &mut out,
-        Side::Pod,
-        &spec.if_name,
-        &spec.addresses,
-        &have,
-        true,
-    );
-    let routes = nl::main_routes(p, &podname).await?;
-    for r in spec.pod_routes() {
-        let ok = routes.iter().any(|k| {
-            k.dst == r.dst && is_unicast(k) && k.nexthops == vec![(peer.index, r.gateway)]
-        });
-        if !ok {
-            out.push(Mismatch::RouteMissing {
-                side: Side::Pod,
-                route: r,
-            });
-        }
-    }
-    // Anycast addresses belong on the pod's interface; one on `lo` (where agents before 0.2
-    // put them) still counts, so a pod set up by an older agent passes CHECK.
-    let missing: Vec<IpNet> = anycast
-        .iter()
-        .copied()
-        .filter(|n| !anycast_here.contains(n))
-        .collect();
-    if !missing.is_empty() {
-        let on_lo = match nl::link_by_name(p, &podname, "lo").await? {
-            Some(lo) => nl::addrs(p, &podname, lo.index, "lo").await?,
-            None => Vec::new(),
-        };
-        for net in missing {
-            if !on_lo.iter().any(|x| x.net == net) {
-                out.push(Mismatch::AddressMissing {
-                    side: Side::Pod,
-                    ifname: spec.if_name.clone(),
-                    addr: net,
-                });
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn link_state(out: &mut Vec<Mismatch>, side: Side, link: &Link, mtu: u32) {
-    if !link.up {
-        out.push(Mismatch::LinkDown {
-            side,
-            ifname: link.name.clone(),
-        });
-    }
-    if link.mtu != mtu {
-        out.push(Mismatch::Mtu {
-            side,
-            ifname: link.name.clone(),
-            expected: mtu,
-            actual: link.mtu,
-        });
-    }
-}
-
-fn addr_diff(
-    out: &mut Vec<Mismatch>,
-    side: Side,
-    ifname: &str,
-    want: &[IpNet],
-    have: &[nl::Addr],
-    ignore_link_local: bool,
-) {
-    for w in want {
-        if !have.iter().any(|h| h.net == *w) {
-            out.push(Mismatch::AddressMissing {
-                side,
-                ifname: ifname.to_owned(),
-                addr: *w,
-            });
-        }
-    }
-    for h in have {
-        let link_local = matches!(h.net.addr(), IpAddr::V6(a) if a.is_unicast_link_local());
-        if ignore_link_local && link_local {
-            continue;
-        }
-        if !want.contains(&h.net) {
-            out.push(Mismatch::AddressExtra {
-                side,
-                ifname: ifname.to_owned(),
-                addr: h.net,
-            });
-        }
     }
 }
