@@ -4,8 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::addr::{AddrRange, Family, subtract};
-use crate::input::{CheckedPeer, CheckedPolicy, CheckedRule, LabelSelector, Pod, Port, Protocol};
+use crate::input::{CheckedPeer, CheckedPolicy, CheckedRule, Pod, Port, Protocol};
 use crate::model::{AddrSet, Allow, Direction, Elements, Ports, merge};
+use crate::selector::LabelSelector;
 
 /// Which pods a `Pods` peer stands for: a namespace selector or one namespace, and a pod
 /// selector (`None`: every pod).

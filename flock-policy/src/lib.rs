@@ -130,18 +130,19 @@ mod error;
 mod input;
 mod model;
 mod render;
+mod selector;
 mod state;
 
 pub use addr::{AddrRange, Family};
 pub use error::{Error, Result};
 pub use input::{
-    LabelSelector, Labels, NAMESPACE_NAME_LABEL, NamedPort, Namespace, Operator, Peer, Pod, Policy,
-    PolicyTypes, Port, PortSpec, Protocol, Requirement, Rule,
+    NamedPort, Namespace, Peer, Pod, Policy, PolicyTypes, Port, PortSpec, Protocol, Rule,
 };
 pub use model::{
     AddrSet, Allow, Direction, Elements, Hop, Member, Packet, Ports, Ruleset, Transport, Verdict,
 };
 pub use render::{Element, ElementOp, REMOVE_SCRIPT, TABLE, Update};
+pub use selector::{LabelSelector, Labels, NAMESPACE_NAME_LABEL, Operator, Requirement};
 pub use state::{ChainChange, Delta, Model, build};
 
 #[cfg(test)]

@@ -8,8 +8,9 @@ use crate::allows::{
     KeyedAllow, KeyedPorts, NsScope, PodsKey, SetKey, empty_set, pod_allows, referenced,
 };
 use crate::error::{Error, Result};
-use crate::input::{CheckedPolicy, Labels, Namespace, Pod, Protocol};
+use crate::input::{CheckedPolicy, Namespace, Pod, Protocol};
 use crate::model::{Allow, Direction, Member, Ports, Ruleset, family_suffix};
+use crate::selector::Labels;
 
 /// Builds the rule model of the node whose pods are those with a `host_if`.
 ///
