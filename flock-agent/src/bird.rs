@@ -150,7 +150,7 @@ async fn sync_once(
     if changed {
         write_config(&target.config_path, config.as_bytes())
             .await
-            .map_err(|e| crate::agent::error::cause_chain(&e))?;
+            .map_err(|e| flock_cni_proto::error::cause_chain(&e))?;
     }
     configure(target).await?;
     Ok(SyncOutcome::Reloaded)

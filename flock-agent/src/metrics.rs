@@ -221,7 +221,7 @@ impl Metrics {
     }
 
     /// Sets the gauges of the applied NetworkPolicy ruleset.
-    pub fn set_policy_size(&self, size: crate::policy::plan::RulesetSize) {
+    pub fn set_policy_size(&self, size: PolicySize) {
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.policy_rules.set(gauge(size.rules));
         for (direction, n) in [("ingress", size.ingress_pods), ("egress", size.egress_pods)] {
@@ -412,4 +412,17 @@ mod tests {
         h.set_problem("bird", None);
         assert_eq!(h.readiness(), Ok(()));
     }
+}
+
+/// The size of the applied NetworkPolicy ruleset, as the metrics show it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicySize {
+    /// Pods isolated for ingress.
+    pub ingress_pods: usize,
+    /// Pods isolated for egress.
+    pub egress_pods: usize,
+    /// Allow rules over every per-pod chain.
+    pub rules: usize,
+    /// Named sets.
+    pub sets: usize,
 }

@@ -2,11 +2,10 @@
 //! Kubernetes pod watcher.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use flock_cni_proto::CniError;
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::store::PodRef;
@@ -95,9 +94,6 @@ impl PodInfo {
         }
     }
 }
-
-/// A boxed future, so [`PodDirectory`] stays object-safe.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Looks pods up (the Kubernetes pod watcher implements it).
 pub trait PodDirectory: Send + Sync {

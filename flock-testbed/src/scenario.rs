@@ -20,8 +20,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use crate::cluster::{self, ProxyMode, RUN_DIR, UpOptions};
-use crate::versions::Kubernetes;
+use crate::cluster::{self, RUN_DIR, UpOptions};
 
 /// The lock file: outside [`RUN_DIR`], which `down` removes.
 const LOCK: &str = "/run/flockcluster.lock";
@@ -46,19 +45,6 @@ impl Shared {
     }
 }
 
-/// The options of this run, from the environment.
-pub fn options() -> Result<UpOptions> {
-    let mut options = UpOptions::default();
-    if let Ok(k) = std::env::var("FLOCK_TESTBED_KUBERNETES") {
-        options.kubernetes = Kubernetes::parse(&k).context("FLOCK_TESTBED_KUBERNETES")?;
-    }
-    if let Ok(mode) = std::env::var("FLOCK_TESTBED_PROXY_MODE") {
-        options.proxy_mode = ProxyMode::parse(&mode).context("FLOCK_TESTBED_PROXY_MODE")?;
-    }
-    options.bins = Some(crate::lab::debug_bins());
-    Ok(options)
-}
-
 fn ready_file() -> PathBuf {
     Path::new(RUN_DIR).join(READY)
 }
@@ -73,10 +59,11 @@ fn describe(options: &UpOptions, bins: &Path) -> String {
             .unwrap_or_else(|_| "missing".to_owned())
     };
     format!(
-        "{} {} flock-agent {} flock {}",
+        "{} {} flock-agent {} flock-controller {} flock {}",
         options.kubernetes,
         options.proxy_mode.as_str(),
         built("flock-agent"),
+        built("flock-controller"),
         built("flock")
     )
 }
@@ -90,7 +77,7 @@ pub fn cluster() -> Result<Shared> {
     let file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| e)
         .with_context(|| format!("lock {LOCK}"))?;
-    let options = options()?;
+    let options = UpOptions::from_env()?;
     let bins = options.bins.clone().unwrap_or_else(crate::lab::debug_bins);
     let stamp = describe(&options, &bins);
     let reusable = std::fs::read_to_string(ready_file()).is_ok_and(|t| t == stamp)

@@ -1,71 +1,207 @@
 //! A crate's module graph, read from its sources, and the cycle finder the "no import
-//! cycles" tests use: every `crate::<module>` path outside comments and test modules is an
-//! edge.
+//! cycles" tests use: every `crate::`, `super::` or `self::` path outside comments and test
+//! modules is an edge, at the level of files ([`file_graph`]: `agent::error`) and of the
+//! crate's top-level modules ([`top_level`]: `agent`). [`assert_no_import_cycles`] checks both.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Module name → the modules it uses, for the top-level modules of a crate's `src` folder.
-pub fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut modules = BTreeMap::new();
-    for entry in std::fs::read_dir(src).expect("read src") {
-        let path = entry.expect("entry").path();
-        let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
-            continue;
-        };
-        if path.extension().is_none_or(|e| e != "rs") || name == "lib" {
-            continue;
+/// Module path (`agent::error`; a folder's `mod.rs` is the folder's module) → the modules its
+/// code names, for every file of a crate's `src` folder but `lib.rs`/`main.rs` and test files
+/// (`tests.rs`, `tests/`). A path names the longest module it starts with; a module naming
+/// one of its ancestors (`super::Thing` in a child) is not an edge: parent and child are
+/// read together.
+pub fn file_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    collect_files(src, src, &mut files);
+    let modules: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
+    let mut graph = BTreeMap::new();
+    for (module, path) in &files {
+        let text = std::fs::read_to_string(path).expect("read module");
+        let here: Vec<&str> = module.split("::").collect();
+        let mut used = BTreeSet::new();
+        for target in paths(&text, &here) {
+            // The longest module the path starts with.
+            let found = (1..=target.len())
+                .rev()
+                .map(|n| target[..n].join("::"))
+                .find(|m| modules.contains(m));
+            if let Some(m) = found {
+                let ancestor = module == &m || module.starts_with(&format!("{m}::"));
+                if !ancestor {
+                    used.insert(m);
+                }
+            }
         }
-        let text = std::fs::read_to_string(&path).expect("read module");
-        modules.insert(name.to_owned(), uses(&text));
+        graph.insert(module.clone(), used);
     }
-    for (name, used) in &mut modules {
-        used.remove(name);
-    }
-    modules
+    graph
 }
 
-/// The modules `text` names as `crate::x` (or in `crate::{x, y}`), before its test module and
-/// outside comments.
-fn uses(text: &str) -> BTreeSet<String> {
+/// The graph of the crate's top-level modules: `agent::error → policy` becomes
+/// `agent → policy`; a module naming itself is not an edge.
+pub fn top_level(files: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, BTreeSet<String>> {
+    let top = |m: &str| m.split("::").next().unwrap_or_default().to_owned();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in files {
+        let entry = graph.entry(top(from)).or_default();
+        entry.extend(to.iter().map(|t| top(t)).filter(|t| *t != top(from)));
+    }
+    graph
+}
+
+/// Panics naming the cycle if the files of the crate at `crate_dir` (its `src`), or its
+/// top-level modules, import each other in a loop.
+pub fn assert_no_import_cycles(crate_dir: &str) {
+    let files = file_graph(&Path::new(crate_dir).join("src"));
+    assert!(!files.is_empty(), "no module read under {crate_dir}/src");
+    if let Some(cycle) = find_cycle(&files) {
+        panic!("files import each other in a loop: {}", cycle.join(" → "));
+    }
+    if let Some(cycle) = find_cycle(&top_level(&files)) {
+        panic!("modules import each other in a loop: {}", cycle.join(" → "));
+    }
+}
+
+fn collect_files(src: &Path, dir: &Path, out: &mut Vec<(String, std::path::PathBuf)>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("read src")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if path.is_dir() {
+            if name != "tests" && name != "snapshots" {
+                collect_files(src, &path, out);
+            }
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") || name == "tests.rs" {
+            continue;
+        }
+        let rel = path
+            .strip_prefix(src)
+            .expect("under src")
+            .with_extension("");
+        let mut parts: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts.last().is_some_and(|l| l == "mod") {
+            parts.pop();
+        }
+        if parts.is_empty() || parts == ["lib"] || parts == ["main"] {
+            continue;
+        }
+        out.push((parts.join("::"), path));
+    }
+}
+
+/// Every path `text` (the module at `here`) names through `crate::`, `super::` or `self::`,
+/// as segments from the crate root, before its test module and outside comments.
+fn paths(text: &str, here: &[&str]) -> Vec<Vec<String>> {
     let code = text
         .split("#[cfg(test)]\nmod tests")
         .next()
         .unwrap_or_default();
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect()
-    };
-    let mut found = BTreeSet::new();
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = Vec::new();
     for line in code.lines() {
         let line = line.split("//").next().unwrap_or_default();
-        for (i, _) in line.match_indices("crate::") {
-            let rest = &line[i + "crate::".len()..];
-            if let Some(group) = rest.strip_prefix('{') {
-                // The first name of each top-level item of the group.
-                let mut depth = 0;
-                let mut item_start = true;
-                for (j, c) in group.char_indices() {
-                    match c {
-                        '{' => depth += 1,
-                        '}' if depth == 0 => break,
-                        '}' => depth -= 1,
-                        ',' if depth == 0 => item_start = true,
-                        c if item_start && !c.is_whitespace() => {
-                            found.insert(ident(&group[j..]));
-                            item_start = false;
-                        }
-                        _ => {}
+        let mut i = 0;
+        while i < line.len() {
+            let rest = &line[i..];
+            let starts_word = line[..i]
+                .chars()
+                .next_back()
+                .is_none_or(|c| !is_ident(c) && c != ':');
+            let base: Option<(Vec<String>, usize)> = if !starts_word {
+                None
+            } else if rest.starts_with("crate::") {
+                Some((Vec::new(), "crate::".len()))
+            } else if rest.starts_with("super::") || rest.starts_with("self::") {
+                let mut at: Vec<String> = here.iter().map(|s| (*s).to_owned()).collect();
+                let mut len = 0;
+                loop {
+                    if line[i + len..].starts_with("super::") {
+                        at.pop();
+                        len += "super::".len();
+                    } else if line[i + len..].starts_with("self::") {
+                        len += "self::".len();
+                    } else {
+                        break;
                     }
                 }
+                Some((at, len))
             } else {
-                found.insert(ident(rest));
+                None
+            };
+            let Some((prefix, len)) = base else {
+                i += rest.chars().next().map_or(1, char::len_utf8);
+                continue;
+            };
+            let tail = &line[i + len..];
+            if let Some(group) = tail.strip_prefix('{') {
+                for item in group_items(group) {
+                    out.push(join(&prefix, item));
+                }
+            } else {
+                out.push(join(&prefix, tail));
             }
+            i += len;
         }
     }
-    found.retain(|m| !m.is_empty());
-    found
+    out
+}
+
+/// The items of a `{a::b, c, d::{e, f}}` group (the text after its `{`), each as written.
+fn group_items(group: &str) -> Vec<&str> {
+    let mut items = Vec::new();
+    let mut depth = 0;
+    let mut start = 0;
+    for (j, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                items.push(&group[start..j]);
+                return items;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&group[start..j]);
+                start = j + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&group[start..]);
+    items
+}
+
+/// `prefix` followed by the segments of the path at the start of `text` (`a::b::C`).
+fn join(prefix: &[String], text: &str) -> Vec<String> {
+    let mut out = prefix.to_vec();
+    let mut rest = text.trim_start();
+    loop {
+        let ident: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if ident.is_empty() || ident == "self" {
+            break;
+        }
+        rest = &rest[ident.len()..];
+        out.push(ident);
+        match rest.strip_prefix("::") {
+            Some(r) => rest = r,
+            None => break,
+        }
+    }
+    out
 }
 
 /// A cycle of `graph` (its modules in order, the first repeated at the end), if any.
@@ -122,15 +258,30 @@ mod tests {
             find_cycle(&graph(&[("a", "b"), ("b", "c"), ("a", "c")])),
             None
         );
+        let named = |text: &str, here: &[&str]| -> Vec<String> {
+            paths(text, here)
+                .into_iter()
+                .map(|p| p.join("::"))
+                .collect()
+        };
         assert_eq!(
-            uses(
-                "use crate::error::{A, B};\n// crate::skel\nfn f() { crate::env::x(); }\n#[cfg(test)]\nmod tests {\n    use crate::rpc;\n}\n"
+            named(
+                "use super::decide::Pool;\nuse crate::{agent::error::Error, k8s};\nlet x = self::inner::f();\n",
+                &["controller", "run"]
             ),
-            ["env", "error"].map(String::from).into()
+            [
+                "controller::decide::Pool",
+                "agent::error::Error",
+                "k8s",
+                "controller::run::inner::f"
+            ]
         );
         assert_eq!(
-            uses("use crate::{delqueue, rpc::{self, Op}};"),
-            ["delqueue", "rpc"].map(String::from).into()
+            named(
+                "pub(super) fn f() {} // crate::skel\nlet y = flock_cni_proto::error::x;",
+                &["a"]
+            ),
+            Vec::<String>::new()
         );
     }
 }

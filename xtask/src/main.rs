@@ -98,7 +98,7 @@ fn test(filters: &[String]) -> Result<()> {
     // themselves run are built below, on their own, so that no component is built twice at
     // once.
     let prebuild = filters.is_empty().then(|| {
-        let k = flock_testbed::scenario::options().map(|o| o.kubernetes);
+        let k = cluster::UpOptions::from_env().map(|o| o.kubernetes);
         std::thread::spawn(move || -> Result<()> {
             let k = k?;
             let mut list = vec![

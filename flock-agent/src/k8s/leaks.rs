@@ -113,7 +113,7 @@ pub async fn reconcile_once(
                 report.released.push(key);
             }
             Err(e) => {
-                let error = crate::agent::error::cause_chain(&e);
+                let error = flock_cni_proto::error::cause_chain(&e);
                 warn!(container_id = %key.container_id, if_name = %key.if_name, %pod,
                     %error, "releasing a leaked allocation failed; retrying next pass");
                 report.failed.push((key, error));

@@ -19,7 +19,9 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use crate::pods::{BoxFuture, PodDirectory, PodInfo};
+use futures::future::BoxFuture;
+
+use crate::pods::{PodDirectory, PodInfo};
 use crate::store::PodRef;
 
 /// The server-side field selector of the pods of `node`.

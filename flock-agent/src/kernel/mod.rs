@@ -14,7 +14,7 @@ use ipnet::IpNet;
 
 pub mod memory;
 
-pub use crate::pods::BoxFuture;
+use futures::future::BoxFuture;
 
 /// The kernel's error: `flock-netns`'s, with the operation, the object and the errno.
 pub type KernelError = flock_netns::Error;

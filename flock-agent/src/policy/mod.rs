@@ -529,7 +529,7 @@ impl PolicyEnforcer {
         };
         if let Err(e) = result {
             // What the kernel holds is unknown now: the next apply replaces the table.
-            return Err((generation, crate::agent::error::cause_chain(&e)));
+            return Err((generation, flock_cni_proto::error::cause_chain(&e)));
         }
         let ruleset = model.ruleset();
         self.metrics.set_policy_size(plan::size(ruleset));

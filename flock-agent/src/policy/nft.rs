@@ -11,7 +11,7 @@ use flock_policy::{ElementOp, Update};
 
 use super::netlink::{ElementSocket, MAX_BATCH_ELEMENTS};
 
-use crate::pods::BoxFuture;
+use futures::future::BoxFuture;
 
 /// Why a script was not applied.
 #[derive(Debug, thiserror::Error)]

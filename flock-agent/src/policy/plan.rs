@@ -3,6 +3,8 @@
 
 use flock_policy::{Delta, REMOVE_SCRIPT, Ruleset, Update};
 
+use crate::metrics::PolicySize;
+
 /// One transaction, or none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
@@ -69,22 +71,9 @@ pub fn delta_step(was_empty: bool, next: &Ruleset, delta: &Delta) -> Step {
     }
 }
 
-/// Sizes of a ruleset, for the metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RulesetSize {
-    /// Pods isolated for ingress.
-    pub ingress_pods: usize,
-    /// Pods isolated for egress.
-    pub egress_pods: usize,
-    /// Allow rules over every per-pod chain.
-    pub rules: usize,
-    /// Named sets.
-    pub sets: usize,
-}
-
 /// How big `ruleset` is.
-pub fn size(ruleset: &Ruleset) -> RulesetSize {
-    RulesetSize {
+pub fn size(ruleset: &Ruleset) -> PolicySize {
+    PolicySize {
         ingress_pods: ruleset.ingress.len(),
         egress_pods: ruleset.egress.len(),
         rules: ruleset
@@ -170,7 +159,7 @@ mod tests {
         );
         assert_eq!(
             size(&three),
-            RulesetSize {
+            PolicySize {
                 ingress_pods: 2,
                 egress_pods: 0,
                 // one allow per pod and family (a set of each family)

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use flock_agent::pods::{BoxFuture, PodDirectory, PodInfo};
+use flock_agent::pods::{PodDirectory, PodInfo};
 use flock_agent::policy::PolicyEnforcer;
 use flock_agent::store::PodRef;
 use flock_cni_proto::{CniError, ErrorCode};
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::Event;

@@ -20,8 +20,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use super::floor::Floor;
-use super::report::percentile_ms;
+use super::{Floor, percentile_ms};
 
 /// The phases of the agent's ADD and DEL, in the order they happen.
 const ADD_PHASES: &[&str] = &[

@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use flock_netns::{NodeNs, PodSpec, detach, host_ifname, setup};
 use flock_testkit::Netns;
 
+use super::Floor;
 use super::handoff::handed_off_adds;
 
 /// Pods taken at some concurrency, and the wall time they took.
@@ -17,37 +18,6 @@ pub type Burst = (usize, Duration);
 /// Pods per second of a burst.
 fn pods_per_s(burst: Option<Burst>) -> Option<f64> {
     burst.map(|(n, wall)| n as f64 / wall.as_secs_f64())
-}
-
-/// The kernel floor and the shim's own floor, measured in the bench's run.
-#[derive(Debug, Default)]
-pub struct Floor {
-    /// `flock_netns::setup` of a dual-stack pod in a fresh namespace.
-    pub setup: Vec<Duration>,
-    /// `flock_netns::detach` of it (what a DEL waits for; the veth goes after the answer).
-    pub detach: Vec<Duration>,
-    /// The shim exec'd for `VERSION` by the runtime stand-in.
-    pub version_exec: Vec<Duration>,
-    /// `flock_netns::setup` of as many more pods, one at a time, each right after the shim was
-    /// exec'd (for `VERSION`): the kernel work as a CNI's runs, after the runtime's exec of
-    /// its plugin, rather than in a loop that keeps caches warm.
-    pub setup_after_exec: Vec<Duration>,
-    /// A round trip over a Unix socket to a thread that has waited idle for a millisecond, as
-    /// the agent waits for the next call and the shim for the agent's answer: what each
-    /// hand-off between the shim and the agent costs here beyond the work itself.
-    pub idle_round_trip: Vec<Duration>,
-    /// ADDs of as many more pods through the shim, exec'd by the runtime stand-in, to a
-    /// stand-in daemon that decodes, sets up and answers, and keeps no books (see
-    /// [`handed_off_adds`]): what a CNI of a shim and a node agent reaches here without
-    /// flock's bookkeeping.
-    pub handed_off_add: Vec<Duration>,
-    /// ADDs of as many more pods to such a daemon, `concurrency` at a time, as the bench's
-    /// runtime threads make a subject's, on a node emptied and settled: (pods, wall time).
-    pub handed_off_concurrent: Option<Burst>,
-    /// `flock_netns::setup` of as many more pods, `concurrency` at a time: (pods, wall time).
-    /// What the kernel allows a node to take at that concurrency with nothing but the kernel
-    /// work: the ceiling of a CNI's ADD throughput here.
-    pub setup_concurrent: Option<Burst>,
 }
 
 impl Floor {
@@ -329,23 +299,6 @@ async fn floor_cycles(
     floor.setup_concurrent = Some((conc_specs.len(), start.elapsed()));
     teardown_all(&node, &conc_specs).await?;
     Ok(floor)
-}
-
-/// Execs the first plugin of `runtime`'s list for `VERSION`, `n` times.
-pub fn measure_version_exec(
-    runtime: &flock_testkit::cni::Runtime,
-    plugin: &str,
-    n: usize,
-) -> Result<Vec<Duration>> {
-    (0..n)
-        .map(|_| {
-            let t = Instant::now();
-            runtime
-                .version(plugin)
-                .with_context(|| format!("VERSION of {plugin}"))?;
-            Ok(t.elapsed())
-        })
-        .collect()
 }
 
 #[cfg(test)]

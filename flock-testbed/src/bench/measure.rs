@@ -11,7 +11,7 @@ use flock_testkit::Netns;
 use flock_testkit::cni::{Attachment, Runtime};
 
 use super::breakdown::{self, Breakdown, Observed};
-use super::{Figures, Options, SetupContext, Subject, SubjectConfig, floor};
+use super::{Figures, Options, SetupContext, Subject, SubjectConfig};
 
 pub(super) fn run_subject(
     subject: &mut dyn Subject,
@@ -162,7 +162,7 @@ fn measure(
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    let version_exec = floor::measure_version_exec(&runtime, &plugin, opts.pods)?;
+    let version_exec = measure_version_exec(&runtime, &plugin, opts.pods)?;
     let breakdown = match subject.trace() {
         Some(trace) => Some(Breakdown::from_trace(&trace, &observed)?),
         None => None,
@@ -283,4 +283,21 @@ fn rss_kib(pid: u32) -> Result<u64> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .with_context(|| format!("no VmRSS in {path}"))
+}
+
+/// Execs the first plugin of `runtime`'s list for `VERSION`, `n` times.
+pub fn measure_version_exec(
+    runtime: &flock_testkit::cni::Runtime,
+    plugin: &str,
+    n: usize,
+) -> Result<Vec<Duration>> {
+    (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            runtime
+                .version(plugin)
+                .with_context(|| format!("VERSION of {plugin}"))?;
+            Ok(t.elapsed())
+        })
+        .collect()
 }

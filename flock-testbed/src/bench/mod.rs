@@ -34,6 +34,7 @@ pub use handoff::{HANDOFF_DAEMON, handoff_daemon};
 pub use subjects::{Flock, ReferencePtp, SetupContext, Subject, SubjectConfig, subjects};
 
 use breakdown::Breakdown;
+use floor::Burst;
 use measure::run_subject;
 use report::{machine_line, render_breakdown, render_table, utc_now, write_section};
 
@@ -239,6 +240,48 @@ pub fn bench(args: &[String]) -> Result<()> {
         eprintln!("xtask bench: wrote {}", path.display());
     }
     Ok(())
+}
+
+/// The kernel floor and the shim's own floor, measured in the bench's run.
+#[derive(Debug, Default)]
+pub struct Floor {
+    /// `flock_netns::setup` of a dual-stack pod in a fresh namespace.
+    pub setup: Vec<Duration>,
+    /// `flock_netns::detach` of it (what a DEL waits for; the veth goes after the answer).
+    pub detach: Vec<Duration>,
+    /// The shim exec'd for `VERSION` by the runtime stand-in.
+    pub version_exec: Vec<Duration>,
+    /// `flock_netns::setup` of as many more pods, one at a time, each right after the shim was
+    /// exec'd (for `VERSION`): the kernel work as a CNI's runs, after the runtime's exec of
+    /// its plugin, rather than in a loop that keeps caches warm.
+    pub setup_after_exec: Vec<Duration>,
+    /// A round trip over a Unix socket to a thread that has waited idle for a millisecond, as
+    /// the agent waits for the next call and the shim for the agent's answer: what each
+    /// hand-off between the shim and the agent costs here beyond the work itself.
+    pub idle_round_trip: Vec<Duration>,
+    /// ADDs of as many more pods through the shim, exec'd by the runtime stand-in, to a
+    /// stand-in daemon that decodes, sets up and answers, and keeps no books (see
+    /// [`handed_off_adds`]): what a CNI of a shim and a node agent reaches here without
+    /// flock's bookkeeping.
+    pub handed_off_add: Vec<Duration>,
+    /// ADDs of as many more pods to such a daemon, `concurrency` at a time, as the bench's
+    /// runtime threads make a subject's, on a node emptied and settled: (pods, wall time).
+    pub handed_off_concurrent: Option<Burst>,
+    /// `flock_netns::setup` of as many more pods, `concurrency` at a time: (pods, wall time).
+    /// What the kernel allows a node to take at that concurrency with nothing but the kernel
+    /// work: the ceiling of a CNI's ADD throughput here.
+    pub setup_concurrent: Option<Burst>,
+}
+
+/// Nearest-rank percentile, in milliseconds.
+pub(super) fn percentile_ms(samples: &[Duration], p: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1].as_secs_f64() * 1000.0
 }
 
 #[cfg(test)]

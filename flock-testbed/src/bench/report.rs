@@ -3,24 +3,12 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 
 use super::breakdown;
-use super::floor::Floor;
 use super::{Figures, Options};
-
-/// Nearest-rank percentile, in milliseconds.
-pub(super) fn percentile_ms(samples: &[Duration], p: f64) -> f64 {
-    if samples.is_empty() {
-        return f64::NAN;
-    }
-    let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1].as_secs_f64() * 1000.0
-}
+use super::{Floor, percentile_ms};
 
 pub(super) fn render_table(all: &[Figures], opts: &Options) -> String {
     type Row = (String, Box<dyn Fn(&Figures) -> Option<f64>>, &'static str);
@@ -234,6 +222,8 @@ fn command_line(cmd: &str, args: &[&str]) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn ms(v: &[u64]) -> Vec<Duration> {

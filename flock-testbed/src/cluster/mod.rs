@@ -334,7 +334,7 @@ pub fn check(filters: &[String]) -> Result<()> {
     // Everything the scenarios run is built before them (a scenario runs no build: under
     // `cargo test` the target folder is locked while tests run), and a cluster left up by
     // hand, with other binaries, is not reused.
-    let options = crate::scenario::options()?;
+    let options = UpOptions::from_env()?;
     step("Kubernetes and its peers", || {
         kube::ensure_release(options.kubernetes)
     })?;
@@ -388,6 +388,20 @@ impl Default for UpOptions {
 }
 
 impl UpOptions {
+    /// The options of the scenarios' cluster, from the environment
+    /// (`FLOCK_TESTBED_KUBERNETES`, `FLOCK_TESTBED_PROXY_MODE`), on the debug binaries.
+    pub fn from_env() -> Result<UpOptions> {
+        let mut options = UpOptions::default();
+        if let Ok(k) = std::env::var("FLOCK_TESTBED_KUBERNETES") {
+            options.kubernetes = Kubernetes::parse(&k).context("FLOCK_TESTBED_KUBERNETES")?;
+        }
+        if let Ok(mode) = std::env::var("FLOCK_TESTBED_PROXY_MODE") {
+            options.proxy_mode = ProxyMode::parse(&mode).context("FLOCK_TESTBED_PROXY_MODE")?;
+        }
+        options.bins = Some(crate::lab::debug_bins());
+        Ok(options)
+    }
+
     /// Parses `up`'s options; an unknown one, or one without its value, is an error naming it.
     pub fn parse(args: &[String]) -> Result<UpOptions> {
         let mut options = UpOptions::default();

@@ -27,9 +27,9 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
-use super::{PodView, exec, pods, router_routes};
+use super::{LEAK_GRACE, PodView, exec, ms, pods, pool_counts, router_routes};
 use crate::cluster::deploy::DEMO_NS;
 use crate::cluster::proc::{self, Place};
 use crate::cluster::report::HTTP_FN;
@@ -39,9 +39,6 @@ use crate::sys;
 use super::leave::leave;
 use super::wave::{delete_wave, leader_kill};
 
-/// The leak grace period the agents run with for this test (the shipped default is 5 min: a
-/// pod gone from the API for that long has its allocation released).
-pub const LEAK_GRACE: &str = "20s";
 /// The pod pinned to the joining node.
 const PINNED: &str = "joiner";
 
@@ -138,26 +135,6 @@ fn ensure_leak_grace() -> Result<()> {
     ])
     .context("roll out the agents with a short leak grace")?;
     Ok(())
-}
-
-/// The rack pool's status: (nodes, IPv6 free, IPv4 free).
-pub(super) fn pool_counts(pool: &str) -> Result<(String, String, String)> {
-    let got = kubectl(&[
-        "get",
-        "nodepool",
-        pool,
-        "-o",
-        "jsonpath={.status.nodes} {.status.ipv6.free} {.status.ipv4.free}",
-    ])?;
-    let f: Vec<&str> = got.split_whitespace().collect();
-    match f.as_slice() {
-        [n, six, four] => Ok(((*n).to_owned(), (*six).to_owned(), (*four).to_owned())),
-        _ => bail!("NodePool {pool} has no counts in its status: {got:?}"),
-    }
-}
-
-pub(super) fn ms(d: Duration) -> String {
-    format!("{:.1} s", d.as_secs_f64())
 }
 
 // ---------------------------------------------------------------------------------------

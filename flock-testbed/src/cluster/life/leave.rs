@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use super::join::{LEAK_GRACE, ms, pool_counts};
 use super::router_routes;
+use super::{LEAK_GRACE, ms, pool_counts};
 use crate::cluster::deploy::RELEASE_GRACE;
 use crate::cluster::proc;
 use crate::cluster::{JOINER, kubectl, node, site};

@@ -290,3 +290,27 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
+
+/// The leak grace period the agents run with for this test (the shipped default is 5 min: a
+/// pod gone from the API for that long has its allocation released).
+pub const LEAK_GRACE: &str = "20s";
+
+/// The rack pool's status: (nodes, IPv6 free, IPv4 free).
+pub(super) fn pool_counts(pool: &str) -> Result<(String, String, String)> {
+    let got = kubectl(&[
+        "get",
+        "nodepool",
+        pool,
+        "-o",
+        "jsonpath={.status.nodes} {.status.ipv6.free} {.status.ipv4.free}",
+    ])?;
+    let f: Vec<&str> = got.split_whitespace().collect();
+    match f.as_slice() {
+        [n, six, four] => Ok(((*n).to_owned(), (*six).to_owned(), (*four).to_owned())),
+        _ => bail!("NodePool {pool} has no counts in its status: {got:?}"),
+    }
+}
+
+pub(super) fn ms(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use super::super::deploy::DEMO_NS;
 use super::super::proc::Place;
 use super::super::{Node, kube, kubectl, node};
-use super::{PodView, cluster_now, join, node_config, pods, router_routes, wait_pods_unbound};
+use super::{PodView, cluster_now, node_config, pods, router_routes, wait_pods_unbound};
 use crate::sys;
 
 /// What flock holds on a node: its NodeConfig's allocation counts and its host veths.
@@ -90,7 +90,7 @@ pub(super) fn reboot(out: &mut String, n: &Node, forgotten: bool) -> Result<Vec<
         // The pod garbage collector deletes the pods bound to a Node that is gone.
         wait_pods_unbound(n.name)
             .with_context(|| format!("the pods bound to {} outlived its Node", n.name))?;
-        let grace = parse_seconds(join::LEAK_GRACE);
+        let grace = parse_seconds(super::LEAK_GRACE);
         std::thread::sleep(grace.saturating_sub(deleted.elapsed()) + Duration::from_secs(5));
         forgotten_for = deleted.elapsed();
         // The pool controller kept its NodeConfig: its status still holds the allocations.
@@ -169,7 +169,7 @@ pub(super) fn reboot(out: &mut String, n: &Node, forgotten: bool) -> Result<Vec<
             format!(
                 "its Node deleted for {:.0} s (leak grace {}), its pods gone from the API; ",
                 forgotten_for.as_secs_f64(),
-                join::LEAK_GRACE
+                super::LEAK_GRACE
             )
         } else {
             String::new()

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::join::ms;
+use super::ms;
 use crate::cluster::deploy::RACK_LABEL;
 use crate::cluster::{JOINER, kubectl, kubectl_stdin};
 use crate::sys;

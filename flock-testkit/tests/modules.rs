@@ -1,0 +1,6 @@
+//! No import cycles in the test kit itself, by its own check.
+
+#[test]
+fn no_import_cycles() {
+    flock_testkit::modules::assert_no_import_cycles(env!("CARGO_MANIFEST_DIR"));
+}
