@@ -274,21 +274,26 @@ pub const IMPURE_CRATES: &[&str] = &[
     "futures",
 ];
 
-/// Asserts that `package`'s normal dependency tree (`cargo tree -e normal`) contains every crate
-/// of `expected` (so the check looks at a real tree) and none of [`IMPURE_CRATES`].
-pub fn assert_pure_dependency_tree(package: &str, expected: &[&str]) {
+/// The crates of `package`'s normal dependency tree (`cargo tree -e normal`), `package` first;
+/// `depth` 1: its direct dependencies only.
+pub fn dependency_tree(package: &str, depth: Option<usize>) -> Vec<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let depth = depth.map(|d| d.to_string());
+    let mut args = vec![
+        "tree",
+        "-p",
+        package,
+        "-e",
+        "normal",
+        "--prefix",
+        "none",
+        "--offline",
+    ];
+    if let Some(d) = &depth {
+        args.extend(["--depth", d]);
+    }
     let out = Command::new(cargo)
-        .args([
-            "tree",
-            "-p",
-            package,
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-            "--offline",
-        ])
+        .args(&args)
         .output()
         .expect("run cargo tree");
     assert!(
@@ -296,20 +301,27 @@ pub fn assert_pure_dependency_tree(package: &str, expected: &[&str]) {
         "cargo tree -p {package} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let tree = String::from_utf8_lossy(&out.stdout);
-    let names: Vec<&str> = tree
+    String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().next())
-        .collect();
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Asserts that `package`'s normal dependency tree (`cargo tree -e normal`) contains every crate
+/// of `expected` (so the check looks at a real tree) and none of [`IMPURE_CRATES`].
+pub fn assert_pure_dependency_tree(package: &str, expected: &[&str]) {
+    let names = dependency_tree(package, None);
+    let tree = names.join("\n");
     for want in expected {
         assert!(
-            names.contains(want),
+            names.iter().any(|n| n == want),
             "{want} missing from the tree of {package}:\n{tree}"
         );
     }
     for banned in IMPURE_CRATES {
         assert!(
-            !names.contains(banned),
+            !names.iter().any(|n| n == banned),
             "{banned} is in the normal dependency tree of {package}, a pure crate:\n{tree}"
         );
     }
