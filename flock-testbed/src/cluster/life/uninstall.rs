@@ -32,12 +32,31 @@ spec:
 
 /// The lines of `nft list ruleset` in `n`'s namespace that name flock.
 fn flock_rules(n: &Node) -> Result<Vec<String>> {
-    let ruleset = Place::Net(n.ns()).run(&["nft", "list", "ruleset"])?;
-    Ok(ruleset
-        .lines()
-        .filter(|l| l.to_lowercase().contains("flock"))
-        .map(|l| l.trim().to_owned())
-        .collect())
+    Ok(flock_lines(
+        &Place::Net(n.ns()).run(&["nft", "list", "ruleset"])?,
+    ))
+}
+
+/// The lines of a ruleset that name flock, but for kube-proxy's own: its local-traffic
+/// detector names flock's veths (`iifname != "flock*"`, docs/services.md), in its tables
+/// (`ip`/`ip6 kube-proxy`, nftables mode) or its `KUBE-*` chains (iptables mode).
+fn flock_lines(ruleset: &str) -> Vec<String> {
+    let mut table = "";
+    let mut chain = "";
+    let mut out = Vec::new();
+    for line in ruleset.lines().map(str::trim) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["table", _, name, "{"] => table = name,
+            ["chain", name, "{"] => chain = name,
+            _ => {}
+        }
+        let kube_proxys = table == "kube-proxy" || chain.starts_with("KUBE-");
+        if line.to_lowercase().contains("flock") && !kube_proxys {
+            out.push(line.to_owned());
+        }
+    }
+    out
 }
 
 /// kube-proxy's rules in its service chain in `n`'s namespace for the Services of the
@@ -164,4 +183,40 @@ pub fn uninstall(out: &mut String, bins: &Path) -> Result<Vec<String>> {
     );
     out.push('\n');
     Ok(failures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kube_proxys_detector_of_flocks_veths_is_not_a_flock_rule() {
+        let ruleset = "table inet flock_policy {
+\tchain ingress {
+\t\tiifname \"flock0a1b2c3d\" accept
+\t}
+}
+table ip kube-proxy {
+\tchain services {
+\t\tip daddr @cluster-ips iifname != \"flock*\" meta mark set meta mark | 0x00004000
+\t}
+}
+table ip nat {
+\tchain KUBE-SERVICES {
+\t\tiifname != \"flock*\" counter jump KUBE-MARK-MASQ
+\t}
+\tchain POSTROUTING {
+\t\toifname \"flock*\" masquerade
+\t}
+}
+";
+        assert_eq!(
+            flock_lines(ruleset),
+            [
+                "table inet flock_policy {",
+                "iifname \"flock0a1b2c3d\" accept",
+                "oifname \"flock*\" masquerade"
+            ]
+        );
+    }
 }
