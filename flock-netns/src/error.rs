@@ -31,9 +31,9 @@ pub enum Error {
     EnterNetns {
         /// The namespace file.
         path: PathBuf,
-        /// Why.
+        /// Why (the errno, as an OS error: no `nix` type in this crate's API).
         #[source]
-        source: nix::Error,
+        source: io::Error,
     },
     /// The dedicated namespace thread could not be started or died.
     #[error("namespace thread for {path} failed")]
@@ -159,8 +159,8 @@ impl Error {
             | Error::OpenNetns { source, .. }
             | Error::Sysctl { source, .. }
             | Error::Connect { source, .. }
-            | Error::NetnsThread { source, .. } => source.raw_os_error(),
-            Error::EnterNetns { source, .. } => Some(*source as i32),
+            | Error::NetnsThread { source, .. }
+            | Error::EnterNetns { source, .. } => source.raw_os_error(),
             _ => None,
         }
     }
@@ -288,6 +288,19 @@ mod tests {
         let mut m = rtnetlink::packet_core::ErrorMessage::default();
         m.code = NonZeroI32::new(-errno);
         rtnetlink::Error::NetlinkError(m)
+    }
+
+    #[test]
+    fn a_failed_setns_is_an_os_error_with_its_errno() {
+        let e = Error::EnterNetns {
+            path: "/run/netns/gone".into(),
+            source: io::Error::from(nix::errno::Errno::EPERM),
+        };
+        assert_eq!(
+            chain(&e),
+            "cannot enter network namespace /run/netns/gone: Operation not permitted (os error 1)"
+        );
+        assert_eq!(e.errno(), Some(1));
     }
 
     #[test]

@@ -149,9 +149,9 @@ where
         .name("flock-netns".to_owned())
         .spawn(move || {
             let result = setns(&file, CloneFlags::CLONE_NEWNET)
-                .map_err(|source| Error::EnterNetns {
+                .map_err(|errno| Error::EnterNetns {
                     path: owned,
-                    source,
+                    source: std::io::Error::from(errno),
                 })
                 .and_then(|()| f());
             drop(file);
