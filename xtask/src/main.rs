@@ -189,8 +189,8 @@ fn test(filters: &[String]) -> Result<()> {
 }
 
 /// The scenarios CI leaves out, as nextest filter arguments: Kubernetes' own suites
-/// (`e2e_network`, `e2e_networkpolicy`: some 20 minutes, and a third of Kubernetes' build for
-/// their binaries), so that a fresh machine's run, which first builds Kubernetes and its
+/// (`e2e_network`, `e2e_networkpolicy`: some 20 minutes, and some 3.5 minutes of Kubernetes'
+/// build for their binaries), so that a fresh machine's run, which first builds Kubernetes and its
 /// peers on 2 cores, stays within CI's limit. `cargo xtask cluster check` runs them with
 /// every other scenario.
 fn ci_scenario_filter() -> Vec<String> {
