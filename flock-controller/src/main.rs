@@ -83,4 +83,10 @@ mod tests {
         assert!(e.contains("\"ten minutes\" is not a duration"), "{e}");
         assert!(duration("-5m").unwrap_err().contains("negative"));
     }
+
+    #[test]
+    fn the_flags_default_grace_is_the_librarys() {
+        let args = Args::parse_from(["flock-controller", "--identity", "c-0"]);
+        assert_eq!(args.release_grace, flock_controller::DEFAULT_RELEASE_GRACE);
+    }
 }
