@@ -1,7 +1,8 @@
 //! `life leave`: the joined node drained, its kubelet stopped and its Node deleted. Its agent,
-//! still running, releases its pods' allocations past the leak grace but cannot report it
-//! (its pod-bound token died with its pod); the pool controller deletes its NodeConfig once
-//! the release grace is over and no pod is bound to it, and its prefixes are free again.
+//! still running, releases past the leak grace what the kubelet did not tear down, but cannot
+//! report it (its pod-bound token died with its pod); the pool controller deletes its
+//! NodeConfig once the release grace is over and no pod is bound to it, and its prefixes are
+//! free again.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use super::router_routes;
-use super::{LEAK_GRACE, ms, pool_counts};
+use super::{LEAK_GRACE, holdings, ms, pool_counts};
 use crate::cluster::deploy::RELEASE_GRACE;
 use crate::cluster::proc;
 use crate::cluster::{JOINER, kubectl, node, site};
@@ -26,7 +27,7 @@ pub(super) fn leave(
         in_pool = pool_counts(JOINER.rack).unwrap_or_default();
         in_pool.0 == "1"
     });
-    let held = holdings();
+    let held = holdings(&JOINER).0;
     let t = Instant::now();
     kubectl(&[
         "drain",
@@ -38,7 +39,7 @@ pub(super) fn leave(
     ])
     .context("drain the leaving node")?;
     let drained = t.elapsed();
-    let held_drained = holdings();
+    let held_drained = holdings(&JOINER).0;
     // The machine is being decommissioned: its kubelet stops first (its containers go on).
     let kubelet =
         proc::alive(&format!("{}-kubelet", JOINER.name)).context("the joiner's kubelet")?;
@@ -70,7 +71,7 @@ pub(super) fn leave(
             "leave: {}'s NodeConfig is still there 180 s after its pods went (release grace \
              {RELEASE_GRACE}; status {})",
             JOINER.name,
-            holdings()
+            holdings(&JOINER).0
         ));
     }
     let mut pool_after = pool_counts(JOINER.rack)?;
@@ -84,23 +85,28 @@ pub(super) fn leave(
             JOINER.rack
         ));
     }
+    // Every pod's attachment on the node is undone: a drained pod's by the kubelet's DEL when
+    // it tore the sandbox down before it stopped, else (and a DaemonSet pod's, gone with the
+    // Node) by the agent past the leak grace. Either way its host veth is gone.
+    let mut veths = usize::MAX;
+    let released = sys::wait_for(Duration::from_secs(60), || {
+        veths = holdings(&JOINER).1;
+        veths == 0
+    });
+    let released_at = t.elapsed();
+    if released.is_err() {
+        failures.push(format!(
+            "leave: {} still has {veths} host veths flock* 60 s after its NodeConfig went \
+             (allocations {held_drained} when drained)",
+            JOINER.name
+        ));
+    }
     // Its agent's pod is gone from the API with the others: its log is on the node's disk.
     let agent_log = agent_log_on_disk();
     let leaked: Vec<&str> = agent_log
         .lines()
         .filter(|l| l.contains("past the grace period"))
         .collect();
-    let drained6: usize = held_drained
-        .split('/')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    if leaked.len() != drained6 {
-        failures.push(format!(
-            "leave: the agent released {} allocations past the grace period, its pods held {drained6}",
-            leaked.len()
-        ));
-    }
     node::power_off(&JOINER)?;
     site::unplug()?;
     let mut routes = router_routes(&JOINER);
@@ -136,6 +142,7 @@ pub(super) fn leave(
             "release grace over, no pod bound: NodeConfig deleted, prefixes free".to_owned(),
             ms(free_at),
         ],
+        vec!["no host veth flock* left on it".to_owned(), ms(released_at)],
         vec![
             format!(
                 "agent's log: {} allocations released past the grace period, the last",
@@ -176,17 +183,4 @@ fn agent_log_on_disk() -> String {
         }
     }
     text
-}
-
-/// The joiner's NodeConfig's allocation counts.
-fn holdings() -> String {
-    kubectl(&[
-        "get",
-        "nodeconfig",
-        JOINER.name,
-        "-o",
-        "jsonpath={.status.allocated6}/{.status.allocated4}",
-    ])
-    .map(|s| s.trim().to_owned())
-    .unwrap_or_else(|e| format!("? ({e:#})"))
 }

@@ -24,8 +24,9 @@
 //!   are exactly the pods it runs now.
 //! - **join**: a third node joins a rack of its own, and the pool controller's leader is
 //!   killed in the middle of a wave of new nodes (see [`join`]).
-//! - **leave**: the third node joins, then leaves: drained, stopped, its Node deleted; its
-//!   allocations released past the leak grace and its NodeConfig deleted.
+//! - **leave**: the third node joins, then leaves: drained, stopped, its Node deleted; every
+//!   attachment on it undone (by the kubelet's DEL, or by its agent past the leak grace) and
+//!   its NodeConfig deleted.
 //! - **policy**: NetworkPolicy changes to enforcement in a node's nftables, p50/p99, with 100
 //!   isolated pods, and the agents' memory with 10,000 pods and 1,000 policies in the
 //!   cluster (see [`policy`]).
@@ -229,6 +230,24 @@ fn cluster_now() -> Result<String> {
 
 // ---------------------------------------------------------------------------------------
 // upgrade
+
+/// What flock holds on a node: its NodeConfig's allocation counts and its host veths.
+fn holdings(n: &Node) -> (String, usize) {
+    let counts = kubectl(&[
+        "get",
+        "nodeconfig",
+        n.name,
+        "-o",
+        "jsonpath={.status.allocated6}/{.status.allocated4}",
+    ])
+    .map(|s| s.trim().to_owned())
+    .unwrap_or_else(|e| format!("? ({e:#})"));
+    let veths = Place::Net(n.ns())
+        .run(&["ip", "-o", "link", "show", "type", "veth"])
+        .map(|o| o.lines().filter(|l| l.contains(": flock")).count())
+        .unwrap_or(0);
+    (counts, veths)
+}
 
 /// The router's BGP routes through `n`.
 fn router_routes(n: &Node) -> Vec<String> {

@@ -7,28 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use super::super::deploy::DEMO_NS;
-use super::super::proc::Place;
 use super::super::{Node, kube, kubectl, node};
-use super::{PodView, cluster_now, node_config, pods, router_routes, wait_pods_unbound};
+use super::{PodView, cluster_now, holdings, node_config, pods, router_routes, wait_pods_unbound};
 use crate::sys;
-
-/// What flock holds on a node: its NodeConfig's allocation counts and its host veths.
-fn holdings(n: &Node) -> (String, usize) {
-    let counts = kubectl(&[
-        "get",
-        "nodeconfig",
-        n.name,
-        "-o",
-        "jsonpath={.status.allocated6}/{.status.allocated4}",
-    ])
-    .map(|s| s.trim().to_owned())
-    .unwrap_or_else(|e| format!("? ({e:#})"));
-    let veths = Place::Net(n.ns())
-        .run(&["ip", "-o", "link", "show", "type", "veth"])
-        .map(|o| o.lines().filter(|l| l.contains(": flock")).count())
-        .unwrap_or(0);
-    (counts, veths)
-}
 
 /// Waits until every demo pod on `n` is Ready with both addresses, its containers started
 /// at or after `since` (the cluster's clock; after a reboot the apiserver shows the pods of
