@@ -4,8 +4,9 @@
 //! on flock's table, `inet flock_policy`, in the node's namespace.
 //!
 //! Decided purely: what is kept of each object ([`convert`]), the model's inputs
-//! ([`view::ClusterView::inputs`]), and whether an apply is nothing, a change in place or the
-//! whole table ([`plan`]). Done here: the apply task and waiting for it.
+//! ([`view::ClusterView::inputs`]), when to apply what and how to retry ([`schedule`]), and
+//! whether an apply is nothing, a change in place or the whole table ([`plan`]). Done here:
+//! the apply task and waiting for it.
 //!
 //! Every change bumps a generation and wakes the task; the task applies the newest state
 //! (so a burst of changes is one transaction) and publishes the generation it applied. A
@@ -23,10 +24,11 @@ pub mod convert;
 pub mod netlink;
 pub mod nft;
 pub mod plan;
+pub mod schedule;
 pub mod view;
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
 
 use flock_policy::Ruleset;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -38,16 +40,14 @@ use tracing::{debug, warn};
 
 use crate::metrics::{Health, Metrics};
 use nft::Nft;
-use plan::{Step, next_step};
+use plan::Step;
+use schedule::{ApplyError, PlanError, Schedule, Work};
 use view::{ClusterView, LocalPod, ObjectKey, Relist};
 
-/// How long the task waits before retrying a failed apply (doubling up to [`MAX_RETRY`]).
-pub const FIRST_RETRY: Duration = Duration::from_millis(500);
-/// The longest wait between two retries of a failing apply.
-pub const MAX_RETRY: Duration = Duration::from_secs(30);
+pub use schedule::{Applied, FIRST_RETRY, MAX_RETRY, Progress};
 
 /// Why a pod's rules are not (known to be) in place.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum EnforceError {
     /// The caches have not finished their first listing.
     #[error(
@@ -66,29 +66,7 @@ pub enum EnforceError {
     },
     /// Building or applying the ruleset failed.
     #[error("applying the NetworkPolicy ruleset failed: {0}")]
-    Failed(String),
-}
-
-/// What the task has done so far.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Progress {
-    /// The newest generation in the kernel.
-    pub applied: u64,
-    /// The newest generation whose apply failed, and why.
-    pub failed: Option<(u64, String)>,
-}
-
-/// What the task has done so far, as the NodeConfig status reports it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Applied {
-    /// Valid policies in the cluster when it was applied.
-    pub policies: usize,
-    /// Invalid policies left out.
-    pub invalid: usize,
-    /// Local pods isolated for ingress or egress.
-    pub isolated_pods: usize,
-    /// When it was applied.
-    pub at: Option<std::time::SystemTime>,
+    Failed(#[source] ApplyError),
 }
 
 /// Where enforcement stands: what was applied last, and the error of a newer apply that
@@ -101,37 +79,14 @@ pub struct PolicyStatus {
     pub failed: Option<String>,
 }
 
-/// Pod changes not applied yet: each the model's pods of one key before and after.
-#[derive(Debug, Default)]
-struct Pending {
-    rebuild: bool,
-    pods: Vec<(Vec<flock_policy::Pod>, Vec<flock_policy::Pod>)>,
-}
-
-/// More pod changes than this between two applies: rebuild rather than follow them.
-const MAX_PENDING_PODS: usize = 2_000;
-
-#[derive(Debug, Default)]
-struct Shared {
-    view: ClusterView,
-    generation: u64,
-    pending: Pending,
-}
-
-/// What one apply starts from.
-enum Work {
-    Rebuild(view::ModelInputs, usize, usize),
-    Pods(Vec<(Vec<flock_policy::Pod>, Vec<flock_policy::Pod>)>),
-}
-
-/// The node's NetworkPolicy enforcer.
+/// The node's NetworkPolicy enforcer: the tokio shell around a [`Schedule`]. Watch events
+/// and the node's ADDs and DELs change the schedule's view and wake the apply task; the task
+/// plans each work outside the lock, applies it through `nft` and reports back; waiters
+/// follow the published [`Progress`].
 pub struct PolicyEnforcer {
-    shared: Mutex<Shared>,
+    schedule: Mutex<Schedule>,
     wake: Notify,
     progress: watch::Sender<Progress>,
-    /// The model whose ruleset is in the kernel (`None`: unknown; taken while applying).
-    model: Mutex<Option<flock_policy::Model>>,
-    applied: Mutex<Applied>,
     nft: Arc<dyn Nft>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
@@ -153,11 +108,9 @@ impl PolicyEnforcer {
             Some("waiting for the first listing of NetworkPolicies, Namespaces and Pods".into()),
         );
         let this = Arc::new(PolicyEnforcer {
-            shared: Mutex::default(),
+            schedule: Mutex::default(),
             wake: Notify::new(),
             progress: watch::channel(Progress::default()).0,
-            model: Mutex::new(None),
-            applied: Mutex::default(),
             nft,
             metrics,
             health,
@@ -166,21 +119,25 @@ impl PolicyEnforcer {
         this
     }
 
-    fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
-        self.shared.lock().expect("policy view lock")
+    fn schedule(&self) -> MutexGuard<'_, Schedule> {
+        self.schedule.lock().expect("policy schedule lock")
+    }
+
+    /// Wakes the task when `generation` is newer than `before`; returns it.
+    fn woken(&self, before: u64, generation: u64) -> u64 {
+        if generation != before {
+            self.wake.notify_one();
+        }
+        generation
     }
 
     /// Changes the view; when `change` says it changed something, bumps the generation and
     /// wakes the task, which rebuilds the model. Returns the generation that holds the change.
     pub fn update(&self, change: impl FnOnce(&mut ClusterView) -> bool) -> u64 {
-        let mut shared = self.shared();
-        if change(&mut shared.view) {
-            shared.pending.rebuild = true;
-            shared.pending.pods.clear();
-            shared.generation += 1;
-            self.wake.notify_one();
-        }
-        shared.generation
+        let mut schedule = self.schedule();
+        let before = schedule.generation();
+        let generation = schedule.change(change);
+        self.woken(before, generation)
     }
 
     /// Changes the view where only the pods of `keys` change (the keys are read from the
@@ -190,27 +147,10 @@ impl PolicyEnforcer {
         keys: impl FnOnce(&ClusterView) -> Vec<ObjectKey>,
         change: impl FnOnce(&mut ClusterView) -> bool,
     ) -> u64 {
-        let mut shared = self.shared();
-        let keys = keys(&shared.view);
-        let before: Vec<Vec<flock_policy::Pod>> =
-            keys.iter().map(|k| shared.view.model_pods(k)).collect();
-        if change(&mut shared.view) {
-            if !shared.pending.rebuild {
-                for (key, before) in keys.iter().zip(before) {
-                    let after = shared.view.model_pods(key);
-                    if after != before {
-                        shared.pending.pods.push((before, after));
-                    }
-                }
-                if shared.pending.pods.len() > MAX_PENDING_PODS {
-                    shared.pending.rebuild = true;
-                    shared.pending.pods.clear();
-                }
-            }
-            shared.generation += 1;
-            self.wake.notify_one();
-        }
-        shared.generation
+        let mut schedule = self.schedule();
+        let before = schedule.generation();
+        let generation = schedule.change_pods(keys, change);
+        self.woken(before, generation)
     }
 
     /// A NetworkPolicy watch event. An invalid policy is left out, logged with the field and
@@ -376,7 +316,7 @@ impl PolicyEnforcer {
                 .await
                 .is_err()
             {
-                return Err(if self.shared().view.is_synced() {
+                return Err(if self.schedule().view().is_synced() {
                     EnforceError::Timeout { waited: wait }
                 } else {
                     EnforceError::NotSynced { waited: wait }
@@ -392,132 +332,72 @@ impl PolicyEnforcer {
 
     /// The ruleset in the kernel, when known (`None` while an apply is under way too).
     pub fn applied_ruleset(&self) -> Option<Ruleset> {
-        self.model
-            .lock()
-            .expect("model lock")
-            .as_ref()
-            .map(|m| m.ruleset().clone())
+        self.schedule().ruleset().cloned()
     }
 
     /// What the last successful apply held, and when it was.
     pub fn applied(&self) -> Applied {
-        self.applied.lock().expect("applied lock").clone()
+        self.schedule().last_applied().clone()
     }
 
     /// Where enforcement stands, for the NodeConfig status.
     pub fn status(&self) -> PolicyStatus {
-        let progress = self.progress();
+        let schedule = self.schedule();
+        let progress = schedule.progress();
         PolicyStatus {
-            applied: self.applied(),
+            applied: schedule.last_applied().clone(),
             failed: progress
                 .failed
+                .as_ref()
                 .filter(|(generation, _)| *generation > progress.applied)
-                .map(|(_, why)| why),
+                .map(|(_, why)| why.to_string()),
         }
     }
 
     /// The model's inputs as of now (for tests and debugging).
     pub fn inputs(&self) -> view::ModelInputs {
-        self.shared().view.inputs()
+        self.schedule().view().inputs()
     }
 
-    /// Everything since the last apply, as a rebuild: the inputs and the generation they are.
-    fn rebuild_work(&self) -> (u64, Work) {
-        let mut shared = self.shared();
-        shared.pending = Pending::default();
-        let work = Work::Rebuild(
-            shared.view.inputs(),
-            shared.view.policies.len(),
-            shared.view.invalid.len(),
-        );
-        (shared.generation, work)
-    }
-
-    /// The apply task: one transaction per wake-up, for the newest generation.
+    /// The apply task: asks the schedule for work, does it, reports back; sleeps until a
+    /// change or the retry of a failed apply.
     async fn run(self: Arc<Self>) {
-        let mut retry: Option<Duration> = None;
         loop {
-            match retry {
-                None => self.wake.notified().await,
-                Some(delay) => {
+            let (work, retry_at) = {
+                let mut schedule = self.schedule();
+                let work = schedule.next_work(Instant::now());
+                (work, schedule.retry_at())
+            };
+            match (work, retry_at) {
+                (Some(work), _) => self.apply(work).await,
+                (None, None) => self.wake.notified().await,
+                (None, Some(at)) => {
                     tokio::select! {
                         () = self.wake.notified() => {}
-                        () = tokio::time::sleep(delay) => {}
+                        () = tokio::time::sleep_until(at.into()) => {}
                     }
-                }
-            }
-            let (generation, work) = {
-                let mut shared = self.shared();
-                if !shared.view.is_synced() {
-                    continue;
-                }
-                let known = self.model.lock().expect("model lock").is_some();
-                if shared.pending.rebuild || !known {
-                    drop(shared);
-                    self.rebuild_work()
-                } else {
-                    let pods = std::mem::take(&mut shared.pending.pods);
-                    (shared.generation, Work::Pods(pods))
-                }
-            };
-            let started = Instant::now();
-            match self.apply(generation, work).await {
-                Ok((generation, step)) => {
-                    retry = None;
-                    self.metrics
-                        .observe_policy_apply(step.kind(), started.elapsed());
-                    self.health.set_problem("networkpolicy", None);
-                    self.progress.send_modify(|p| p.applied = generation);
-                    debug!(
-                        generation,
-                        kind = step.kind(),
-                        "NetworkPolicy ruleset applied"
-                    );
-                }
-                Err((generation, why)) => {
-                    retry = Some(retry.map_or(FIRST_RETRY, |d| (d * 2).min(MAX_RETRY)));
-                    self.metrics.policy_apply_errors.inc();
-                    warn!(generation, error = %why, "applying the NetworkPolicy ruleset failed; retrying");
-                    self.health.set_problem("networkpolicy", Some(why.clone()));
-                    self.progress
-                        .send_modify(|p| p.failed = Some((generation, why)));
                 }
             }
         }
     }
 
-    /// Applies `work`; returns the generation applied (a fallback to a rebuild applies a
-    /// newer one) and the step, or the generation and why it failed.
-    async fn apply(&self, generation: u64, work: Work) -> Result<(u64, Step), (u64, String)> {
-        let old = self.model.lock().expect("model lock").take();
-        let (generation, model, step, counts) = match (work, old) {
-            (Work::Pods(changes), Some(mut model)) => {
-                let was_empty = model.ruleset().is_empty();
-                match follow(&mut model, &changes) {
-                    Ok(true) => {
-                        let delta = model.take_delta();
-                        let step = plan::delta_step(was_empty, model.ruleset(), &delta);
-                        let counts = {
-                            let a = self.applied.lock().expect("applied lock");
-                            (a.policies, a.invalid)
-                        };
-                        (generation, model, step, counts)
-                    }
-                    // the model is in no defined state now, nor known to match the kernel
-                    Ok(false) => self.rebuild(None)?,
-                    Err(e) => return Err((generation, e)),
-                }
+    /// Plans `work` and applies its step, then tells the schedule and the waiters.
+    async fn apply(&self, work: Work) {
+        let started = Instant::now();
+        let generation = work.generation();
+        let planned = match work.plan() {
+            Ok(planned) => planned,
+            Err(PlanError::CannotFollow) => {
+                debug!(
+                    generation,
+                    "the model cannot follow the pod changes; rebuilding"
+                );
+                self.schedule().cannot_follow(generation);
+                return;
             }
-            (Work::Rebuild(inputs, policies, invalid), old) => {
-                let model =
-                    flock_policy::Model::new(&inputs.policies, &inputs.namespaces, &inputs.pods)
-                        .map_err(|e| (generation, e.to_string()))?;
-                let step = next_step(old.as_ref().map(|m| m.ruleset()), model.ruleset());
-                (generation, model, step, (policies, invalid))
-            }
-            (Work::Pods(_), None) => self.rebuild(None)?,
+            Err(PlanError::Failed(e)) => return self.failed(generation, e),
         };
-        let result = match &step {
+        let result = match planned.step() {
             Step::Nothing => Ok(()),
             Step::Update(u) if u.elements_only() => {
                 self.nft.apply_elements(u.elements.clone()).await
@@ -528,61 +408,34 @@ impl PolicyEnforcer {
             },
         };
         if let Err(e) = result {
-            // What the kernel holds is unknown now: the next apply replaces the table.
-            return Err((generation, flock_cni_proto::error::cause_chain(&e)));
+            return self.failed(generation, e.into());
         }
-        let ruleset = model.ruleset();
-        self.metrics.set_policy_size(plan::size(ruleset));
-        let isolated: std::collections::BTreeSet<&String> = ruleset
-            .ingress
-            .keys()
-            .chain(ruleset.egress.keys())
-            .collect();
-        *self.applied.lock().expect("applied lock") = Applied {
-            policies: counts.0,
-            invalid: counts.1,
-            isolated_pods: isolated.len(),
-            at: Some(std::time::SystemTime::now()),
+        let kind = planned.step().kind();
+        self.metrics.observe_policy_apply(kind, started.elapsed());
+        self.metrics.set_policy_size(plan::size(planned.ruleset()));
+        self.health.set_problem("networkpolicy", None);
+        let progress = {
+            let mut schedule = self.schedule();
+            schedule.applied(planned, SystemTime::now());
+            schedule.progress().clone()
         };
-        *self.model.lock().expect("model lock") = Some(model);
-        Ok((generation, step))
+        self.progress.send_replace(progress);
+        debug!(generation, kind, "NetworkPolicy ruleset applied");
     }
 
-    /// A new model from the caches as they are now, and the step to it from `old`.
-    #[allow(clippy::type_complexity)]
-    fn rebuild(
-        &self,
-        old: Option<&Ruleset>,
-    ) -> Result<(u64, flock_policy::Model, Step, (usize, usize)), (u64, String)> {
-        let (generation, work) = self.rebuild_work();
-        let Work::Rebuild(inputs, policies, invalid) = work else {
-            return Err((generation, "no inputs to rebuild from".into()));
+    fn failed(&self, generation: u64, error: ApplyError) {
+        self.metrics.policy_apply_errors.inc();
+        self.health
+            .set_problem("networkpolicy", Some(error.to_string()));
+        let (progress, retry) = {
+            let mut schedule = self.schedule();
+            let retry = schedule.failed(generation, error.clone(), Instant::now());
+            (schedule.progress().clone(), retry)
         };
-        let model = flock_policy::Model::new(&inputs.policies, &inputs.namespaces, &inputs.pods)
-            .map_err(|e| (generation, e.to_string()))?;
-        let step = next_step(old, model.ruleset());
-        Ok((generation, model, step, (policies, invalid)))
+        warn!(generation, %error, retry_ms = retry.as_millis() as u64,
+            "applying the NetworkPolicy ruleset failed; retrying");
+        self.progress.send_replace(progress);
     }
-}
-
-/// Feeds pod changes to the model; `Ok(false)` when it cannot follow them (rebuild).
-fn follow(
-    model: &mut flock_policy::Model,
-    changes: &[(Vec<flock_policy::Pod>, Vec<flock_policy::Pod>)],
-) -> Result<bool, String> {
-    for (before, after) in changes {
-        for pod in before {
-            if !model.remove_pod(pod) {
-                return Ok(false);
-            }
-        }
-        for pod in after {
-            if !model.add_pod(pod).map_err(|e| e.to_string())? {
-                return Ok(false);
-            }
-        }
-    }
-    Ok(true)
 }
 
 fn object_key<K: kube::Resource>(object: &K) -> ObjectKey {
