@@ -17,7 +17,10 @@ fn build_pod_records() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace root");
-    let target = root.join("target/outside-workspace");
+    // Beside the workspace's own build (`CARGO_TARGET_DIR` when CI keeps it in its cache).
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), PathBuf::from)
+        .join("outside-workspace");
     let out = Command::new(option_env!("CARGO").unwrap_or("cargo"))
         .arg("build")
         .arg("--locked")
