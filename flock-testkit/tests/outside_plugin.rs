@@ -96,7 +96,8 @@ fn a_plugin_outside_the_workspace_works_through_every_verb() {
     .in_netns(node.path());
     let net = records.join("recnet");
 
-    rt.status().expect("STATUS: the record directory is writable");
+    rt.status()
+        .expect("STATUS: the record directory is writable");
 
     let web0 = attachment("rec-1", &pod1, "web-0");
     let result = rt.add(&web0).expect("ADD");
@@ -109,10 +110,15 @@ fn a_plugin_outside_the_workspace_works_through_every_verb() {
     rt.check(&web0).expect("CHECK");
 
     // A record that names other addresses fails CHECK with the plugin's own code.
-    std::fs::write(&record, r#"{"pod":"shop/web-0","addresses":["10.84.0.250/24"]}"#)
-        .expect("tamper");
+    std::fs::write(
+        &record,
+        r#"{"pod":"shop/web-0","addresses":["10.84.0.250/24"]}"#,
+    )
+    .expect("tamper");
     let err = rt.check(&web0).expect_err("CHECK must notice the record");
-    let cni = err.cni_error().unwrap_or_else(|| panic!("no CNI error: {err}"));
+    let cni = err
+        .cni_error()
+        .unwrap_or_else(|| panic!("no CNI error: {err}"));
     assert_eq!(cni.code, 100, "{err}");
     assert!(cni.msg.contains("10.84.0.250/24"), "{err}");
 
@@ -126,8 +132,14 @@ fn a_plugin_outside_the_workspace_works_through_every_verb() {
     }])
     .expect("GC");
     assert!(!net.join("gone-eth0").exists(), "stale record left by GC");
-    assert!(!record.exists(), "rec-1 is not valid any more: DEL'd and its record gone");
-    assert!(net.join("rec-2-eth0").exists(), "a valid record removed by GC");
+    assert!(
+        !record.exists(),
+        "rec-1 is not valid any more: DEL'd and its record gone"
+    );
+    assert!(
+        net.join("rec-2-eth0").exists(),
+        "a valid record removed by GC"
+    );
 
     rt.del(&web1).expect("DEL");
     assert!(!net.join("rec-2-eth0").exists(), "record left by DEL");
@@ -144,7 +156,9 @@ fn a_plugin_outside_the_workspace_works_through_every_verb() {
     .expect("valid conflist")
     .in_netns(node.path());
     let err = rt.status().expect_err("STATUS with an unwritable dataDir");
-    let cni = err.cni_error().unwrap_or_else(|| panic!("no CNI error: {err}"));
+    let cni = err
+        .cni_error()
+        .unwrap_or_else(|| panic!("no CNI error: {err}"));
     assert_eq!(cni.code, 50, "PluginNotAvailable: {err}");
     assert!(cni.msg.contains("a-file"), "{err}");
 
@@ -157,7 +171,9 @@ fn a_plugin_outside_the_workspace_works_through_every_verb() {
     .expect("valid conflist")
     .in_netns(node.path());
     let err = rt.status().expect_err("STATUS with a relative dataDir");
-    let cni = err.cni_error().unwrap_or_else(|| panic!("no CNI error: {err}"));
+    let cni = err
+        .cni_error()
+        .unwrap_or_else(|| panic!("no CNI error: {err}"));
     assert_eq!(cni.code, 7, "InvalidNetworkConfig: {err}");
     assert!(cni.msg.contains("dataDir \"relative/records\""), "{err}");
 }
