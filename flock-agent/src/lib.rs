@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 pub mod agent;
 pub mod bird;
+pub mod cache;
 pub mod crd;
 pub mod daemon;
 pub mod install;

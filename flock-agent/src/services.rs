@@ -13,10 +13,10 @@ use flock_ipam::{
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use tokio::sync::watch;
 
-use crate::policy::view::{ObjectKey, Relist};
+use crate::cache::Relist;
 
 /// The label kube-proxy skips a Service by (another proxy serves it): flock does not
 /// announce such a Service either.
@@ -83,10 +83,6 @@ pub fn slice_endpoints(slice: &EndpointSlice) -> Option<Vec<EndpointFacts>> {
     Some(endpoints)
 }
 
-fn object_key<K: Resource>(k: &K) -> ObjectKey {
-    (k.namespace().unwrap_or_default(), k.name_any())
-}
-
 #[derive(Debug, Default)]
 struct View {
     services: Relist<ServiceFacts>,
@@ -118,12 +114,12 @@ impl ServiceState {
 
     /// A watch event of a Service.
     pub fn on_service(&self, event: Event<Service>) {
-        self.update(|v| feed(&mut v.services, event, service_facts));
+        self.update(|v| v.services.feed(event, service_facts));
     }
 
     /// A watch event of an EndpointSlice.
     pub fn on_slice(&self, event: Event<EndpointSlice>) {
-        self.update(|v| feed(&mut v.slices, event, slice_endpoints));
+        self.update(|v| v.slices.feed(event, slice_endpoints));
     }
 
     /// Whether both watches finished their first listing.
@@ -143,26 +139,6 @@ impl ServiceState {
         let services: Vec<ServiceFacts> = v.services.items().values().cloned().collect();
         let endpoints: Vec<EndpointFacts> = v.slices.items().values().flatten().cloned().collect();
         service_routes(node, ranges, &services, &endpoints)
-    }
-}
-
-fn feed<K: Resource, V: PartialEq>(
-    relist: &mut Relist<V>,
-    event: Event<K>,
-    convert: impl Fn(&K) -> Option<V>,
-) -> bool {
-    match event {
-        Event::Apply(k) => relist.set(object_key(&k), convert(&k)),
-        Event::Delete(k) => relist.set(object_key(&k), None),
-        Event::Init => {
-            relist.init();
-            false
-        }
-        Event::InitApply(k) => {
-            relist.init_apply(object_key(&k), convert(&k));
-            false
-        }
-        Event::InitDone => relist.init_done(),
     }
 }
 

@@ -396,7 +396,8 @@ async fn a_restarted_agent_keeps_its_pods_in_the_model_with_labels_from_the_clus
 /// model, and a watch event changes it.
 #[tokio::test]
 async fn the_cluster_watches_list_and_watch_every_kind_and_feed_the_model() {
-    use flock_agent::k8s::cluster::{LIVE_PODS, PAGE_SIZE, spawn_watches};
+    use flock_agent::cache::PAGE_SIZE;
+    use flock_agent::policy::watches::{LIVE_PODS, spawn_watches};
     use flock_testkit::kube_mock::*;
 
     let (client, mut api) = mock_client();

@@ -13,11 +13,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use flock_agent::k8s::cluster::spawn_watches;
 use flock_agent::metrics::{Health, Metrics};
 use flock_agent::policy::PolicyEnforcer;
 use flock_agent::policy::nft::MemoryNft;
 use flock_agent::policy::view::LocalPod;
+use flock_agent::policy::watches::spawn_watches;
 use flock_testkit::kube_mock::*;
 use serde_json::{Value, json};
 

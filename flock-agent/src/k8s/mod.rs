@@ -3,7 +3,6 @@
 //! the leak reconcile and the cluster-wide watches of NetworkPolicy enforcement, around the
 //! same agent and server as standalone mode.
 
-pub mod cluster;
 pub mod leaks;
 pub mod nodeconfig;
 pub mod pods;
@@ -106,7 +105,7 @@ pub async fn run(options: RunOptions, kube: KubeOptions) -> Result<()> {
     let policy = kube.network_policy.then(|| {
         let nft = NftCommand::new(kube.nft.clone(), flock_netns::NsTarget::Current);
         let enforcer = PolicyEnforcer::spawn(Arc::new(nft), metrics.clone(), health.clone());
-        cluster::spawn_watches(client.clone(), enforcer.clone());
+        crate::policy::watches::spawn_watches(client.clone(), enforcer.clone());
         enforcer
     });
     let (agent, report) = Agent::start(AgentParts {

@@ -14,8 +14,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tracing::warn;
 
-use super::cluster::PAGE_SIZE;
 use crate::agent::Agent;
+use crate::cache::PAGE_SIZE;
 use crate::services::{ReportedRefusals, ServiceState};
 
 /// Starts the two watches; each retries with kube's default backoff.

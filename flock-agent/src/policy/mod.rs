@@ -26,6 +26,7 @@ pub mod nft;
 pub mod plan;
 pub mod schedule;
 pub mod view;
+pub mod watches;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -33,16 +34,16 @@ use std::time::{Duration, Instant, SystemTime};
 use flock_policy::Ruleset;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
 
+use crate::cache::{ObjectKey, object_key};
 use crate::metrics::{Health, Metrics};
 use nft::Nft;
 use plan::Step;
 use schedule::{ApplyError, PlanError, Schedule, Work};
-use view::{ClusterView, LocalPod, ObjectKey, Relist};
+use view::{ClusterView, LocalPod};
 
 pub use schedule::{Applied, FIRST_RETRY, MAX_RETRY, Progress};
 
@@ -156,52 +157,26 @@ impl PolicyEnforcer {
     /// A NetworkPolicy watch event. An invalid policy is left out, logged with the field and
     /// value at fault, and counted (`flock_policy_invalid`).
     pub fn on_policy(&self, event: Event<NetworkPolicy>) {
-        let convert = |np: &NetworkPolicy| {
-            let key = object_key(np);
-            match convert::policy(np) {
-                Ok(p) => (key, Ok(p)),
+        self.update(|view| {
+            match &event {
+                Event::Delete(np) => {
+                    view.invalid.remove(&object_key(np));
+                }
+                Event::Init => view.invalid.clear(),
+                _ => {}
+            }
+            let invalid = &mut view.invalid;
+            let changed = view.policies.feed(event, |np| match convert::policy(np) {
+                Ok(p) => {
+                    invalid.remove(&object_key(np));
+                    Some(p)
+                }
                 Err(e) => {
                     warn!(error = %e, "NetworkPolicy left out");
-                    (key, Err(e.to_string()))
+                    invalid.insert(object_key(np), e.to_string());
+                    None
                 }
-            }
-        };
-        self.update(|view| {
-            let mut note =
-                |key: &ObjectKey, result: Result<flock_policy::Policy, String>| match result {
-                    Ok(p) => {
-                        view.invalid.remove(key);
-                        Some(p)
-                    }
-                    Err(e) => {
-                        view.invalid.insert(key.clone(), e);
-                        None
-                    }
-                };
-            let changed = match event {
-                Event::Apply(np) => {
-                    let (key, result) = convert(&np);
-                    let p = note(&key, result);
-                    view.policies.set(key, p)
-                }
-                Event::Delete(np) => {
-                    let key = object_key(&np);
-                    view.invalid.remove(&key);
-                    view.policies.set(key, None)
-                }
-                Event::Init => {
-                    view.invalid.clear();
-                    view.policies.init();
-                    false
-                }
-                Event::InitApply(np) => {
-                    let (key, result) = convert(&np);
-                    let p = note(&key, result);
-                    view.policies.init_apply(key, p);
-                    false
-                }
-                Event::InitDone => view.policies.init_done(),
-            };
+            });
             self.metrics.policy_invalid.set(view.invalid.len() as i64);
             changed
         });
@@ -210,12 +185,8 @@ impl PolicyEnforcer {
     /// A Namespace watch event.
     pub fn on_namespace(&self, event: Event<Namespace>) {
         self.update(|view| {
-            relist_event(&mut view.namespaces, event, |ns| {
-                (
-                    (String::new(), ns.name_any()),
-                    Some(convert::namespace_labels(ns)),
-                )
-            })
+            view.namespaces
+                .feed(event, |ns| Some(convert::namespace_labels(ns)))
         });
     }
 
@@ -242,12 +213,8 @@ impl PolicyEnforcer {
             relist => {
                 self.update(|view| {
                     let mut pods = std::mem::take(&mut view.pods);
-                    let changed = relist_event(&mut pods, relist, |pod| {
-                        (
-                            object_key(pod),
-                            view.intern_labels(convert::cluster_pod(pod)),
-                        )
-                    });
+                    let changed =
+                        pods.feed(relist, |pod| view.intern_labels(convert::cluster_pod(pod)));
                     view.pods = pods;
                     changed
                 });
@@ -435,34 +402,5 @@ impl PolicyEnforcer {
         warn!(generation, %error, retry_ms = retry.as_millis() as u64,
             "applying the NetworkPolicy ruleset failed; retrying");
         self.progress.send_replace(progress);
-    }
-}
-
-fn object_key<K: kube::Resource>(object: &K) -> ObjectKey {
-    (object.namespace().unwrap_or_default(), object.name_any())
-}
-
-/// Feeds one watch event into a cache; returns whether its content changed.
-fn relist_event<K, V: PartialEq>(
-    relist: &mut Relist<V>,
-    event: Event<K>,
-    mut convert: impl FnMut(&K) -> (ObjectKey, Option<V>),
-) -> bool {
-    match event {
-        Event::Apply(k) => {
-            let (key, v) = convert(&k);
-            relist.set(key, v)
-        }
-        Event::Delete(k) => relist.set(convert(&k).0, None),
-        Event::Init => {
-            relist.init();
-            false
-        }
-        Event::InitApply(k) => {
-            let (key, v) = convert(&k);
-            relist.init_apply(key, v);
-            false
-        }
-        Event::InitDone => relist.init_done(),
     }
 }

@@ -27,7 +27,8 @@ use flock_policy::{Model, Pod, Ruleset};
 
 use super::nft::NftError;
 use super::plan::{self, Step};
-use super::view::{ClusterView, ModelInputs, ObjectKey};
+use super::view::{ClusterView, ModelInputs};
+use crate::cache::ObjectKey;
 
 /// How long the task waits before retrying a failed apply (doubling up to [`MAX_RETRY`]).
 pub const FIRST_RETRY: Duration = Duration::from_millis(500);

@@ -3,7 +3,7 @@
 //! [`PolicyEnforcer`](crate::policy::PolicyEnforcer), which keeps only the fields the model
 //! reads (no reflector of whole objects: 10 000 pods must fit in a few MiB).
 //!
-//! Why a second pod watch rather than widening the node's ([`super::pods`]): that one keeps
+//! Why a second pod watch rather than widening the node's ([`crate::k8s::pods`]): that one keeps
 //! whole Pod objects (annotations, owner references, images) for ADD, which is fine for the
 //! hundred pods of a node and far too much for every pod of the cluster; this one keeps
 //! labels, addresses and named ports, and asks the API server to leave out finished pods
@@ -20,13 +20,11 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
-use crate::policy::PolicyEnforcer;
+use super::PolicyEnforcer;
+use crate::cache::PAGE_SIZE;
 
 /// The server-side field selector of the cluster-wide pod watch: running and pending pods.
 pub const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
-
-/// How many objects one page of a listing holds (bounds the memory of a relist).
-pub const PAGE_SIZE: u32 = 500;
 
 /// Starts the three watches on the current runtime; each retries with kube's default backoff.
 pub fn spawn_watches(client: Client, enforcer: Arc<PolicyEnforcer>) {
