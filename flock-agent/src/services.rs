@@ -12,8 +12,8 @@ use flock_ipam::{
 };
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::watcher::Event;
 use kube::ResourceExt;
+use kube::runtime::watcher::Event;
 use tokio::sync::watch;
 
 use crate::cache::Relist;

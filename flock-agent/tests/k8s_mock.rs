@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use flock_agent::k8s::node_status::{StatusInputs, build_status, write_status};
 use flock_agent::k8s::pods::{PodWatcher, Presence};
-use flock_agent::k8s::status::{StatusInputs, build_status, write_status};
 use flock_agent::pods::{PodDirectory, PodInfo};
 use flock_agent::policy::{Applied, PolicyStatus};
 use flock_agent::store::{AllocationRecord, PodRef, RecordState, STORE_FORMAT};

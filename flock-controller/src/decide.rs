@@ -10,7 +10,7 @@ use flock_ipam::{ClusterNode, ClusterState, NodeAssignment, ReservedCidr};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::status::{PoolEvent, pool_status};
+use crate::pool_status::{PoolEvent, pool_status};
 use crate::{GONE_SINCE_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL};
 use flock_k8s_api::{IP_ALGO_ANNOTATION, NodeConfig};
 use flock_k8s_api::{NodePool, NodePoolStatus, router_id};

@@ -30,15 +30,15 @@ pub mod decide;
 pub mod error;
 pub mod lb;
 pub mod lease;
+pub mod pool_status;
 pub mod run;
-pub mod status;
 
 pub use apply::Overlay;
 pub use decide::{NodeFacts, Observed, Reconcile, Release, decide, owned_pool, pod_checks_due};
 pub use error::{Error, Result};
 pub use flock_k8s_api::{GONE_SINCE_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL};
+pub use pool_status::PoolEvent;
 pub use run::{ControllerOptions, run};
-pub use status::PoolEvent;
 
 /// How long a gone node's prefixes stay its own while its NodeConfig still reports
 /// allocations (`--release-grace`).

@@ -4,12 +4,12 @@
 //! same agent and server as standalone mode.
 
 pub mod leaks;
+pub mod node_status;
 pub mod nodeconfig;
 pub mod pods;
 pub mod secrets;
 pub mod services;
 pub mod sessions;
-pub mod status;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,8 +26,8 @@ use crate::policy::nft::NftCommand;
 use crate::{Error, Result};
 
 pub use leaks::{DEFAULT_LEAK_GRACE, DEFAULT_LEAK_INTERVAL, LeakTracker};
+pub use node_status::DEFAULT_STATUS_INTERVAL;
 pub use pods::{PodWatcher, Presence};
-pub use status::DEFAULT_STATUS_INTERVAL;
 
 /// What only Kubernetes mode needs.
 #[derive(Clone, Debug)]
@@ -131,7 +131,7 @@ pub async fn run(options: RunOptions, kube: KubeOptions) -> Result<()> {
         node.clone(),
         agent.clone(),
     ));
-    tokio::spawn(status::run_status_writer(
+    tokio::spawn(node_status::run_status_writer(
         client.clone(),
         node.clone(),
         agent.clone(),
