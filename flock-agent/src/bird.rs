@@ -12,7 +12,7 @@ use tokio::process::Command;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::metrics::{Health, Metrics};
+use crate::metrics::{Component, Health, Metrics};
 
 /// Where and how to reach BIRD.
 #[derive(Clone, Debug)]
@@ -79,7 +79,7 @@ pub fn spawn(
             match outcome {
                 Ok(SyncOutcome::Reloaded) => {
                     metrics.bird_reloads.inc();
-                    health.set_problem("bird", None);
+                    health.set_problem(Component::Bird, None);
                     last_ok = true;
                 }
                 Ok(SyncOutcome::Unchanged) => {
@@ -88,13 +88,13 @@ pub fn spawn(
                 Ok(SyncOutcome::NoBgp) => {
                     // Without BGP there is nothing for BIRD to do: an earlier failure is no
                     // longer a problem of this node.
-                    health.set_problem("bird", None);
+                    health.set_problem(Component::Bird, None);
                     last_ok = true;
                 }
                 Err(problem) => {
                     tracing::warn!(%problem, "BIRD reload failed");
                     metrics.bird_failures.inc();
-                    health.set_problem("bird", Some(problem));
+                    health.set_problem(Component::Bird, Some(problem));
                     last_ok = false;
                 }
             }
@@ -256,13 +256,13 @@ mod tests {
             health.clone(),
         );
         eventually("BIRD's failure is reported", || {
-            health.problem("bird").is_some()
+            health.problem(Component::Bird).is_some()
         })
         .await;
         bgp.store(false, Ordering::SeqCst);
         handle.refresh();
         eventually("the problem is cleared without BGP", || {
-            health.problem("bird").is_none()
+            health.problem(Component::Bird).is_none()
         })
         .await;
     }

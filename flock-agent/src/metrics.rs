@@ -280,11 +280,48 @@ impl Metrics {
     }
 }
 
+/// A part of the agent whose problem makes it not ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Component {
+    /// BGP sessions (a neighbor's password Secret).
+    Bgp,
+    /// BIRD's configuration and reloads.
+    Bird,
+    /// Kernel state (blackholes, routes).
+    Kernel,
+    /// NetworkPolicy enforcement.
+    NetworkPolicy,
+    /// The node's NodeConfig.
+    NodeConfig,
+    /// The allocation store.
+    Store,
+}
+
+impl Component {
+    /// How `/readyz` and the NodeConfig status name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Component::Bgp => "bgp",
+            Component::Bird => "bird",
+            Component::Kernel => "kernel",
+            Component::NetworkPolicy => "networkpolicy",
+            Component::NodeConfig => "nodeconfig",
+            Component::Store => "store",
+        }
+    }
+}
+
+impl std::fmt::Display for Component {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What `/readyz` reports: each component's problem, if any.
 #[derive(Debug, Default)]
 pub struct Health {
     serving: AtomicBool,
-    problems: Mutex<std::collections::BTreeMap<&'static str, String>>,
+    problems: Mutex<std::collections::BTreeMap<Component, String>>,
 }
 
 impl Health {
@@ -298,21 +335,21 @@ impl Health {
         self.serving.load(Ordering::SeqCst)
     }
 
-    /// Sets or clears (`None`) the problem of a component (`bird`, `nodeconfig`, `store`).
-    pub fn set_problem(&self, component: &'static str, problem: Option<String>) {
+    /// Sets or clears (`None`) the problem of a component.
+    pub fn set_problem(&self, component: Component, problem: Option<String>) {
         let mut p = self.problems.lock().expect("health lock");
         match problem {
             Some(text) => p.insert(component, text),
-            None => p.remove(component),
+            None => p.remove(&component),
         };
     }
 
     /// The current problem of a component.
-    pub fn problem(&self, component: &'static str) -> Option<String> {
+    pub fn problem(&self, component: Component) -> Option<String> {
         self.problems
             .lock()
             .expect("health lock")
-            .get(component)
+            .get(&component)
             .cloned()
     }
 
@@ -407,9 +444,9 @@ mod tests {
         assert!(h.readiness().is_err());
         h.set_serving();
         assert_eq!(h.readiness(), Ok(()));
-        h.set_problem("bird", Some("birdc: connection refused".into()));
+        h.set_problem(Component::Bird, Some("birdc: connection refused".into()));
         assert_eq!(h.readiness(), Err("bird: birdc: connection refused".into()));
-        h.set_problem("bird", None);
+        h.set_problem(Component::Bird, None);
         assert_eq!(h.readiness(), Ok(()));
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use flock_agent::agent::{Agent, AgentParts};
 use flock_agent::kernel::memory::{FaultOp, MemoryKernel};
+use flock_agent::metrics::Component;
 use flock_agent::store::{AllocationRecord, RecordState, Store};
 use flock_cni_proto::ErrorCode;
 use flock_k8s_api::{NodeConfig, NodeSettings};
@@ -245,12 +246,12 @@ async fn a_kernel_problem_is_cleared_once_the_kernel_works_again() {
     let agent = start(&kernel, dir.path(), s.clone()).await;
     let problem = agent
         .health()
-        .problem("kernel")
+        .problem(Component::Kernel)
         .expect("the blackholes failed");
     assert!(problem.contains("os error 5"), "{problem}");
     // The next NodeConfig event installs them, and /readyz is ready again.
     agent.set_settings(Some(s)).await;
-    assert_eq!(agent.health().problem("kernel"), None);
+    assert_eq!(agent.health().problem(Component::Kernel), None);
     assert_eq!(kernel.state().blackholes.len(), 2);
 }
 

@@ -14,6 +14,7 @@ use flock_agent::k8s::leaks::{LeakTracker, reconcile_once};
 use flock_agent::k8s::nodeconfig::follow_node_config;
 use flock_agent::k8s::pods::PodWatcher;
 use flock_agent::kernel::NetnsKernel;
+use flock_agent::metrics::Component;
 use flock_agent::pods::PodDirectory;
 use flock_agent::store::AttachmentKey;
 use flock_cni_proto::ErrorCode;
@@ -130,7 +131,7 @@ async fn nodeconfig_events_set_keep_and_withdraw_the_settings() {
         Some("2001:db8:0:1::/64".parse().expect("net"))
     );
     assert_eq!(settings.cidr4, Some("10.244.1.0/24".parse().expect("net")));
-    assert_eq!(agent.health().problem("nodeconfig"), None);
+    assert_eq!(agent.health().problem(Component::NodeConfig), None);
     // The settings are published before the blackholes are installed.
     eventually("the pool blackhole is installed", || {
         node.ok(["ip", "-6", "route", "show", "type", "blackhole"])
@@ -153,10 +154,13 @@ async fn nodeconfig_events_set_keep_and_withdraw_the_settings() {
         )],
     );
     eventually("the invalid NodeConfig is reported", || {
-        agent.health().problem("nodeconfig").is_some()
+        agent.health().problem(Component::NodeConfig).is_some()
     })
     .await;
-    let problem = agent.health().problem("nodeconfig").expect("problem");
+    let problem = agent
+        .health()
+        .problem(Component::NodeConfig)
+        .expect("problem");
     assert!(
         problem.contains("spec.cidr6") && problem.contains("host bits"),
         "{problem}"
@@ -174,7 +178,7 @@ async fn nodeconfig_events_set_keep_and_withdraw_the_settings() {
         )],
     );
     eventually("the revert clears the problem", || {
-        agent.health().problem("nodeconfig").is_none()
+        agent.health().problem(Component::NodeConfig).is_none()
     })
     .await;
     assert_eq!(agent.settings().as_deref(), Some(&*settings));
@@ -198,7 +202,7 @@ async fn nodeconfig_events_set_keep_and_withdraw_the_settings() {
             == Some(1)
     })
     .await;
-    assert_eq!(agent.health().problem("nodeconfig"), None);
+    assert_eq!(agent.health().problem(Component::NodeConfig), None);
     let bird = agent.render_bird().expect("renders").expect("bgp");
     assert!(
         bird.contains("2001:db8::fe"),
@@ -218,7 +222,7 @@ async fn nodeconfig_events_set_keep_and_withdraw_the_settings() {
         agent.settings().is_none()
     })
     .await;
-    assert!(agent.health().problem("nodeconfig").is_some());
+    assert!(agent.health().problem(Component::NodeConfig).is_some());
     let response = agent.handle(add_request("c-after-delete", &pod, "p")).await;
     let error = response.error.expect("ADD must fail without a NodeConfig");
     assert_eq!(error.code, ErrorCode::TryAgainLater);

@@ -26,7 +26,7 @@ use tracing::{info, warn};
 
 use crate::bird::BirdHandle;
 use crate::kernel::Kernel;
-use crate::metrics::{Health, Metrics};
+use crate::metrics::{Component, Health, Metrics};
 use crate::pods::PodDirectory;
 use crate::policy::PolicyEnforcer;
 use crate::store::{AllocationRecord, AttachmentKey, Store};
@@ -194,16 +194,18 @@ impl Agent {
     pub async fn install_blackholes(&self) {
         let cidrs = self.node_cidrs();
         if cidrs.is_empty() {
-            self.health.set_problem("kernel", None);
+            self.health.set_problem(Component::Kernel, None);
             return;
         }
         match self.kernel.ensure_blackholes(&cidrs).await {
-            Ok(()) => self.health.set_problem("kernel", None),
+            Ok(()) => self.health.set_problem(Component::Kernel, None),
             Err(e) => {
                 let chain = error::cause_chain(&e);
                 warn!(error = %chain, "installing the node CIDR blackholes failed");
-                self.health
-                    .set_problem("kernel", Some(format!("node CIDR blackholes: {chain}")));
+                self.health.set_problem(
+                    Component::Kernel,
+                    Some(format!("node CIDR blackholes: {chain}")),
+                );
             }
         }
     }
@@ -241,10 +243,10 @@ impl Agent {
         }
         match &settings {
             None => self.health.set_problem(
-                "nodeconfig",
+                Component::NodeConfig,
                 Some("no NodeConfig for this node: new pods cannot be served".into()),
             ),
-            Some(_) => self.health.set_problem("nodeconfig", None),
+            Some(_) => self.health.set_problem(Component::NodeConfig, None),
         }
         let before = self.node_cidrs();
         *self.settings.write().expect("settings lock") = settings.map(Arc::new);
@@ -429,12 +431,12 @@ impl Agent {
             .observe(started.elapsed().as_secs_f64());
         match outcome {
             Ok(()) => {
-                self.health.set_problem("store", None);
+                self.health.set_problem(Component::Store, None);
                 Ok(())
             }
             Err(e) => {
                 self.health
-                    .set_problem("store", Some(error::cause_chain(&e)));
+                    .set_problem(Component::Store, Some(error::cause_chain(&e)));
                 Err(HandlerError::Store(e))
             }
         }

@@ -8,6 +8,7 @@
 use flock_rpc::rpc::Request;
 
 use super::{Agent, HandlerError, Outcome, error, parse_conf};
+use crate::metrics::Component;
 use flock_k8s_api::NodeSettings;
 
 /// What STATUS looks at.
@@ -70,12 +71,13 @@ impl Agent {
         let probe = self.store.probe_writable();
         let store_problem = match probe {
             Ok(()) => {
-                self.health.set_problem("store", None);
+                self.health.set_problem(Component::Store, None);
                 None
             }
             Err(e) => {
                 let chain = error::cause_chain(&e);
-                self.health.set_problem("store", Some(chain.clone()));
+                self.health
+                    .set_problem(Component::Store, Some(chain.clone()));
                 Some(chain)
             }
         };
@@ -83,7 +85,7 @@ impl Agent {
             node_config: settings.is_some(),
             pools_full,
             store_problem,
-            bird_problem: self.health.problem("bird"),
+            bird_problem: self.health.problem(Component::Bird),
         })
     }
 }

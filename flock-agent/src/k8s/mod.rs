@@ -20,7 +20,7 @@ use tracing::info;
 
 use crate::agent::{Agent, AgentParts, DEFAULT_POD_WAIT};
 use crate::daemon::RunOptions;
-use crate::metrics::{Health, Metrics};
+use crate::metrics::{Component, Health, Metrics};
 use crate::policy::PolicyEnforcer;
 use crate::policy::nft::NftCommand;
 use crate::{Error, Result};
@@ -125,7 +125,10 @@ pub async fn run(options: RunOptions, kube: KubeOptions) -> Result<()> {
         agent.set_services(state.clone());
         tokio::spawn(services::run_announcer(client, node, agent, state));
     }
-    health.set_problem("nodeconfig", Some(format!("waiting for NodeConfig {node}")));
+    health.set_problem(
+        Component::NodeConfig,
+        Some(format!("waiting for NodeConfig {node}")),
+    );
     tokio::spawn(nodeconfig::follow_node_config(
         client.clone(),
         node.clone(),

@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 
 use crate::agent::Agent;
 use crate::bird::BirdTarget;
-use crate::metrics::Health;
+use crate::metrics::{Component, Health};
 use crate::policy::PolicyStatus;
 use crate::store::AllocationRecord;
 use crate::{Error, Result};
@@ -36,7 +36,7 @@ pub struct StatusInputs {
     /// BIRD's protocols and states, or why they could not be read (`None`: no BGP).
     pub protocols: Option<Result<BTreeMap<String, String>, String>>,
     /// The agent's problem per component (`nodeconfig`, `bird`, `store`, `kernel`).
-    pub problems: BTreeMap<&'static str, String>,
+    pub problems: BTreeMap<Component, String>,
     /// Whether the RPC server serves.
     pub serving: bool,
     /// NetworkPolicy enforcement (`None`: off).
@@ -52,10 +52,15 @@ impl StatusInputs {
             None => None,
         };
         let health: &Health = agent.health();
-        let problems = ["nodeconfig", "bird", "store", "kernel"]
-            .into_iter()
-            .filter_map(|c| health.problem(c).map(|p| (c, p)))
-            .collect();
+        let problems = [
+            Component::NodeConfig,
+            Component::Bird,
+            Component::Store,
+            Component::Kernel,
+        ]
+        .into_iter()
+        .filter_map(|c| health.problem(c).map(|p| (c, p)))
+        .collect();
         StatusInputs {
             settings,
             records: agent.records(),
@@ -121,7 +126,7 @@ pub fn build_status(
         .collect();
 
     let mut conditions = Vec::new();
-    let nodeconfig_problem = inputs.problems.get("nodeconfig");
+    let nodeconfig_problem = inputs.problems.get(&Component::NodeConfig);
     conditions.push(match (&inputs.settings, nodeconfig_problem) {
         (_, Some(problem)) => cond("NodeConfigValid", false, "Invalid", problem),
         (None, None) => cond(
@@ -140,7 +145,7 @@ pub fn build_status(
     conditions.push(match &inputs.protocols {
         None => cond("BirdReady", true, "NoBgp", "the NodeConfig has no spec.bgp"),
         Some(Err(e)) => cond("BirdReady", false, "BirdUnreachable", e),
-        Some(Ok(_)) => match inputs.problems.get("bird") {
+        Some(Ok(_)) => match inputs.problems.get(&Component::Bird) {
             Some(problem) => cond("BirdReady", false, "ReloadFailed", problem),
             None => cond(
                 "BirdReady",
@@ -166,7 +171,7 @@ pub fn build_status(
     if let Some(policy) = &inputs.policy {
         conditions.push(policy_condition(policy));
     }
-    let blocking: Vec<String> = ["store", "kernel"]
+    let blocking: Vec<String> = [Component::Store, Component::Kernel]
         .iter()
         .filter_map(|c| inputs.problems.get(c).map(|p| format!("{c}: {p}")))
         .collect();
@@ -342,7 +347,9 @@ pub async fn run_status_writer(
         let inputs = StatusInputs::gather(&agent, &bird).await;
         let status = build_status(&inputs, gate.last_written(), Timestamp::now());
         // /readyz names every BGP session that is not Established, and why.
-        agent.health().set_problem("bgp", sessions_down(&status));
+        agent
+            .health()
+            .set_problem(Component::Bgp, sessions_down(&status));
         agent.metrics().set_bgp_sessions(
             status
                 .bgp
@@ -421,7 +428,7 @@ mod tests {
         assert_eq!(first, second, "nothing changed: same status, same times");
         inputs
             .problems
-            .insert("store", "read-only file system".into());
+            .insert(Component::Store, "read-only file system".into());
         inputs.serving = true;
         let third = build_status(&inputs, Some(&second), t2);
         assert_eq!(ready(&third).last_transition_time, Time(t1), "still False");

@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use crate::agent::Agent;
 use crate::k8s::secrets::{SecretReader, fill_passwords};
+use crate::metrics::Component;
 use flock_k8s_api::NodeConfig;
 
 /// How often the NodeConfig is applied again without an event, so that a rotated password
@@ -99,21 +100,27 @@ impl NodeConfigFollower {
                     None => Vec::new(),
                 };
                 let problem = (!problems.is_empty()).then(|| problems.join("; "));
-                if problem.is_some() && self.agent.health().problem("nodeconfig") != problem {
+                if problem.is_some()
+                    && self.agent.health().problem(Component::NodeConfig) != problem
+                {
                     warn!(node = %self.node, problem = ?problem, "BGP password unavailable");
                 }
                 if self.agent.settings().as_deref() == Some(&settings) {
                     // A status write, a resync, or a return to the settings in force after an
                     // invalid edit: nothing to apply, but no problem either (other than a
                     // password that still cannot be read).
-                    self.agent.health().set_problem("nodeconfig", problem);
+                    self.agent
+                        .health()
+                        .set_problem(Component::NodeConfig, problem);
                     return;
                 }
                 info!(node = %self.node, cidr6 = ?settings.cidr6, cidr4 = ?settings.cidr4,
                     bgp = settings.bgp.is_some(), "NodeConfig applied");
                 self.agent.set_settings(Some(settings)).await;
                 if problem.is_some() {
-                    self.agent.health().set_problem("nodeconfig", problem);
+                    self.agent
+                        .health()
+                        .set_problem(Component::NodeConfig, problem);
                 }
             }
             Err(e) => {
@@ -124,9 +131,17 @@ impl NodeConfigFollower {
                 };
                 let problem = format!("{e}; {kept}");
                 // Every status write echoes the resource back: say it once per problem.
-                if self.agent.health().problem("nodeconfig").as_deref() != Some(&problem) {
+                if self
+                    .agent
+                    .health()
+                    .problem(Component::NodeConfig)
+                    .as_deref()
+                    != Some(&problem)
+                {
                     warn!(node = %self.node, error = %e, kept, "invalid NodeConfig");
-                    self.agent.health().set_problem("nodeconfig", Some(problem));
+                    self.agent
+                        .health()
+                        .set_problem(Component::NodeConfig, Some(problem));
                 }
             }
         }

@@ -39,7 +39,7 @@ use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
 
 use crate::cache::{ObjectKey, object_key};
-use crate::metrics::{Health, Metrics};
+use crate::metrics::{Component, Health, Metrics};
 use nft::Nft;
 use plan::Step;
 use schedule::{ApplyError, PlanError, Schedule, Work};
@@ -105,7 +105,7 @@ impl PolicyEnforcer {
     /// An enforcer applying through `nft`, with its apply task running on the current runtime.
     pub fn spawn(nft: Arc<dyn Nft>, metrics: Arc<Metrics>, health: Arc<Health>) -> Arc<Self> {
         health.set_problem(
-            "networkpolicy",
+            Component::NetworkPolicy,
             Some("waiting for the first listing of NetworkPolicies, Namespaces and Pods".into()),
         );
         let this = Arc::new(PolicyEnforcer {
@@ -380,7 +380,7 @@ impl PolicyEnforcer {
         let kind = planned.step().kind();
         self.metrics.observe_policy_apply(kind, started.elapsed());
         self.metrics.set_policy_size(plan::size(planned.ruleset()));
-        self.health.set_problem("networkpolicy", None);
+        self.health.set_problem(Component::NetworkPolicy, None);
         let progress = {
             let mut schedule = self.schedule();
             schedule.applied(planned, SystemTime::now());
@@ -393,7 +393,7 @@ impl PolicyEnforcer {
     fn failed(&self, generation: u64, error: ApplyError) {
         self.metrics.policy_apply_errors.inc();
         self.health
-            .set_problem("networkpolicy", Some(error.to_string()));
+            .set_problem(Component::NetworkPolicy, Some(error.to_string()));
         let (progress, retry) = {
             let mut schedule = self.schedule();
             let retry = schedule.failed(generation, error.clone(), Instant::now());
