@@ -13,8 +13,8 @@ use crate::trace::Tracer;
 use tracing::{info, warn};
 
 use crate::agent::{Agent, AgentParts};
-use crate::bird::{BirdTarget, Debounce};
 use crate::metrics::{Health, Metrics};
+use crate::routing::bird::{BirdTarget, Debounce};
 use crate::{Error, Result};
 use flock_k8s_api::NodeConfig;
 
@@ -192,9 +192,9 @@ pub async fn serve(
 
     let renderer = {
         let agent = agent.clone();
-        Arc::new(move || agent.render_bird()) as crate::bird::Renderer
+        Arc::new(move || agent.render_bird()) as crate::routing::bird::Renderer
     };
-    let bird = crate::bird::spawn(
+    let bird = crate::routing::bird::spawn(
         options.bird.clone(),
         renderer,
         options.debounce,

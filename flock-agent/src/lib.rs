@@ -8,7 +8,6 @@
 use std::path::PathBuf;
 
 pub mod agent;
-pub mod bird;
 pub mod cache;
 pub mod crd;
 pub mod daemon;
@@ -18,8 +17,8 @@ pub mod kernel;
 pub mod metrics;
 pub mod pods;
 pub mod policy;
+pub mod routing;
 pub mod server;
-pub mod services;
 pub mod store;
 pub mod trace;
 

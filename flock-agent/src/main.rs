@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use flock_agent::bird::{BirdTarget, Debounce};
 use flock_agent::daemon::{RunOptions, defaults};
+use flock_agent::routing::bird::{BirdTarget, Debounce};
 use flock_agent::store::Store;
 use flock_rpc::defaults as cni_defaults;
 

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flock_agent::agent::{Agent, AgentParts};
-use flock_agent::bird::{BirdTarget, Debounce};
 use flock_agent::k8s::leaks::{LeakTracker, reconcile_once};
 use flock_agent::k8s::nodeconfig::follow_node_config;
 use flock_agent::k8s::pods::PodWatcher;
 use flock_agent::kernel::NetnsKernel;
 use flock_agent::metrics::Component;
 use flock_agent::pods::PodDirectory;
+use flock_agent::routing::bird::{BirdTarget, Debounce};
 use flock_agent::store::AttachmentKey;
 use flock_cni_proto::ErrorCode;
 use flock_k8s_api::NodeConfig;
@@ -367,9 +367,9 @@ async fn a_changed_cidr_keeps_old_pods_announced_until_they_go() {
     let config = state.path().join("bird.conf");
     let renderer = {
         let agent = agent.clone();
-        Arc::new(move || agent.render_bird()) as flock_agent::bird::Renderer
+        Arc::new(move || agent.render_bird()) as flock_agent::routing::bird::Renderer
     };
-    agent.set_bird(flock_agent::bird::spawn(
+    agent.set_bird(flock_agent::routing::bird::spawn(
         BirdTarget {
             config_path: config.clone(),
             socket: state.path().join("bird.ctl"),

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use flock_agent::k8s::services::spawn_watches;
-use flock_agent::services::ServiceState;
+use flock_agent::routing::services::ServiceState;
 use flock_ipam::ServiceRanges;
 use flock_testkit::kube_mock::*;
 use ipnet::IpNet;

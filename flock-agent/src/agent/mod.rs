@@ -24,17 +24,16 @@ use rand_core::SeedableRng;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use crate::bird::BirdHandle;
 use crate::kernel::Kernel;
 use crate::metrics::{Component, Health, Metrics};
 use crate::pods::PodDirectory;
 use crate::policy::PolicyEnforcer;
+use crate::routing::bird::BirdHandle;
 use crate::store::{AllocationRecord, AttachmentKey, Store};
 use crate::trace::{Phases, RequestTag, Tracer};
 use flock_k8s_api::NodeSettings;
 
 pub mod add;
-pub mod announce;
 pub mod check;
 pub mod del;
 pub mod error;
@@ -69,7 +68,7 @@ pub struct Agent {
     locks: Arc<ContainerLocks>,
     rng: Mutex<ChaCha12Rng>,
     bird: RwLock<Option<BirdHandle>>,
-    services: RwLock<Option<Arc<crate::services::ServiceState>>>,
+    services: RwLock<Option<Arc<crate::routing::services::ServiceState>>>,
     pods: Option<Arc<dyn PodDirectory>>,
     pod_wait: Duration,
     policy: Option<Arc<PolicyEnforcer>>,
@@ -287,7 +286,7 @@ impl Agent {
     }
 
     /// Connects the Service state (Kubernetes mode): its routes join BIRD's configuration.
-    pub fn set_services(&self, state: Arc<crate::services::ServiceState>) {
+    pub fn set_services(&self, state: Arc<crate::routing::services::ServiceState>) {
         *self.services.write().expect("services lock") = Some(state);
         self.refresh_bird();
     }
@@ -323,13 +322,13 @@ impl Agent {
         &self.metrics
     }
 
-    /// The BIRD configuration of this node ([`announce::bird_model`]), rendered. `Ok(None)`
+    /// The BIRD configuration of this node ([`crate::routing::announce::bird_model`]), rendered. `Ok(None)`
     /// without BGP settings.
-    pub fn render_bird(&self) -> Result<Option<String>, String> {
+    pub fn render_bird(&self) -> Result<Option<String>, crate::routing::BirdError> {
         let Some(settings) = self.settings() else {
             return Ok(None);
         };
-        let model = announce::bird_model(&settings, self.state().records());
+        let model = crate::routing::announce::bird_model(&settings, self.state().records());
         match model {
             None => Ok(None),
             Some(mut model) => {
@@ -338,7 +337,9 @@ impl Agent {
                     let announcement = state.announcement(&settings.node, &settings.services);
                     model.services.extend(announcement.routes);
                 }
-                let valid = model.validate().map_err(|e| e.to_string())?;
+                let valid = model
+                    .validate()
+                    .map_err(|e| crate::routing::BirdError::Model(Box::new(e)))?;
                 Ok(Some(flock_bird::render(&valid)))
             }
         }

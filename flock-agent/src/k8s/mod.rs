@@ -9,7 +9,6 @@ pub mod nodeconfig;
 pub mod pods;
 pub mod secrets;
 pub mod services;
-pub mod sessions;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -120,7 +119,7 @@ pub async fn run(options: RunOptions, kube: KubeOptions) -> Result<()> {
     // Service announcing: the Services and EndpointSlices of the cluster (docs/services.md).
     {
         let (client, node, agent) = (client.clone(), node.clone(), agent.clone());
-        let state = crate::services::ServiceState::new();
+        let state = crate::routing::services::ServiceState::new();
         services::spawn_watches(client.clone(), state.clone());
         agent.set_services(state.clone());
         tokio::spawn(services::run_announcer(client, node, agent, state));

@@ -13,15 +13,16 @@ use kube::{Api, Client};
 use tracing::{debug, warn};
 
 use crate::agent::Agent;
-use crate::bird::BirdTarget;
 use crate::metrics::{Component, Health};
 use crate::policy::PolicyStatus;
+use crate::routing::BirdError;
+use crate::routing::bird::BirdTarget;
 use crate::store::AllocationRecord;
 use crate::{Error, Result};
 use flock_k8s_api::{NeighborStatus, NodeConfig, NodeConfigStatus, NodeSettings};
 
-use super::sessions::established_message;
-pub use super::sessions::{protocol_states, sessions_down, show_protocols};
+use crate::routing::sessions::established_message;
+pub use crate::routing::sessions::{protocol_states, sessions_down, show_protocols};
 
 /// The default shortest time between two status writes.
 pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
@@ -34,7 +35,7 @@ pub struct StatusInputs {
     /// The committed allocations.
     pub records: Vec<AllocationRecord>,
     /// BIRD's protocols and states, or why they could not be read (`None`: no BGP).
-    pub protocols: Option<Result<BTreeMap<String, String>, String>>,
+    pub protocols: Option<Result<BTreeMap<String, String>, Arc<BirdError>>>,
     /// The agent's problem per component (`nodeconfig`, `bird`, `store`, `kernel`).
     pub problems: BTreeMap<Component, String>,
     /// Whether the RPC server serves.
@@ -48,7 +49,7 @@ impl StatusInputs {
     pub async fn gather(agent: &Agent, bird: &BirdTarget) -> StatusInputs {
         let settings = agent.settings();
         let protocols = match settings.as_ref().and_then(|s| s.bgp.as_ref()) {
-            Some(_) => Some(show_protocols(bird).await),
+            Some(_) => Some(show_protocols(bird).await.map_err(Arc::new)),
             None => None,
         };
         let health: &Health = agent.health();
@@ -144,7 +145,12 @@ pub fn build_status(
     });
     conditions.push(match &inputs.protocols {
         None => cond("BirdReady", true, "NoBgp", "the NodeConfig has no spec.bgp"),
-        Some(Err(e)) => cond("BirdReady", false, "BirdUnreachable", e),
+        Some(Err(e)) => cond(
+            "BirdReady",
+            false,
+            "BirdUnreachable",
+            &flock_cni_proto::error::cause_chain(e.as_ref()),
+        ),
         Some(Ok(_)) => match inputs.problems.get(&Component::Bird) {
             Some(problem) => cond("BirdReady", false, "ReloadFailed", problem),
             None => cond(

@@ -23,18 +23,22 @@ impl SecretReader {
 
     /// The value of `reference.key`, as UTF-8 with a trailing newline dropped; the error says
     /// which Secret and why (not found, forbidden by RBAC, no such key), never the value.
-    pub async fn read(&self, reference: &SecretKeyRef) -> Result<String, String> {
+    pub async fn read(&self, reference: &SecretKeyRef) -> Result<String, SecretError> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &reference.namespace);
-        let secret = api.get(&reference.name).await.map_err(|e| match &e {
-            kube::Error::Api(status) if status.code == 403 => format!(
-                "{reference}: the agent may not read it (RBAC: grant `get` on this Secret by \
-                 resourceNames in a Role of namespace {}): {}",
-                reference.namespace, status.message
-            ),
+        let at = || reference.to_string();
+        let secret = api.get(&reference.name).await.map_err(|e| match e {
+            kube::Error::Api(status) if status.code == 403 => SecretError::Forbidden {
+                secret: at(),
+                namespace: reference.namespace.clone(),
+                message: status.message,
+            },
             kube::Error::Api(status) if status.code == 404 => {
-                format!("{reference}: no such Secret")
+                SecretError::NotFound { secret: at() }
             }
-            other => format!("{reference}: {other}"),
+            source => SecretError::Get {
+                secret: at(),
+                source,
+            },
         })?;
         let value = secret
             .data
@@ -48,11 +52,56 @@ impl SecretReader {
                     .and_then(|d| d.get(&reference.key))
                     .map(|v| v.clone().into_bytes())
             })
-            .ok_or_else(|| format!("{reference}: the Secret has no such key"))?;
-        let text = String::from_utf8(value)
-            .map_err(|_| format!("{reference}: the value is not UTF-8 text"))?;
+            .ok_or_else(|| SecretError::NoKey { secret: at() })?;
+        let text = String::from_utf8(value).map_err(|_| SecretError::NotUtf8 { secret: at() })?;
         Ok(text.trim_end_matches(['\n', '\r']).to_owned())
     }
+}
+
+/// Why a password could not be read from its Secret; each names the Secret and key
+/// (`namespace/name key`), never the value.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// RBAC refused the GET.
+    #[error(
+        "{secret}: the agent may not read it (RBAC: grant `get` on this Secret by \
+         resourceNames in a Role of namespace {namespace}): {message}"
+    )]
+    Forbidden {
+        /// The reference.
+        secret: String,
+        /// Its namespace.
+        namespace: String,
+        /// The API server's message.
+        message: String,
+    },
+    /// No such Secret.
+    #[error("{secret}: no such Secret")]
+    NotFound {
+        /// The reference.
+        secret: String,
+    },
+    /// The GET failed otherwise (the API server unreachable).
+    #[error("{secret}: {source}")]
+    Get {
+        /// The reference.
+        secret: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The Secret has no such key.
+    #[error("{secret}: the Secret has no such key")]
+    NoKey {
+        /// The reference.
+        secret: String,
+    },
+    /// The value is not text.
+    #[error("{secret}: the value is not UTF-8 text")]
+    NotUtf8 {
+        /// The reference.
+        secret: String,
+    },
 }
 
 /// Fills in every password `settings` takes from a Secret (or a file). Each one that cannot be

@@ -16,7 +16,7 @@ use tracing::warn;
 
 use crate::agent::Agent;
 use crate::cache::PAGE_SIZE;
-use crate::services::{ReportedRefusals, ServiceState};
+use crate::routing::services::{ReportedRefusals, ServiceState};
 
 /// Starts the two watches; each retries with kube's default backoff.
 pub fn spawn_watches(client: Client, state: Arc<ServiceState>) {

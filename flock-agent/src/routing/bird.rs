@@ -12,6 +12,7 @@ use tokio::process::Command;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::BirdError;
 use crate::metrics::{Component, Health, Metrics};
 
 /// Where and how to reach BIRD.
@@ -48,7 +49,7 @@ impl Default for Debounce {
 
 /// Renders the configuration from the agent's current state: `Ok(None)` when the node has no
 /// BGP, `Err` with a reason when the model does not validate.
-pub type Renderer = Arc<dyn Fn() -> Result<Option<String>, String> + Send + Sync>;
+pub type Renderer = Arc<dyn Fn() -> Result<Option<String>, BirdError> + Send + Sync>;
 
 /// Handle to mark BIRD's configuration as possibly changed.
 #[derive(Clone, Debug)]
@@ -91,7 +92,8 @@ pub fn spawn(
                     health.set_problem(Component::Bird, None);
                     last_ok = true;
                 }
-                Err(problem) => {
+                Err(e) => {
+                    let problem = flock_cni_proto::error::cause_chain(&e);
                     tracing::warn!(%problem, "BIRD reload failed");
                     metrics.bird_failures.inc();
                     health.set_problem(Component::Bird, Some(problem));
@@ -138,7 +140,7 @@ async fn sync_once(
     target: &BirdTarget,
     render: &Renderer,
     last_ok: bool,
-) -> Result<SyncOutcome, String> {
+) -> Result<SyncOutcome, BirdError> {
     let Some(config) = render()? else {
         return Ok(SyncOutcome::NoBgp);
     };
@@ -148,9 +150,7 @@ async fn sync_once(
         return Ok(SyncOutcome::Unchanged);
     }
     if changed {
-        write_config(&target.config_path, config.as_bytes())
-            .await
-            .map_err(|e| flock_cni_proto::error::cause_chain(&e))?;
+        write_config(&target.config_path, config.as_bytes()).await?;
     }
     configure(target).await?;
     Ok(SyncOutcome::Reloaded)
@@ -185,29 +185,46 @@ async fn write_config(path: &Path, bytes: &[u8]) -> crate::Result<()> {
 }
 
 /// Runs `birdc -s SOCK configure` and interprets BIRD's reply.
-pub async fn configure(target: &BirdTarget) -> Result<(), String> {
-    let out = Command::new(&target.birdc)
-        .arg("-s")
-        .arg(&target.socket)
-        .arg("configure")
-        .output()
-        .await
-        .map_err(|e| format!("run {}: {e}", target.birdc.display()))?;
+pub async fn configure(target: &BirdTarget) -> Result<(), BirdError> {
+    let out = target.birdc(&["configure"]).await?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
     let accepted = stdout.contains("Reconfigured")
         || stdout.contains("Reconfiguration in progress")
         || stdout.contains("Reconfiguration already in progress");
     if out.status.success() && accepted {
         Ok(())
     } else {
-        Err(format!(
-            "{} -s {} configure: {}{}",
-            target.birdc.display(),
-            target.socket.display(),
-            stdout.trim(),
-            stderr.trim()
-        ))
+        Err(target.refused("configure", &out))
+    }
+}
+
+impl BirdTarget {
+    /// Runs `birdc -s SOCK ARGS…`.
+    pub(super) async fn birdc(&self, args: &[&str]) -> Result<std::process::Output, BirdError> {
+        Command::new(&self.birdc)
+            .arg("-s")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .await
+            .map_err(|source| BirdError::Run {
+                program: self.birdc.clone(),
+                source,
+            })
+    }
+
+    /// `command` was refused: what birdc printed.
+    pub(super) fn refused(&self, command: &'static str, out: &std::process::Output) -> BirdError {
+        BirdError::Refused {
+            program: self.birdc.clone(),
+            socket: self.socket.clone(),
+            command,
+            reply: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        }
     }
 }
 

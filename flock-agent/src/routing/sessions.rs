@@ -3,9 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use tokio::process::Command;
-
-use crate::bird::BirdTarget;
+use super::BirdError;
+use super::bird::BirdTarget;
 use flock_k8s_api::{NeighborStatus, NodeConfigStatus};
 
 /// Protocol name → state, from `birdc show protocols` (parsed by `flock-bird`): a BGP
@@ -42,36 +41,23 @@ pub fn protocol_states(text: &str) -> Result<BTreeMap<String, String>, flock_bir
     Ok(states)
 }
 
-/// Runs `birdc -s SOCK show protocols`.
-pub async fn show_protocols(target: &BirdTarget) -> Result<BTreeMap<String, String>, String> {
-    let out = Command::new(&target.birdc)
-        .arg("-s")
-        .arg(&target.socket)
-        .arg("show")
-        .arg("protocols")
-        .output()
-        .await
-        .map_err(|e| format!("run {}: {e}", target.birdc.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let failed = |why: &dyn std::fmt::Display| {
-        format!(
-            "{} -s {} show protocols: {why}",
-            target.birdc.display(),
-            target.socket.display(),
-        )
-    };
+/// Runs `birdc -s SOCK show protocols`: each protocol's state.
+pub async fn show_protocols(target: &BirdTarget) -> Result<BTreeMap<String, String>, BirdError> {
+    const COMMAND: &str = "show protocols";
+    let out = target.birdc(&["show", "protocols"]).await?;
     if !out.status.success() {
-        return Err(failed(&format_args!(
-            "{}{}",
-            stdout.trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(target.refused(COMMAND, &out));
     }
-    protocol_states(&stdout).map_err(|e| failed(&e))
+    protocol_states(&String::from_utf8_lossy(&out.stdout)).map_err(|source| BirdError::Reply {
+        program: target.birdc.clone(),
+        socket: target.socket.clone(),
+        command: COMMAND,
+        source: Box::new(source),
+    })
 }
 
 /// `1 of 2 BGP sessions established; 2001:db8::fd Active (Socket: Connection refused)`.
-pub(super) fn established_message(up: usize, bgp: &[NeighborStatus]) -> String {
+pub(crate) fn established_message(up: usize, bgp: &[NeighborStatus]) -> String {
     let mut message = format!("{up} of {} BGP sessions established", bgp.len());
     for n in bgp.iter().filter(|n| n.state != "Established") {
         message.push_str(&format!("; {} {}", n.neighbor, n.state));
