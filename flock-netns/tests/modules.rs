@@ -19,3 +19,8 @@ fn no_import_cycles() {
         assert!(!graph[to].contains(from), "{to} → {from}: {graph:#?}");
     }
 }
+
+#[test]
+fn one_module_style() {
+    flock_testkit::modules::assert_one_module_style(env!("CARGO_MANIFEST_DIR"));
+}

@@ -63,6 +63,37 @@ pub fn assert_no_import_cycles(crate_dir: &str) {
     }
 }
 
+/// Panics naming both kinds unless the folder modules of the crate at `crate_dir` are written
+/// one way: every one as `folder/mod.rs`, or every one as `folder.rs` beside `folder/`.
+pub fn assert_one_module_style(crate_dir: &str) {
+    fn walk(dir: &Path, mod_rs: &mut Vec<String>, beside: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("read src") {
+            let path = entry.expect("entry").path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            if !path.is_dir() || name == "snapshots" {
+                continue;
+            }
+            if path.join("mod.rs").exists() {
+                mod_rs.push(path.display().to_string());
+            }
+            if path.with_extension("rs").exists() {
+                beside.push(path.with_extension("rs").display().to_string());
+            }
+            walk(&path, mod_rs, beside);
+        }
+    }
+    let (mut mod_rs, mut beside) = (Vec::new(), Vec::new());
+    walk(&Path::new(crate_dir).join("src"), &mut mod_rs, &mut beside);
+    assert!(
+        mod_rs.is_empty() || beside.is_empty(),
+        "both module styles in one crate: {mod_rs:?} as folder/mod.rs, {beside:?} as folder.rs \
+         beside folder/"
+    );
+}
+
 fn collect_files(src: &Path, dir: &Path, out: &mut Vec<(String, std::path::PathBuf)>) {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .expect("read src")

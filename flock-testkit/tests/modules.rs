@@ -4,3 +4,8 @@
 fn no_import_cycles() {
     flock_testkit::modules::assert_no_import_cycles(env!("CARGO_MANIFEST_DIR"));
 }
+
+#[test]
+fn one_module_style() {
+    flock_testkit::modules::assert_one_module_style(env!("CARGO_MANIFEST_DIR"));
+}
