@@ -23,6 +23,7 @@ use flock_netns::NodeNs;
 use flock_rpc::rpc::{Op, PROTOCOL_VERSION, Request};
 use flock_testkit::Netns;
 use flock_testkit::kube_mock::*;
+use flock_testkit::wait::eventually;
 use serde_json::{Value, json};
 
 const NODE: &str = "node-a";
@@ -55,14 +56,6 @@ async fn start_agent(node: &Netns, state: &Path, pods: Option<Arc<PodWatcher>>) 
     .await
     .expect("agent starts");
     agent
-}
-
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn add_request(container_id: &str, pod_ns: &Netns, pod: &str) -> Request {

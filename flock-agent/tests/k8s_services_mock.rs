@@ -2,12 +2,12 @@
 //! EndpointSlice watches fill the state, and this node's routes follow its ready endpoints
 //! (Local policy). No kernel, no root.
 
-use std::time::Duration;
 
 use flock_agent::k8s::services::spawn_watches;
 use flock_agent::routing::services::ServiceState;
 use flock_ipam::ServiceRanges;
 use flock_testkit::kube_mock::*;
+use flock_testkit::wait::eventually;
 use ipnet::IpNet;
 use serde_json::{Value, json};
 
@@ -30,16 +30,6 @@ fn slice(node: &str, rv: &str) -> Value {
         "endpoints": [{"addresses": ["2001:db8:0:1::5"], "conditions": {"ready": true},
                        "nodeName": node}]
     })
-}
-
-async fn eventually(what: &str, check: impl Fn() -> bool) {
-    for _ in 0..500 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for: {what}");
 }
 
 #[tokio::test]

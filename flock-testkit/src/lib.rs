@@ -17,6 +17,8 @@ pub mod cni;
 pub mod kube_mock;
 pub mod modules;
 pub mod node;
+#[cfg(feature = "tokio")]
+pub mod wait;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

@@ -231,17 +231,8 @@ impl BirdTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flock_testkit::wait::eventually;
     use std::sync::atomic::{AtomicBool, Ordering};
-
-    async fn eventually(what: &str, check: impl Fn() -> bool) {
-        for _ in 0..500 {
-            if check() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("timed out waiting for: {what}");
-    }
 
     #[tokio::test]
     async fn a_bird_problem_is_cleared_once_bgp_is_removed() {

@@ -92,6 +92,16 @@ struct Pending {
     pods: Vec<PodChange>,
 }
 
+impl Pending {
+    /// A rebuild, which makes any pod change moot.
+    fn rebuild() -> Pending {
+        Pending {
+            rebuild: true,
+            pods: Vec::new(),
+        }
+    }
+}
+
 /// The retry delay of a failing apply: doubling, bounded, reset by a success.
 #[derive(Debug, Default, Clone, Copy)]
 struct Backoff {
@@ -234,10 +244,7 @@ impl Schedule {
     /// asks for a rebuild. Returns the generation that holds the change.
     pub fn change(&mut self, change: impl FnOnce(&mut ClusterView) -> bool) -> u64 {
         if change(&mut self.view) {
-            self.pending = Pending {
-                rebuild: true,
-                pods: Vec::new(),
-            };
+            self.pending = Pending::rebuild();
             self.generation += 1;
         }
         self.generation
@@ -261,10 +268,7 @@ impl Schedule {
                     }
                 }
                 if self.pending.pods.len() > MAX_PENDING_PODS {
-                    self.pending = Pending {
-                        rebuild: true,
-                        pods: Vec::new(),
-                    };
+                    self.pending = Pending::rebuild();
                 }
             }
             self.generation += 1;
@@ -350,13 +354,7 @@ impl Schedule {
     /// The work of `generation` failed (at `now`): the kernel's table is unknown, the next
     /// work rebuilds. Returns how long the retry waits.
     pub fn failed(&mut self, generation: u64, error: ApplyError, now: Instant) -> Duration {
-        debug_assert_eq!(self.in_flight, Some(generation), "not the work in flight");
-        self.in_flight = None;
-        self.model = None;
-        self.pending = Pending {
-            rebuild: true,
-            pods: Vec::new(),
-        };
+        self.cannot_follow(generation);
         self.progress.failed = Some((generation, error));
         self.backoff.failed(now)
     }
@@ -367,10 +365,7 @@ impl Schedule {
         debug_assert_eq!(self.in_flight, Some(generation), "not the work in flight");
         self.in_flight = None;
         self.model = None;
-        self.pending = Pending {
-            rebuild: true,
-            pods: Vec::new(),
-        };
+        self.pending = Pending::rebuild();
     }
 
     /// What the applies have done so far.
