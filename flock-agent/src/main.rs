@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use flock_agent::daemon::{RunOptions, defaults};
 use flock_agent::routing::bird::{BirdTarget, Debounce};
 use flock_agent::store::Store;
+use flock_k8s_api::client::duration_flag;
 use flock_rpc::defaults as cni_defaults;
 
 #[derive(Parser, Debug)]
@@ -152,14 +153,14 @@ struct RunArgs {
     kubeconfig: Option<PathBuf>,
     /// Kubernetes mode: how long a pod may be gone from this node before its allocation is
     /// released (`300`, `300s`, `5m`, `1h`).
-    #[arg(long, env = "FLOCK_LEAK_GRACE", default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, env = "FLOCK_LEAK_GRACE", default_value = "5m", value_parser = duration_flag)]
     leak_grace: Duration,
     /// Kubernetes mode: the shortest time between two NodeConfig status writes.
-    #[arg(long, env = "FLOCK_STATUS_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "FLOCK_STATUS_INTERVAL", default_value = "10s", value_parser = duration_flag)]
     status_interval: Duration,
     /// Kubernetes mode: how long ADD waits for the pod watcher to see its pod, and then for
     /// the pod's NetworkPolicy rules to be in place.
-    #[arg(long, env = "FLOCK_POD_WAIT", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "FLOCK_POD_WAIT", default_value = "10s", value_parser = duration_flag)]
     pod_wait: Duration,
     /// Kubernetes mode: enforce NetworkPolicies with nftables (table `inet flock_policy`).
     #[arg(long, env = "FLOCK_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
@@ -167,30 +168,6 @@ struct RunArgs {
     /// The nft program.
     #[arg(long, env = "FLOCK_NFT", default_value = "nft")]
     nft: PathBuf,
-}
-
-/// `300`, `300s`, `5m`, `1h`, `250ms`.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (like 300s, 5m, 1h)"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "m" => n.saturating_mul(60),
-        "h" => n.saturating_mul(3600),
-        "ms" => return Ok(Duration::from_millis(n)),
-        _ => {
-            return Err(format!(
-                "{text:?}: unknown unit {unit:?} (use ms, s, m or h)"
-            ));
-        }
-    };
-    Ok(Duration::from_secs(secs))
 }
 
 fn main() -> Result<()> {

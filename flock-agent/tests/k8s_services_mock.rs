@@ -2,7 +2,6 @@
 //! EndpointSlice watches fill the state, and this node's routes follow its ready endpoints
 //! (Local policy). No kernel, no root.
 
-
 use flock_agent::k8s::services::spawn_watches;
 use flock_agent::routing::services::ServiceState;
 use flock_ipam::ServiceRanges;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use k8s_openapi::jiff::SignedDuration;
+use flock_k8s_api::client::duration_flag;
 
 /// flock's cluster-pool controller: one NodeConfig per Node a NodePool selects, prefixes
 /// released once their node is gone, LoadBalancer addresses from the pools.
@@ -25,22 +25,13 @@ struct Args {
     #[arg(long, env = "FLOCK_POD_NAME")]
     identity: String,
     /// How often to reconcile without a change (`30s`, `5m`).
-    #[arg(long, env = "FLOCK_RESYNC", default_value = "30s", value_parser = duration)]
+    #[arg(long, env = "FLOCK_RESYNC", default_value = "30s", value_parser = duration_flag)]
     resync: Duration,
     /// How long a deleted Node's prefixes stay its own while its NodeConfig still reports
     /// allocations; after it, they return to the pool once no pod is bound to the node
     /// (`90s`, `10m`, `1h`).
-    #[arg(long, env = "FLOCK_RELEASE_GRACE", default_value = "10m", value_parser = duration)]
+    #[arg(long, env = "FLOCK_RELEASE_GRACE", default_value = "10m", value_parser = duration_flag)]
     release_grace: Duration,
-}
-
-/// A duration as `30s`, `10m`, `1h 30m` (jiff's friendly format), never negative.
-fn duration(text: &str) -> Result<Duration, String> {
-    let d: SignedDuration = text
-        .trim()
-        .parse()
-        .map_err(|e| format!("{text:?} is not a duration like 90s, 10m or 1h: {e}"))?;
-    Duration::try_from(d).map_err(|_| format!("{text:?} is negative"))
 }
 
 fn main() -> Result<()> {
@@ -73,16 +64,6 @@ fn main() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_take_units_and_refuse_the_rest() {
-        assert_eq!(duration("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(duration("10m"), Ok(Duration::from_secs(600)));
-        assert_eq!(duration("1h 30m"), Ok(Duration::from_secs(5400)));
-        let e = duration("ten minutes").unwrap_err();
-        assert!(e.contains("\"ten minutes\" is not a duration"), "{e}");
-        assert!(duration("-5m").unwrap_err().contains("negative"));
-    }
 
     #[test]
     fn the_flags_default_grace_is_the_librarys() {

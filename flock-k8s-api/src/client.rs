@@ -44,3 +44,40 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
     };
     Client::try_from(config).map_err(failed("build the client".to_owned()))
 }
+
+/// A duration flag of a flock program, one syntax for all: `300` (seconds), `250ms`, `90s`,
+/// `10m`, `1h 30m` (jiff's friendly format); never negative. The error names the text.
+pub fn duration_flag(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Ok(std::time::Duration::from_secs(seconds));
+    }
+    let d: k8s_openapi::jiff::SignedDuration = text.parse().map_err(|e| {
+        format!("{text:?} is not a duration like 300 (seconds), 250ms, 90s, 10m or 1h 30m: {e}")
+    })?;
+    std::time::Duration::try_from(d).map_err(|_| format!("{text:?} is negative"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::duration_flag;
+
+    #[test]
+    fn one_duration_syntax_for_every_flag() {
+        for (text, want) in [
+            ("300", Duration::from_secs(300)),
+            ("250ms", Duration::from_millis(250)),
+            ("90s", Duration::from_secs(90)),
+            (" 5m ", Duration::from_secs(300)),
+            ("1h 30m", Duration::from_secs(5400)),
+        ] {
+            assert_eq!(duration_flag(text), Ok(want), "{text}");
+        }
+        for bad in ["", "5 parsecs", "-5m", "m"] {
+            let e = duration_flag(bad).expect_err(bad);
+            assert!(e.contains(&format!("{:?}", bad.trim())), "{e}");
+        }
+    }
+}
