@@ -28,10 +28,10 @@ impl Overlay {
         self.created.is_empty() && self.deleted.is_empty()
     }
 
-    /// A NodeConfig was created.
+    /// A NodeConfig was created. A delete of the same name before it stays known: the cache
+    /// may still show the NodeConfig that delete removed.
     pub fn created(&mut self, nc: NodeConfig) {
         if let Some(name) = nc.metadata.name.clone() {
-            self.deleted.remove(&name);
             self.created.insert(name, nc);
         }
     }
@@ -43,24 +43,29 @@ impl Overlay {
     }
 
     /// The cached NodeConfigs with the controller's own writes applied; entries the cache
-    /// now reflects are forgotten. Writes are matched by uid as well as by name: a cached
-    /// NodeConfig of the name of one the controller created is, with another uid, the one
-    /// it released before (the cache has not seen the release nor the creation yet), and the
-    /// created one stands in its place.
+    /// now reflects are forgotten. Writes are matched by uid as well as by name:
+    /// - a created NodeConfig is seen once the cache holds its uid; while the cache still holds
+    ///   the one of that name the controller deleted before, the created one stands in its
+    ///   place; a cached one of any other uid was written by someone else since, and wins;
+    /// - a deleted one is gone once the cache no longer holds that uid.
     pub fn merge(&mut self, mut cached: Vec<NodeConfig>) -> Vec<NodeConfig> {
         let name_of = |nc: &NodeConfig| nc.metadata.name.clone().unwrap_or_default();
-        let same =
-            |want: &Option<String>, nc: &NodeConfig| want.is_none() || nc.metadata.uid == *want;
-        self.created.retain(|name, created| {
-            !cached
-                .iter()
-                .any(|nc| name_of(nc) == *name && same(&created.metadata.uid, nc))
-        });
-        self.deleted.retain(|name, uid| {
+        let uid_of = |name: &str| {
             cached
                 .iter()
-                .any(|nc| name_of(nc) == *name && same(uid, nc))
+                .find(|nc| name_of(nc) == name)
+                .map(|nc| nc.metadata.uid.clone())
+        };
+        let deleted = &self.deleted;
+        self.created.retain(|name, created| match uid_of(name) {
+            None => true,
+            Some(uid) if created.metadata.uid.is_some() && uid == created.metadata.uid => false,
+            Some(uid) => deleted
+                .get(name)
+                .is_some_and(|old| old.is_some() && *old == uid),
         });
+        self.deleted
+            .retain(|name, old| uid_of(name).is_some_and(|uid| old.is_none() || *old == uid));
         cached.retain(|nc| {
             let name = name_of(nc);
             !self.deleted.contains_key(&name) && !self.created.contains_key(&name)
@@ -236,6 +241,12 @@ mod tests {
         assert_eq!(merged[0].metadata.uid.as_deref(), Some("u-d2"));
         assert!(!o.is_empty());
         assert_eq!(names(&o.merge(vec![nc("d", "u-d2")])), ["d"]);
+        assert!(o.is_empty());
+        // Created, then deleted and written again by someone else before the cache saw the
+        // creation: the cache's NodeConfig (another uid) wins and the overlay forgets its own.
+        o.created(nc("e", "u-e"));
+        let merged = o.merge(vec![nc("e", "u-someone")]);
+        assert_eq!(merged[0].metadata.uid.as_deref(), Some("u-someone"));
         assert!(o.is_empty());
     }
 }

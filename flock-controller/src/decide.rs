@@ -287,7 +287,7 @@ pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Reconcile {
         });
     }
 
-    let mut release_pending: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut release_pending: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for a in &plan.kept {
         let Some(nc) = owned.get(a.node.as_str()) else {
             continue;
@@ -347,7 +347,7 @@ pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Reconcile {
                 }
             };
             release_pending
-                .entry(a.pool.clone())
+                .entry(a.pool.as_str())
                 .or_default()
                 .push(format!(
                     "{} ({}: {held} pod address(es) still reported; gone since {since}, \
@@ -384,18 +384,6 @@ pub fn decide(observed: &Observed<'_>, now: Timestamp) -> Reconcile {
         }
     }
 
-    // The pools' status counts what this reconcile leaves: the released prefixes are free.
-    let plan = if out.release.is_empty() {
-        plan
-    } else {
-        kept.retain(|a| !out.release.iter().any(|r| r.name == a.node));
-        flock_ipam::plan_node_prefixes(&ClusterState {
-            pools: &cluster_pools,
-            nodes: &nodes,
-            assignments: &kept,
-            reserved: &reserved,
-        })
-    };
     let conflicts: BTreeMap<&str, Vec<String>> =
         plan.conflicts.iter().fold(BTreeMap::new(), |mut m, c| {
             for owner in [&c.first, &c.second] {

@@ -5,10 +5,12 @@
 //! it wins the lease; in between, its NodeConfig cache lags and its own writes are overlaid).
 //!
 //! Properties: a reconcile applied is a fixed point (the next one on the same facts writes
-//! nothing), or the one after when it released a prefix a waiting node then gets; the hand-written NodeConfig is never created over, updated or deleted; a prefix is
-//! released only when its Node is gone and its NodeConfig reports no allocations, or the
-//! release grace has passed since it was marked gone and no pod is bound to the node; no
-//! prefix is ever on two nodes, whoever leads.
+//! nothing), or the one after it when it released a prefix (the pool's status and a waiting
+//! node's prefix follow once the delete is seen: a conditional delete may yet fail); the
+//! hand-written NodeConfig is never created over, updated or deleted; a prefix is released
+//! only when its Node is gone and its NodeConfig reports no allocations, or the release grace
+//! has passed since it was marked gone and no pod is bound to the node; no prefix is ever on
+//! two nodes, whoever leads.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -340,7 +342,8 @@ proptest! {
             world.step(op)?;
             // Reconciles on fresh caches (a copy of the world: the leader's cache keeps its
             // lag), applied, reach a fixed point at once, or one reconcile later when one
-            // released a prefix (handed out again only once its delete is seen).
+            // released a prefix (counted free and handed out again only once its delete is
+            // seen).
             if matches!(op, Op::Reconcile) {
                 let mut fresh = world.clone();
                 let mut rounds = Vec::new();

@@ -189,11 +189,10 @@ async fn apply_creates_owned_node_configs_and_releases_conditionally() {
         )
     );
     let body = body_json(req).await;
-    // Counted as the reconcile leaves the pool: the released prefix is free (should the
-    // conditional delete fail, the next reconcile counts it again), so an applied reconcile
-    // is a fixed point.
-    assert_eq!(body["status"]["nodes"], 1);
-    assert_eq!(body["status"]["ipv6"]["inUse"], "1");
+    // Counted before the release takes effect (it may yet fail); the next reconcile, woken
+    // by the delete, counts one.
+    assert_eq!(body["status"]["nodes"], 2);
+    assert_eq!(body["status"]["ipv6"]["inUse"], "2");
     reply_json(
         reply,
         &json!({ "apiVersion": "flock.fritzlab.net/v1alpha1", "kind": "NodePool", "metadata": { "name": "rack1" }, "spec": { "cidr6": "2001:db8:1::/48", "nodePrefix6": 64 } }),
