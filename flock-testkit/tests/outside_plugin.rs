@@ -102,7 +102,7 @@ fn a_plugin_outside_the_workspace_works_through_every_verb() {
     let web0 = attachment("rec-1", &pod1, "web-0");
     let result = rt.add(&web0).expect("ADD");
     assert_eq!(result["ips"].as_array().map(Vec::len), Some(2), "{result}");
-    let record = net.join("rec-1-eth0");
+    let record = net.join("rec-1:eth0");
     assert_eq!(
         read(&record),
         json!({ "pod": "shop/web-0", "addresses": addresses(&result) })
@@ -125,24 +125,29 @@ fn a_plugin_outside_the_workspace_works_through_every_verb() {
     // GC keeps the valid attachments' records and removes what no attachment owns.
     let web1 = attachment("rec-2", &pod2, "web-1");
     rt.add(&web1).expect("second ADD");
-    std::fs::write(net.join("gone-eth0"), "{}").expect("a stale record");
+    std::fs::write(net.join("gone:eth0"), "{}").expect("a stale record");
+    std::fs::write(net.join(".rec-3:eth0.tmp"), "{").expect("a record being written");
     rt.gc(&[GcAttachment {
         container_id: "rec-2".into(),
         if_name: "eth0".into(),
     }])
     .expect("GC");
-    assert!(!net.join("gone-eth0").exists(), "stale record left by GC");
+    assert!(!net.join("gone:eth0").exists(), "stale record left by GC");
+    assert!(
+        net.join(".rec-3:eth0.tmp").exists(),
+        "GC removed a file of the plugin's own"
+    );
     assert!(
         !record.exists(),
         "rec-1 is not valid any more: DEL'd and its record gone"
     );
     assert!(
-        net.join("rec-2-eth0").exists(),
+        net.join("rec-2:eth0").exists(),
         "a valid record removed by GC"
     );
 
     rt.del(&web1).expect("DEL");
-    assert!(!net.join("rec-2-eth0").exists(), "record left by DEL");
+    assert!(!net.join("rec-2:eth0").exists(), "record left by DEL");
     rt.del(&web1).expect("a second DEL is no error");
 
     // STATUS fails, naming the directory, when records cannot be written.

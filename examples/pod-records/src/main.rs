@@ -7,7 +7,13 @@
 //! - DEL removes it (a record already gone is no error: DEL may come more than once);
 //! - CHECK fails when the record is missing or names other addresses than the result;
 //! - STATUS fails when `dataDir` cannot be written;
-//! - GC removes the records of the network whose attachment is not in the valid list.
+//! - GC removes the records of the network whose attachment is not in the valid list, all
+//!   it can, and reports every one it could not.
+//!
+//! A record is named `<containerID>:<ifname>`: neither may hold a `:` (CNI's container IDs
+//! are letters, digits, `_`, `-` and `.`; Linux refuses `:` in interface names), so no two
+//! attachments share one. Files starting with `.` are this plugin's own (a record being
+//! written, STATUS's probe) and GC leaves them.
 //!
 //! ```json
 //! { "type": "pod-records", "dataDir": "/var/lib/cni/pod-records" }
@@ -54,8 +60,12 @@ fn network_dir(call: &Call<'_>) -> Result<PathBuf, CniError> {
     Ok(data_dir.join(&call.conf.name))
 }
 
+fn record_name(container_id: &str, if_name: &str) -> String {
+    format!("{container_id}:{if_name}")
+}
+
 fn record_path(call: &Call<'_>) -> Result<PathBuf, CniError> {
-    Ok(network_dir(call)?.join(format!("{}-{}", call.env.container_id, call.env.if_name)))
+    Ok(network_dir(call)?.join(record_name(&call.env.container_id, &call.env.if_name)))
 }
 
 fn io_error(what: &str, path: &Path, e: std::io::Error) -> CniError {
@@ -93,7 +103,10 @@ impl Plugin for PodRecords {
         let dir = network_dir(call)?;
         fs::create_dir_all(&dir).map_err(|e| io_error("create", &dir, e))?;
         // Written whole, then renamed: a reader never sees half a record.
-        let tmp = path.with_extension("tmp");
+        let tmp = dir.join(format!(
+            ".{}.tmp",
+            record_name(&call.env.container_id, &call.env.if_name)
+        ));
         let body = serde_json::to_vec(&record(call, &result)?).expect("a JSON value");
         fs::write(&tmp, body).map_err(|e| io_error("write", &tmp, e))?;
         fs::rename(&tmp, &path).map_err(|e| io_error("rename to", &path, e))?;
@@ -143,7 +156,7 @@ impl Plugin for PodRecords {
             )
             .with_details(e.to_string())
         })?;
-        let probe = dir.join(".status");
+        let probe = dir.join(format!(".status-{}", std::process::id()));
         fs::write(&probe, b"")
             .and_then(|()| fs::remove_file(&probe))
             .map_err(|e| {
@@ -157,7 +170,10 @@ impl Plugin for PodRecords {
 
     fn gc(&self, call: &Call<'_>) -> Result<(), CniError> {
         let Some(valid) = call.conf.gc_attachments() else {
-            return Ok(());
+            return Err(CniError::new(
+                ErrorCode::InvalidNetworkConfig,
+                "plugin pod-records: GC without cni.dev/valid-attachments",
+            ));
         };
         let dir = network_dir(call)?;
         let entries = match fs::read_dir(&dir) {
@@ -167,17 +183,38 @@ impl Plugin for PodRecords {
         };
         let keep: Vec<String> = valid
             .iter()
-            .map(|a| format!("{}-{}", a.container_id, a.ifname))
+            .map(|a| record_name(&a.container_id, &a.ifname))
             .collect();
+        // Every stale record that can go goes; the ones that cannot are reported together.
+        let mut failed = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|e| io_error("list", &dir, e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if !keep.contains(&name) {
-                let path = entry.path();
-                fs::remove_file(&path).map_err(|e| io_error("remove", &path, e))?;
+            let path = match entry {
+                Ok(entry) => entry.path(),
+                Err(e) => {
+                    failed.push(format!("{}: {e}", dir.display()));
+                    continue;
+                }
+            };
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name.starts_with('.') || keep.contains(&name) {
+                continue;
+            }
+            if let Err(e) = fs::remove_file(&path) {
+                failed.push(format!("{}: {e}", path.display()));
             }
         }
-        Ok(())
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(CniError::new(
+                ErrorCode::IoFailure,
+                format!("remove {} stale records", failed.len()),
+            )
+            .with_details(failed.join("; ")))
+        }
     }
 }
 
