@@ -219,11 +219,12 @@ impl BirdTarget {
             program: self.birdc.clone(),
             socket: self.socket.clone(),
             command,
-            reply: format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout).trim(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
+            reply: [&out.stdout, &out.stderr]
+                .map(|b| String::from_utf8_lossy(b).trim().to_owned())
+                .into_iter()
+                .filter(|t| !t.is_empty())
+                .collect::<Vec<_>>()
+                .join("; "),
         }
     }
 }

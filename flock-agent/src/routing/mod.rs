@@ -15,7 +15,7 @@ pub mod sessions;
 pub enum BirdError {
     /// The announcement model is not valid (names the field and value).
     #[error("BIRD configuration model: {0}")]
-    Model(Box<flock_bird::Error>),
+    Model(#[source] Box<flock_bird::Error>),
     /// The configuration file could not be written.
     #[error(transparent)]
     Write(#[from] crate::Error),
@@ -40,8 +40,8 @@ pub enum BirdError {
         /// What birdc printed.
         reply: String,
     },
-    /// BIRD's reply could not be read.
-    #[error("{} -s {} {command}: {source}", .program.display(), .socket.display())]
+    /// BIRD's reply could not be read (the error names the command).
+    #[error("{} -s {}: {source}", .program.display(), .socket.display())]
     Reply {
         /// `birdc`.
         program: std::path::PathBuf,

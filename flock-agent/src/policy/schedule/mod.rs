@@ -45,7 +45,7 @@ pub type PodChange = (Vec<Pod>, Vec<Pod>);
 pub enum ApplyError {
     /// The model refused its inputs (nothing was sent to the kernel).
     #[error("building the NetworkPolicy model: {0}")]
-    Model(Arc<flock_policy::Error>),
+    Model(#[source] Arc<flock_policy::Error>),
     /// `nft` or nf_tables refused the step; what the kernel holds is unknown.
     #[error("{}", flock_cni_proto::error::cause_chain(.0.as_ref()))]
     Kernel(Arc<NftError>),
