@@ -57,6 +57,18 @@ fn conflist(ipam_dir: &Path, records: &Path) -> Value {
     })
 }
 
+/// The runtime stand-in for `conflist` with records under `records`, plugins from the reference
+/// set and `bin`, host side in `node`.
+fn runtime(dir: &Path, records: &Path, bin: &Path, node: &Netns) -> Runtime {
+    Runtime::new(
+        conflist(&dir.join("ipam"), records),
+        [flock_testkit::reference_plugins_dir(), bin.to_owned()],
+        dir.join("cache"),
+    )
+    .expect("valid conflist")
+    .in_netns(node.path())
+}
+
 fn attachment(id: &str, pod: &Netns, name: &str) -> Attachment {
     Attachment::new(id, pod.path(), "eth0")
         .with_arg("IgnoreUnknown", "1")
@@ -87,13 +99,7 @@ fn a_plugin_outside_the_workspace_works_through_every_verb() {
     let node = Netns::new("node");
     let (pod1, pod2) = (Netns::new("pod"), Netns::new("pod"));
     let records = dir.path().join("records");
-    let rt = Runtime::new(
-        conflist(&dir.path().join("ipam"), &records),
-        [flock_testkit::reference_plugins_dir(), bin.clone()],
-        dir.path().join("cache"),
-    )
-    .expect("valid conflist")
-    .in_netns(node.path());
+    let rt = runtime(dir.path(), &records, &bin, &node);
     let net = records.join("recnet");
 
     rt.status()
@@ -153,13 +159,7 @@ fn a_plugin_outside_the_workspace_works_through_every_verb() {
     // STATUS fails, naming the directory, when records cannot be written.
     let blocked = dir.path().join("a-file");
     std::fs::write(&blocked, "").expect("file");
-    let rt = Runtime::new(
-        conflist(&dir.path().join("ipam"), &blocked.join("records")),
-        [flock_testkit::reference_plugins_dir(), bin.clone()],
-        dir.path().join("cache"),
-    )
-    .expect("valid conflist")
-    .in_netns(node.path());
+    let rt = runtime(dir.path(), &blocked.join("records"), &bin, &node);
     let err = rt.status().expect_err("STATUS with an unwritable dataDir");
     let cni = err
         .cni_error()
@@ -168,13 +168,7 @@ fn a_plugin_outside_the_workspace_works_through_every_verb() {
     assert!(cni.msg.contains("a-file"), "{err}");
 
     // A relative dataDir is refused, naming the field and the value.
-    let rt = Runtime::new(
-        conflist(&dir.path().join("ipam"), Path::new("relative/records")),
-        [flock_testkit::reference_plugins_dir(), bin],
-        dir.path().join("cache"),
-    )
-    .expect("valid conflist")
-    .in_netns(node.path());
+    let rt = runtime(dir.path(), Path::new("relative/records"), &bin, &node);
     let err = rt.status().expect_err("STATUS with a relative dataDir");
     let cni = err
         .cni_error()
