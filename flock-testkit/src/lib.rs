@@ -279,7 +279,6 @@ pub const IMPURE_CRATES: &[&str] = &[
 /// The crates of `package`'s normal dependency tree (`cargo tree -e normal`), `package` first;
 /// `depth` 1: its direct dependencies only.
 pub fn dependency_tree(package: &str, depth: Option<usize>) -> Vec<String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let depth = depth.map(|d| d.to_string());
     let mut args = vec![
         "tree",
@@ -294,20 +293,53 @@ pub fn dependency_tree(package: &str, depth: Option<usize>) -> Vec<String> {
     if let Some(d) = &depth {
         args.extend(["--depth", d]);
     }
-    let out = Command::new(cargo)
-        .args(&args)
-        .output()
-        .expect("run cargo tree");
-    assert!(
-        out.status.success(),
-        "cargo tree -p {package} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    cargo(args)
         .lines()
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_owned)
         .collect()
+}
+
+/// Runs the cargo that runs the tests (`$CARGO`, else `cargo`) with `args` and returns its
+/// stdout; panics with the command and its stderr unless it exits 0.
+pub fn cargo<I, S>(args: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().into()).collect();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(&cargo)
+        .args(&args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {cargo:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cargo:?} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The folders of the workspace's member crates (`cargo metadata --no-deps`).
+pub fn workspace_crates() -> Vec<PathBuf> {
+    let metadata: serde_json::Value = serde_json::from_str(&cargo([
+        "metadata",
+        "--no-deps",
+        "--format-version",
+        "1",
+        "--offline",
+    ]))
+    .expect("cargo metadata prints JSON");
+    let mut dirs: Vec<PathBuf> = metadata["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .filter_map(|p| p["manifest_path"].as_str())
+        .filter_map(|m| Path::new(m).parent().map(Path::to_owned))
+        .collect();
+    dirs.sort();
+    dirs
 }
 
 /// Asserts that `package`'s normal dependency tree (`cargo tree -e normal`) contains every crate

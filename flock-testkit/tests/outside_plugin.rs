@@ -5,7 +5,6 @@
 #![cfg(feature = "root-tests")]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use flock_testkit::Netns;
 use flock_testkit::cni::{Attachment, GcAttachment, Runtime};
@@ -21,20 +20,14 @@ fn build_pod_records() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), PathBuf::from)
         .join("outside-workspace");
-    let out = Command::new(option_env!("CARGO").unwrap_or("cargo"))
-        .arg("build")
-        .arg("--locked")
-        .arg("--manifest-path")
-        .arg(root.join("examples/pod-records/Cargo.toml"))
-        .arg("--target-dir")
-        .arg(&target)
-        .output()
-        .expect("run cargo");
-    assert!(
-        out.status.success(),
-        "cargo build of examples/pod-records failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    flock_testkit::cargo([
+        "build".as_ref(),
+        "--locked".as_ref(),
+        "--manifest-path".as_ref(),
+        root.join("examples/pod-records/Cargo.toml").as_os_str(),
+        "--target-dir".as_ref(),
+        target.as_os_str(),
+    ]);
     target.join("debug")
 }
 
