@@ -38,7 +38,7 @@ use kube::runtime::watcher::Event;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
 
-use crate::cache::{ObjectKey, object_key};
+use crate::cache::object_key;
 use crate::metrics::{Component, Health, Metrics};
 use nft::Nft;
 use plan::Step;
@@ -141,16 +141,12 @@ impl PolicyEnforcer {
         self.woken(before, generation)
     }
 
-    /// Changes the view where only the pods of `keys` change (the keys are read from the
-    /// view before the change); the task follows them without a rebuild.
-    fn update_pods(
-        &self,
-        keys: impl FnOnce(&ClusterView) -> Vec<ObjectKey>,
-        change: impl FnOnce(&mut ClusterView) -> bool,
-    ) -> u64 {
+    /// Changes the schedule's view through `change` (which returns the generation that holds
+    /// it); wakes the task when that is a new one.
+    fn update_pods(&self, change: impl FnOnce(&mut Schedule) -> u64) -> u64 {
         let mut schedule = self.schedule();
         let before = schedule.generation();
-        let generation = schedule.change_pods(keys, change);
+        let generation = change(&mut schedule);
         self.woken(before, generation)
     }
 
@@ -194,21 +190,11 @@ impl PolicyEnforcer {
     pub fn on_pod(&self, event: Event<Pod>) {
         match event {
             Event::Apply(pod) => {
-                let key = object_key(&pod);
                 let value = convert::cluster_pod(&pod);
-                let keys = vec![key.clone()];
-                self.update_pods(
-                    |_| keys,
-                    |view| {
-                        let value = view.intern_labels(value);
-                        view.pods.set(key, value)
-                    },
-                );
+                self.update_pods(|s| s.set_cluster_pod(object_key(&pod), value));
             }
             Event::Delete(pod) => {
-                let key = object_key(&pod);
-                let keys = vec![key.clone()];
-                self.update_pods(|_| keys, |view| view.pods.set(key, None));
+                self.update_pods(|s| s.set_cluster_pod(object_key(&pod), None));
             }
             relist => {
                 self.update(|view| {
@@ -225,15 +211,7 @@ impl PolicyEnforcer {
     /// Takes a pod of this node (at start-up, from its record) without waiting for it to be
     /// applied.
     pub fn restore(&self, host_if: String, pod: LocalPod) -> u64 {
-        self.update_pods(
-            |view| {
-                let mut keys = vec![pod.key.clone()];
-                keys.extend(view.local.get(&host_if).map(|old| old.key.clone()));
-                keys.dedup();
-                keys
-            },
-            |view| view.local.insert(host_if.clone(), pod.clone()).as_ref() != Some(&pod),
-        )
+        self.update_pods(|s| s.set_local(host_if, pod))
     }
 
     /// Takes a new pod of this node and waits, up to `wait`, until a ruleset that holds it is
@@ -250,16 +228,7 @@ impl PolicyEnforcer {
 
     /// Forgets a pod of this node (DEL): its chain and set elements go with the next apply.
     pub fn forget(&self, host_if: &str) {
-        self.update_pods(
-            |view| {
-                view.local
-                    .get(host_if)
-                    .map(|l| l.key.clone())
-                    .into_iter()
-                    .collect()
-            },
-            |view| view.local.remove(host_if).is_some(),
-        );
+        self.update_pods(|s| s.remove_local(host_if));
     }
 
     /// Waits until `generation` (or a newer one) is applied; fails when its apply failed or

@@ -25,9 +25,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use flock_policy::{Model, Pod, Ruleset};
 
+use super::convert::ClusterPod;
 use super::nft::NftError;
 use super::plan::{self, Step};
-use super::view::{ClusterView, ModelInputs};
+use super::view::{ClusterView, LocalPod, ModelInputs};
 use crate::cache::ObjectKey;
 
 /// How long the task waits before retrying a failed apply (doubling up to [`MAX_RETRY`]).
@@ -252,7 +253,7 @@ impl Schedule {
 
     /// Changes the view where only the pods of `keys` change (the keys are read from the view
     /// before the change); the next work follows them without a rebuild.
-    pub fn change_pods(
+    fn change_pods(
         &mut self,
         keys: impl FnOnce(&ClusterView) -> Vec<ObjectKey>,
         change: impl FnOnce(&mut ClusterView) -> bool,
@@ -274,6 +275,47 @@ impl Schedule {
             self.generation += 1;
         }
         self.generation
+    }
+
+    /// A pod of the cluster appears or changes (`Some`) or goes (`None`): followed, no
+    /// rebuild.
+    pub fn set_cluster_pod(&mut self, key: ObjectKey, pod: Option<ClusterPod>) -> u64 {
+        let keys = vec![key.clone()];
+        self.change_pods(
+            |_| keys,
+            |view| {
+                let pod = view.intern_labels(pod);
+                view.pods.set(key, pod)
+            },
+        )
+    }
+
+    /// A pod of this node on host veth `host_if` (its ADD, or its record at start-up); the
+    /// pod that veth held before, if another, changes too.
+    pub fn set_local(&mut self, host_if: String, pod: LocalPod) -> u64 {
+        self.change_pods(
+            |view| {
+                let mut keys = vec![pod.key.clone()];
+                keys.extend(view.local.get(&host_if).map(|old| old.key.clone()));
+                keys.dedup();
+                keys
+            },
+            |view| view.local.insert(host_if.clone(), pod.clone()).as_ref() != Some(&pod),
+        )
+    }
+
+    /// The pod of this node on host veth `host_if` goes (its DEL).
+    pub fn remove_local(&mut self, host_if: &str) -> u64 {
+        self.change_pods(
+            |view| {
+                view.local
+                    .get(host_if)
+                    .map(|l| l.key.clone())
+                    .into_iter()
+                    .collect()
+            },
+            |view| view.local.remove(host_if).is_some(),
+        )
     }
 
     /// The work to do now, if any: none before the caches are synced, while a work is in

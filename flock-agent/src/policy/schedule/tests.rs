@@ -88,53 +88,26 @@ enum Change {
 
 fn apply_change(s: &mut Schedule, change: &Change) -> u64 {
     match *change {
-        Change::ClusterPod { i, app } => {
-            let pod = ClusterPod {
+        Change::ClusterPod { i, app } => s.set_cluster_pod(
+            key(&format!("pod{i}")),
+            Some(ClusterPod {
                 labels: Arc::new(labels(app)),
                 addresses: vec![addr(i)],
                 ..ClusterPod::default()
-            };
-            s.change_pods(
-                |_| vec![key(&format!("pod{i}"))],
-                |v| v.pods.set(key(&format!("pod{i}")), Some(pod)),
-            )
-        }
-        Change::ClusterPodGone { i } => s.change_pods(
-            |_| vec![key(&format!("pod{i}"))],
-            |v| v.pods.set(key(&format!("pod{i}")), None),
+            }),
         ),
-        Change::Local { i, app } => {
-            let host_if = format!("flock0000000{i}");
-            let pod = LocalPod {
+        Change::ClusterPodGone { i } => s.set_cluster_pod(key(&format!("pod{i}")), None),
+        Change::Local { i, app } => s.set_local(
+            format!("flock0000000{i}"),
+            LocalPod {
                 key: key(&format!("pod{i}")),
                 uid: String::new(),
                 addresses: vec![addr(i + 100)],
                 labels: labels(app),
                 ports: vec![],
-            };
-            s.change_pods(
-                |v| {
-                    let mut keys = vec![pod.key.clone()];
-                    keys.extend(v.local.get(&host_if).map(|old| old.key.clone()));
-                    keys.dedup();
-                    keys
-                },
-                |v| v.local.insert(host_if.clone(), pod.clone()).as_ref() != Some(&pod),
-            )
-        }
-        Change::LocalGone { i } => {
-            let host_if = format!("flock0000000{i}");
-            s.change_pods(
-                |v| {
-                    v.local
-                        .get(&host_if)
-                        .map(|l| l.key.clone())
-                        .into_iter()
-                        .collect()
-                },
-                |v| v.local.remove(&host_if).is_some(),
-            )
-        }
+            },
+        ),
+        Change::LocalGone { i } => s.remove_local(&format!("flock0000000{i}")),
         Change::Policy { variant, present } => s.change(|v| {
             v.policies.set(
                 key(&format!("p{variant}")),
