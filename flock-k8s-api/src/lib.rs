@@ -23,12 +23,11 @@ pub mod nodepool;
 pub mod settings;
 
 pub use nodeconfig::{
-    BgpSpec, BgpTimers, FamilyDefaults, GracefulRestartSpec, IP_ALGO_ANNOTATION, NeighborSpec,
-    NeighborStatus, NodeConfig, NodeConfigSpec, NodeConfigStatus, SecretKeyRef, ServicesSpec,
+    BgpPeering, BgpSpec, BgpTimers, FamilyDefaults, GracefulRestartSpec, IP_ALGO_ANNOTATION,
+    NeighborSpec, NeighborStatus, NodeConfig, NodeConfigSpec, NodeConfigStatus, SecretKeyRef,
+    ServicesSpec,
 };
-pub use nodepool::{
-    NodePool, NodePoolSpec, NodePoolStatus, PoolBgpSpec, PoolServicesSpec, PrefixCounts,
-};
+pub use nodepool::{NodePool, NodePoolSpec, NodePoolStatus, PoolServicesSpec, PrefixCounts};
 #[cfg(feature = "settings")]
 pub use settings::{NodeSettings, router_id};
 

@@ -86,16 +86,27 @@ pub struct FamilyDefaults {
     pub ipv4: Option<bool>,
 }
 
-/// `spec.bgp`.
+/// `spec.bgp`: the node's router ID and its peering.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BgpSpec {
-    /// The node's autonomous system number (1–4294967295).
-    #[schemars(range(min = 1, max = 4294967295u32))]
-    pub asn: u32,
     /// The BGP router ID, an IPv4 address.
     #[schemars(extend("format" = "ipv4"))]
     pub router_id: String,
+    /// The AS, neighbors, communities, timers and graceful shutdown: the fields of `spec.bgp`
+    /// beside `routerID`, which a NodePool hands to every node it serves.
+    #[serde(flatten)]
+    pub peering: BgpPeering,
+}
+
+/// The fields of `spec.bgp` that do not name the node, so that a NodePool's `spec.bgp` is this
+/// same type (each node adds its own router ID).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BgpPeering {
+    /// The node's autonomous system number (1–4294967295).
+    #[schemars(range(min = 1, max = 4294967295u32))]
+    pub asn: u32,
     /// The BGP neighbors of the node.
     #[serde(default)]
     pub neighbors: Vec<NeighborSpec>,

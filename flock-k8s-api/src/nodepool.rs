@@ -9,9 +9,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::nodeconfig::{
-    BgpTimers, FamilyDefaults, IP_ALGO_ANNOTATION, NeighborSpec, ServicesSpec,
-};
+use crate::nodeconfig::{BgpPeering, FamilyDefaults, IP_ALGO_ANNOTATION, ServicesSpec};
 
 /// A pool of node prefixes: every Node its selector matches gets a NodeConfig with the next
 /// free prefix of each family and this pool's BGP settings.
@@ -61,7 +59,7 @@ pub struct NodePoolSpec {
     /// The BGP settings each node of the pool gets (NodeConfig `spec.bgp` without the router
     /// ID, which is the node's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bgp: Option<PoolBgpSpec>,
+    pub bgp: Option<BgpPeering>,
     /// Service addresses (docs/services.md): the LoadBalancer addresses the controller hands
     /// out, and what the pool's nodes may announce; copied into each NodeConfig.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,28 +82,6 @@ pub struct PoolServicesSpec {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub follow_service_cidrs: bool,
-}
-
-/// `spec.bgp` of a pool: NodeConfig's BGP settings but the router ID, which each node gets
-/// from its own addresses ([`router_id`]).
-#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PoolBgpSpec {
-    /// The nodes' autonomous system number (1–4294967295).
-    #[schemars(range(min = 1, max = 4294967295u32))]
-    pub asn: u32,
-    /// The neighbors of each node, e.g. the rack's top-of-rack routers.
-    #[serde(default)]
-    pub neighbors: Vec<NeighborSpec>,
-    /// Communities added to every announced prefix.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub communities: Vec<String>,
-    /// Session timers; BIRD's defaults when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timers: Option<BgpTimers>,
-    /// Graceful shutdown of every node of the pool (RFC 8326).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub graceful_shutdown: bool,
 }
 
 /// Written by the controller.

@@ -196,7 +196,7 @@ fn pool_bgp_changes_reach_every_node_and_prefixes_stay() {
     assert!(r.create.is_empty() && r.release.is_empty());
     assert_eq!(r.update.len(), 2);
     for (u, before) in r.update.iter().zip(&ncs) {
-        assert_eq!(u.spec.bgp.as_ref().unwrap().asn, 64999);
+        assert_eq!(u.spec.bgp.as_ref().unwrap().peering.asn, 64999);
         assert_eq!(u.spec.cidr6, before.spec.cidr6, "the prefix never moves");
         assert_eq!(
             u.metadata.resource_version, before.metadata.resource_version,

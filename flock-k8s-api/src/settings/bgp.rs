@@ -16,13 +16,14 @@ pub(super) fn bird_model(
     cidr6: Option<Ipv6Net>,
     cidr4: Option<Ipv4Net>,
 ) -> Result<flock_bird::BirdModel> {
-    let timers = bgp.timers.as_ref().map(|t| flock_bird::Timers {
+    let timers = bgp.peering.timers.as_ref().map(|t| flock_bird::Timers {
         hold: t.hold,
         keepalive: t.keepalive,
         connect_retry: t.connect_retry,
         connect_delay: t.connect_retry,
     });
     let communities = bgp
+        .peering
         .communities
         .iter()
         .enumerate()
@@ -40,6 +41,7 @@ pub(super) fn bird_model(
     cidrs.extend(cidr6.map(IpNet::V6));
     cidrs.extend(cidr4.map(IpNet::V4));
     let neighbors = bgp
+        .peering
         .neighbors
         .iter()
         .enumerate()
@@ -47,10 +49,10 @@ pub(super) fn bird_model(
         .collect::<Result<Vec<_>>>()?;
     let model = flock_bird::BirdModel {
         router_id: bgp.router_id.clone(),
-        asn: u64::from(bgp.asn),
+        asn: u64::from(bgp.peering.asn),
         neighbors,
         graceful_restart: Some(DEFAULT_RESTART_TIME),
-        graceful_shutdown: bgp.graceful_shutdown,
+        graceful_shutdown: bgp.peering.graceful_shutdown,
         cidrs,
         communities,
         ..flock_bird::BirdModel::default()

@@ -91,7 +91,12 @@ impl NodeConfig {
             .transpose()?;
         let mut password_secrets = Vec::new();
         let mut password_files = Vec::new();
-        for (i, n) in spec.bgp.iter().flat_map(|b| b.neighbors.iter()).enumerate() {
+        for (i, n) in spec
+            .bgp
+            .iter()
+            .flat_map(|b| b.peering.neighbors.iter())
+            .enumerate()
+        {
             if let Some(r) = &n.password_secret_ref {
                 password_secrets.push((i, r.clone()));
             }

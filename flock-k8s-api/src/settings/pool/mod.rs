@@ -154,13 +154,9 @@ impl NodePool {
             cidr6: Some(assignment.cidr6.to_string()),
             cidr4: assignment.cidr4.map(|c| c.to_string()),
             defaults: self.spec.defaults.clone(),
-            bgp: self.spec.bgp.as_ref().map(|b| BgpSpec {
-                asn: b.asn,
+            bgp: self.spec.bgp.as_ref().map(|peering| BgpSpec {
                 router_id: router_id.to_string(),
-                neighbors: b.neighbors.clone(),
-                communities: b.communities.clone(),
-                timers: b.timers.clone(),
-                graceful_shutdown: b.graceful_shutdown,
+                peering: peering.clone(),
             }),
             services: self
                 .spec

@@ -67,9 +67,12 @@ fn a_rack_pool_becomes_a_cluster_pool_and_node_configs() {
     assert_eq!(spec.cidr6.as_deref(), Some("2001:db8:1:5::/64"));
     assert_eq!(spec.cidr4.as_deref(), Some("10.244.5.0/24"));
     let bgp = spec.bgp.as_ref().unwrap();
-    assert_eq!((bgp.asn, bgp.router_id.as_str()), (64512, "192.0.2.10"));
-    assert_eq!(bgp.neighbors.len(), 2);
-    assert!(bgp.neighbors[0].bfd);
+    assert_eq!(
+        (bgp.peering.asn, bgp.router_id.as_str()),
+        (64512, "192.0.2.10")
+    );
+    assert_eq!(bgp.peering.neighbors.len(), 2);
+    assert!(bgp.peering.neighbors[0].bfd);
     assert_eq!(
         pool.node_annotations().unwrap()[IP_ALGO_ANNOTATION],
         "workload"
