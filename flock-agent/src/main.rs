@@ -39,9 +39,9 @@ enum Command {
         #[arg(default_value = "nodeconfigs", value_parser = ["nodeconfigs", "nodepools"])]
         resource: String,
     },
-    /// Remove what flock put in this node's nftables (the `inet flock_policy` table), for an
-    /// uninstall: run on each node after `kubectl delete -f deploy/`. Other tables (kube-proxy's)
-    /// are untouched; running it twice is fine.
+    /// Remove what flock put in this node's nftables (the tables `inet flock_policy` and
+    /// `inet flock_services`), for an uninstall: run on each node after `kubectl delete -f
+    /// deploy/`. Other tables (kube-proxy's) are untouched; running it twice is fine.
     Cleanup {
         /// The nft program.
         #[arg(long, env = "FLOCK_NFT", default_value = "nft")]
@@ -297,17 +297,18 @@ fn install_cni(args: InstallArgs) -> Result<()> {
 
 fn cleanup(nft: PathBuf) -> Result<()> {
     use flock_agent::policy::nft::{Nft, NftCommand};
+    use flock_agent::routing::services::guard;
     let nft = NftCommand::new(nft, flock_netns::NsTarget::Current);
+    let tables = format!("inet {} and inet {}", flock_policy::TABLE, guard::TABLE);
+    // One transaction: both tables go, or neither.
+    let script = format!("{}{}", flock_policy::REMOVE_SCRIPT, guard::REMOVE_SCRIPT);
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?
-        .block_on(nft.apply(flock_policy::REMOVE_SCRIPT.to_owned()))
-        .context("remove nftables table inet flock_policy")?;
-    eprintln!(
-        "removed nftables table inet {} (if it existed)",
-        flock_policy::TABLE
-    );
+        .block_on(nft.apply(script))
+        .with_context(|| format!("remove nftables tables {tables}"))?;
+    eprintln!("removed nftables tables {tables} (those that existed)");
     Ok(())
 }
 

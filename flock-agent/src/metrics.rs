@@ -293,6 +293,8 @@ pub enum Component {
     NetworkPolicy,
     /// The node's NodeConfig.
     NodeConfig,
+    /// The guard of the announced Service ranges (`inet flock_services`).
+    Services,
     /// The allocation store.
     Store,
 }
@@ -306,6 +308,7 @@ impl Component {
             Component::Kernel => "kernel",
             Component::NetworkPolicy => "networkpolicy",
             Component::NodeConfig => "nodeconfig",
+            Component::Services => "services",
             Component::Store => "store",
         }
     }

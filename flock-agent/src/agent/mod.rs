@@ -29,6 +29,7 @@ use crate::metrics::{Component, Health, Metrics};
 use crate::pods::PodDirectory;
 use crate::policy::PolicyEnforcer;
 use crate::routing::bird::BirdHandle;
+use crate::routing::services::guard::ServiceGuard;
 use crate::store::{AllocationRecord, AttachmentKey, Store};
 use crate::trace::{Phases, RequestTag, Tracer};
 use flock_k8s_api::NodeSettings;
@@ -69,6 +70,7 @@ pub struct Agent {
     rng: Mutex<ChaCha12Rng>,
     bird: RwLock<Option<BirdHandle>>,
     services: RwLock<Option<Arc<crate::routing::services::ServiceState>>>,
+    service_guard: RwLock<Option<ServiceGuard>>,
     pods: Option<Arc<dyn PodDirectory>>,
     pod_wait: Duration,
     policy: Option<Arc<PolicyEnforcer>>,
@@ -171,6 +173,7 @@ impl Agent {
             rng: Mutex::new(ChaCha12Rng::from_seed(parts.rng_seed)),
             bird: RwLock::new(None),
             services: RwLock::new(None),
+            service_guard: RwLock::new(None),
             pods: parts.pods,
             pod_wait: parts.pod_wait,
             policy: parts.policy,
@@ -250,6 +253,7 @@ impl Agent {
         let before = self.node_cidrs();
         *self.settings.write().expect("settings lock") = settings.map(Arc::new);
         self.settings_known.send_replace(true);
+        self.guard_service_ranges();
         let after = self.node_cidrs();
         // A CIDR the node no longer owns loses its blackhole (it is no longer announced
         // either); live pods in it keep working through their own /128 and /32 routes.
@@ -285,10 +289,37 @@ impl Agent {
         *self.bird.write().expect("bird lock") = Some(handle);
     }
 
-    /// Connects the Service state (Kubernetes mode): its routes join BIRD's configuration.
-    pub fn set_services(&self, state: Arc<crate::routing::services::ServiceState>) {
+    /// Connects the Service state (Kubernetes mode): its routes join BIRD's configuration,
+    /// and `guard` keeps the Service ranges the node announces ending at the node.
+    pub fn set_services(
+        &self,
+        state: Arc<crate::routing::services::ServiceState>,
+        guard: ServiceGuard,
+    ) {
         *self.services.write().expect("services lock") = Some(state);
+        *self.service_guard.write().expect("service guard lock") = Some(guard);
+        self.guard_service_ranges();
         self.refresh_bird();
+    }
+
+    /// Gives the Service guard the cluster-IP ranges BIRD announces: the NodeConfig's
+    /// `clusterIPCIDRs` when the node has BGP, else none.
+    fn guard_service_ranges(&self) {
+        let guard = self.service_guard.read().expect("service guard lock");
+        let Some(guard) = guard.as_ref() else {
+            return;
+        };
+        // Not before the NodeConfig watch has answered: a restarted agent keeps the table
+        // it left until then.
+        if !*self.settings_known.borrow() {
+            return;
+        }
+        let ranges = self
+            .settings()
+            .filter(|s| s.bgp.is_some())
+            .map(|s| s.services.cluster_ips.clone())
+            .unwrap_or_default();
+        guard.set(ranges);
     }
 
     /// Services or their endpoints changed: re-render BIRD soon.

@@ -22,6 +22,7 @@ use crate::daemon::RunOptions;
 use crate::metrics::{Component, Health, Metrics};
 use crate::policy::PolicyEnforcer;
 use crate::policy::nft::NftCommand;
+use crate::routing::services::guard::ServiceGuard;
 use crate::{Error, Result};
 
 pub use leaks::{DEFAULT_LEAK_GRACE, DEFAULT_LEAK_INTERVAL, LeakTracker};
@@ -121,7 +122,9 @@ pub async fn run(options: RunOptions, kube: KubeOptions) -> Result<()> {
         let (client, node, agent) = (client.clone(), node.clone(), agent.clone());
         let state = crate::routing::services::ServiceState::new();
         services::spawn_watches(client.clone(), state.clone());
-        agent.set_services(state.clone());
+        let nft = NftCommand::new(kube.nft.clone(), flock_netns::NsTarget::Current);
+        let guard = ServiceGuard::spawn(Arc::new(nft), health.clone(), Duration::from_secs(5));
+        agent.set_services(state.clone(), guard);
         tokio::spawn(services::run_announcer(client, node, agent, state));
     }
     health.set_problem(

@@ -3,6 +3,8 @@
 //! Service routes computed from it with `flock-ipam`'s [`service_routes`]. Pure: watch
 //! events come in as values (the watches are in [`crate::k8s::services`]).
 
+pub mod guard;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
