@@ -38,12 +38,19 @@ fn connects(from: &Netns, to: IpAddr, port: u16) -> bool {
     })
 }
 
-/// kube-proxy's stand-in: it has programmed one Service per family, to the backend pod's port 8080.
+/// kube-proxy's stand-in: it has programmed one Service per family, to the backend pod's
+/// port 8080, and one without endpoints, which it rejects untranslated in forward (as both
+/// its modes do, at priority filter).
 const KUBE_PROXY_STANDIN: &str = "table inet kube_proxy_standin {
 	chain prerouting {
 		type nat hook prerouting priority dstnat; policy accept;
 		ip6 daddr 2001:db8:c6::10 tcp dport 80 dnat ip6 to [2001:db8:56::2]:8080
 		ip daddr 10.97.0.10 tcp dport 80 dnat ip to 10.56.0.2:8080
+	}
+	chain forward {
+		type filter hook forward priority filter; policy accept;
+		ip6 daddr 2001:db8:c6::20 tcp dport 80 counter reject with icmpv6 type port-unreachable
+		ip daddr 10.97.0.20 tcp dport 80 counter reject with icmp type port-unreachable
 	}
 }
 ";
@@ -175,10 +182,30 @@ async fn an_announced_range_that_nothing_translated_ends_at_the_node() {
             "{far}: the node's own connections are not the guard's"
         );
     }
+    // kube-proxy's verdict on a Service without endpoints comes first: its reject sees the
+    // connection, the guard does not (the guard's counters stay where the checks above left
+    // them: one SYN per family)
+    for empty in ["2001:db8:c6::20", "10.97.0.20"] {
+        let _ = connects(&pod_ns, empty.parse().unwrap(), 80);
+    }
+    let standin = node_ns.ok([
+        "nft",
+        "list",
+        "chain",
+        "inet",
+        "kube_proxy_standin",
+        "forward",
+    ]);
+    assert_eq!(
+        standin.matches("counter packets 1 ").count(),
+        2,
+        "kube-proxy's stand-in rejected each family's SYN: {standin}"
+    );
     let listing = node_ns.ok(["nft", "list", "table", "inet", TABLE]);
-    assert!(
-        listing.matches("counter packets").count() == 2 && !listing.contains("counter packets 0 "),
-        "each family's dropped SYNs are counted: {listing}"
+    assert_eq!(
+        listing.matches("counter packets 1 ").count(),
+        2,
+        "each family's dropped SYN is counted, and only those: {listing}"
     );
 
     // No range announced any more: the table goes, and the address leaves the node again.

@@ -7,7 +7,9 @@
 //! or the router sends it back, until the hop limit.
 //!
 //! So the node drops, in the forward path, a new connection still addressed to one of its
-//! announced ranges after kube-proxy's DNAT (prerouting) had its chance: the same rule
+//! announced ranges after kube-proxy had its chance — its DNAT in prerouting, and its own
+//! filter verdicts in forward (it rejects a Service without endpoints there, untranslated),
+//! which come first because this chain's priority is `filter + 10`: the same rule
 //! kube-proxy's nftables mode keeps for the unallocated addresses of its ServiceCIDRs, here
 //! for both kube-proxy modes and for every range the node announces. A dropped SYN is
 //! retransmitted, so a client of a Service created a moment ago is served once kube-proxy has
@@ -79,7 +81,7 @@ pub fn render(ranges: &[IpNet]) -> String {
          table inet {TABLE} {{\n\
          {sets}\
          \tchain forward {{\n\
-         \t\ttype filter hook forward priority filter; policy accept;\n\
+         \t\ttype filter hook forward priority filter + 10; policy accept;\n\
          {rules}\
          \t}}\n\
          }}\n"
