@@ -4,9 +4,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::addr::{AddrRange, Family, subtract};
-use crate::input::{CheckedPeer, CheckedPolicy, CheckedRule, Pod, Port, Protocol};
-use crate::model::{AddrSet, Allow, Direction, Elements, Ports, merge};
-use crate::selector::LabelSelector;
+use crate::cluster::{Action, CheckedClusterPolicy, Tier};
+use crate::input::{CheckedPeer, CheckedPolicy, Pod, Port, PortSpec, Protocol};
+use crate::model::{AddrSet, Chain, Direction, Elements, Ports, merge};
+use crate::selector::{LabelSelector, Labels};
 
 /// Which pods a `Pods` peer stands for: a namespace selector or one namespace, and a pod
 /// selector (`None`: every pod).
@@ -57,10 +58,29 @@ pub(crate) enum PortPart {
     Named(String, Protocol),
 }
 
-/// The sets an allow list names, each once.
-pub(crate) fn referenced(allows: &[Allow]) -> BTreeSet<&str> {
+/// A [`Chain`] whose sets have no names yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyedChain {
+    pub(crate) admin: Vec<(Action, KeyedAllow)>,
+    pub(crate) policy: Option<BTreeSet<KeyedAllow>>,
+    pub(crate) baseline: Vec<(Action, KeyedAllow)>,
+}
+
+impl KeyedChain {
+    /// Every allow of the chain.
+    pub(crate) fn allows(&self) -> impl Iterator<Item = &KeyedAllow> {
+        self.admin
+            .iter()
+            .map(|(_, a)| a)
+            .chain(self.policy.iter().flatten())
+            .chain(self.baseline.iter().map(|(_, a)| a))
+    }
+}
+
+/// The sets a chain names, each once.
+pub(crate) fn referenced(chain: &Chain) -> BTreeSet<&str> {
     let mut out = BTreeSet::new();
-    for a in allows {
+    for a in chain.matches() {
         if let Some(p) = &a.peer {
             out.insert(p.as_str());
         }
@@ -91,7 +111,13 @@ pub(crate) fn pod_allows(
         }
         isolated = true;
         for rule in rules {
-            allows.extend(rule_allows(p, rule, direction, pod));
+            allows.extend(rule_allows(
+                &p.namespace,
+                &rule.peers,
+                &rule.ports,
+                direction,
+                pod,
+            ));
         }
     }
     if !isolated {
@@ -136,21 +162,82 @@ pub(crate) fn empty_set(key: &SetKey) -> AddrSet {
     }
 }
 
-/// The allow rules one policy rule gives `pod` in `direction`.
+/// Whether `peer` (pods by selectors) selects `pod`, whose namespace has `ns_labels`.
+pub(crate) fn selects(peer: &CheckedPeer, ns_labels: &Labels, pod: &Pod) -> bool {
+    match peer {
+        CheckedPeer::Pods {
+            namespace_selector,
+            pod_selector,
+        } => {
+            namespace_selector
+                .as_ref()
+                .is_none_or(|s| s.matches(ns_labels))
+                && pod_selector.as_ref().is_none_or(|s| s.matches(&pod.labels))
+        }
+        CheckedPeer::Block { .. } => false,
+    }
+}
+
+/// Everything the policies judge `pod`'s traffic of `direction` by; `None` when nothing
+/// does. `cluster` is in precedence order (tier, priority, name).
+pub(crate) fn pod_chain(
+    policies: &[CheckedPolicy],
+    cluster: &[CheckedClusterPolicy],
+    ns_labels: &Labels,
+    pod: &Pod,
+    direction: Direction,
+) -> Option<KeyedChain> {
+    let mut chain = KeyedChain {
+        admin: Vec::new(),
+        policy: pod_allows(policies, pod, direction),
+        baseline: Vec::new(),
+    };
+    for p in cluster {
+        if p.tier == Tier::Baseline && chain.policy.is_some() {
+            break; // a NetworkPolicy decides: Baseline is never reached
+        }
+        if !selects(&p.subject, ns_labels, pod) {
+            continue;
+        }
+        let rules = match direction {
+            Direction::Ingress => &p.ingress,
+            Direction::Egress => &p.egress,
+        };
+        let tier = match p.tier {
+            Tier::Admin => &mut chain.admin,
+            Tier::Baseline => &mut chain.baseline,
+        };
+        for rule in rules {
+            // the namespace only matters to a peer without a namespace selector: none here;
+            // one rule's matches have no order among themselves (the same action)
+            let allows: BTreeSet<KeyedAllow> =
+                rule_allows("", &rule.peers, &rule.ports, direction, pod)
+                    .into_iter()
+                    .collect();
+            tier.extend(allows.into_iter().map(|a| (rule.action, a)));
+        }
+    }
+    let judged = !chain.admin.is_empty() || chain.policy.is_some() || !chain.baseline.is_empty();
+    judged.then_some(chain)
+}
+
+/// The allow rules one policy rule (its peers and ports) gives `pod` in `direction`;
+/// `namespace` is the policy's, for peers without a namespace selector.
 pub(crate) fn rule_allows(
-    policy: &CheckedPolicy,
-    rule: &CheckedRule,
+    namespace: &str,
+    rule_peers: &[CheckedPeer],
+    rule_ports: &[PortSpec],
     direction: Direction,
     pod: &Pod,
 ) -> Vec<KeyedAllow> {
     // ports: merged per protocol; a rule whose ports all name nothing allows nothing
     let mut ports = Vec::new();
-    if rule.ports.is_empty() {
+    if rule_ports.is_empty() {
         ports.push(PortPart::Any);
     } else {
         let mut listed: BTreeMap<Protocol, Vec<(u16, u16)>> = BTreeMap::new();
         let mut named = BTreeSet::new();
-        for spec in &rule.ports {
+        for spec in rule_ports {
             let range = match &spec.port {
                 None => Some((0, u16::MAX)),
                 Some(Port::Number(n)) => Some((*n, spec.end_port.unwrap_or(*n))),
@@ -174,10 +261,10 @@ pub(crate) fn rule_allows(
         }
     }
     let mut peers = Vec::new();
-    if rule.peers.is_empty() {
+    if rule_peers.is_empty() {
         peers.push(PeerPart::Any);
     }
-    for peer in &rule.peers {
+    for peer in rule_peers {
         match peer {
             CheckedPeer::Pods {
                 namespace_selector,
@@ -186,7 +273,7 @@ pub(crate) fn rule_allows(
                 let key = PodsKey {
                     namespaces: match namespace_selector {
                         Some(s) => NsScope::Selector(s.clone()),
-                        None => NsScope::Named(policy.namespace.clone()),
+                        None => NsScope::Named(namespace.to_owned()),
                     },
                     pods: pod_selector.clone(),
                 };

@@ -6,9 +6,9 @@
 #[non_exhaustive]
 pub enum Error {
     /// A label selector requirement that Kubernetes would refuse.
-    #[error("networkpolicy {policy}: {field} {key:?} {operator}: {reason}")]
+    #[error("{policy}: {field} {key:?} {operator}: {reason}")]
     Selector {
-        /// `namespace/name` of the policy.
+        /// The policy: its kind and name (`networkpolicy shop/web`, `clusternetworkpolicy deny-all`).
         policy: String,
         /// Where (`spec.podSelector.matchExpressions[0]`).
         field: String,
@@ -20,21 +20,17 @@ pub enum Error {
         reason: &'static str,
     },
     /// A peer with neither `podSelector` nor `namespaceSelector` (nor `ipBlock`).
-    #[error(
-        "networkpolicy {policy}: {field} selects nothing: give podSelector, namespaceSelector or ipBlock"
-    )]
+    #[error("{policy}: {field} selects nothing: give podSelector, namespaceSelector or ipBlock")]
     EmptyPeer {
-        /// `namespace/name` of the policy.
+        /// The policy: its kind and name (`networkpolicy shop/web`, `clusternetworkpolicy deny-all`).
         policy: String,
         /// Where (`spec.ingress[0].from[1]`).
         field: String,
     },
     /// An `ipBlock.cidr` or `except` entry that is not a CIDR.
-    #[error(
-        "networkpolicy {policy}: {field} {value:?} is not a CIDR (like 10.0.0.0/8 or 2001:db8::/32)"
-    )]
+    #[error("{policy}: {field} {value:?} is not a CIDR (like 10.0.0.0/8 or 2001:db8::/32)")]
     Cidr {
-        /// `namespace/name` of the policy.
+        /// The policy: its kind and name (`networkpolicy shop/web`, `clusternetworkpolicy deny-all`).
         policy: String,
         /// Where (`spec.egress[0].to[0].ipBlock.cidr`).
         field: String,
@@ -45,9 +41,9 @@ pub enum Error {
         source: ipnet::AddrParseError,
     },
     /// An `ipBlock.except` entry that is not strictly inside its `cidr`.
-    #[error("networkpolicy {policy}: {field} {value} is not strictly inside ipBlock.cidr {cidr}")]
+    #[error("{policy}: {field} {value} is not strictly inside ipBlock.cidr {cidr}")]
     ExceptOutside {
-        /// `namespace/name` of the policy.
+        /// The policy: its kind and name (`networkpolicy shop/web`, `clusternetworkpolicy deny-all`).
         policy: String,
         /// Where (`spec.ingress[0].from[0].ipBlock.except[1]`).
         field: String,
@@ -57,17 +53,17 @@ pub enum Error {
         cidr: String,
     },
     /// Port 0.
-    #[error("networkpolicy {policy}: {field} 0 is not a port (1 to 65535)")]
+    #[error("{policy}: {field} 0 is not a port (1 to 65535)")]
     PortZero {
-        /// `namespace/name` of the policy.
+        /// The policy: its kind and name (`networkpolicy shop/web`, `clusternetworkpolicy deny-all`).
         policy: String,
         /// Where (`spec.ingress[0].ports[0].port`).
         field: String,
     },
     /// A port name Kubernetes would refuse (IANA service name syntax).
-    #[error("networkpolicy {policy}: {field} {value:?} is not a port name: {reason}")]
+    #[error("{policy}: {field} {value:?} is not a port name: {reason}")]
     PortName {
-        /// `namespace/name` of the policy.
+        /// The policy: its kind and name (`networkpolicy shop/web`, `clusternetworkpolicy deny-all`).
         policy: String,
         /// Where (`spec.ingress[0].ports[0].port`).
         field: String,
@@ -78,10 +74,10 @@ pub enum Error {
     },
     /// `endPort` without a numeric `port`.
     #[error(
-        "networkpolicy {policy}: {field} {end_port} needs a numeric port (a named port or no port cannot start a range)"
+        "{policy}: {field} {end_port} needs a numeric port (a named port or no port cannot start a range)"
     )]
     EndPortWithoutNumber {
-        /// `namespace/name` of the policy.
+        /// The policy: its kind and name (`networkpolicy shop/web`, `clusternetworkpolicy deny-all`).
         policy: String,
         /// Where (`spec.ingress[0].ports[0].endPort`).
         field: String,
@@ -89,9 +85,9 @@ pub enum Error {
         end_port: u16,
     },
     /// `endPort` below `port`.
-    #[error("networkpolicy {policy}: {field} {end_port} is below port {port}")]
+    #[error("{policy}: {field} {end_port} is below port {port}")]
     EndPortBelowPort {
-        /// `namespace/name` of the policy.
+        /// The policy: its kind and name (`networkpolicy shop/web`, `clusternetworkpolicy deny-all`).
         policy: String,
         /// Where (`spec.ingress[0].ports[0].endPort`).
         field: String,
@@ -99,6 +95,18 @@ pub enum Error {
         port: u16,
         /// The value as given.
         end_port: u16,
+    },
+    /// A value the API's schema refuses (a cluster policy's priority, peer kind, port range).
+    #[error("{policy}: {field} {value:?}: {reason}")]
+    Invalid {
+        /// The policy: its kind and name.
+        policy: String,
+        /// Where (`spec.priority`).
+        field: String,
+        /// The value.
+        value: String,
+        /// What is wrong.
+        reason: &'static str,
     },
     /// A pod's host interface name that cannot be a Linux interface or an nftables name.
     #[error("pod {pod}: host interface {value:?} {reason}")]

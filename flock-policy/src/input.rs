@@ -61,7 +61,7 @@ impl Policy {
     }
 
     pub(crate) fn checked(&self) -> Result<CheckedPolicy> {
-        let id = self.id();
+        let id = format!("networkpolicy {}", self.id());
         self.pod_selector.validate(&id, "spec.podSelector")?;
         let types = self.effective_types();
         let rules = |rules: &[Rule], dir: &str, peer_word: &str| -> Result<Vec<CheckedRule>> {
@@ -326,7 +326,7 @@ impl PortSpec {
 }
 
 /// Why `name` is not an IANA service name as Kubernetes accepts it for a port name.
-fn port_name_error(name: &str) -> Option<&'static str> {
+pub(crate) fn port_name_error(name: &str) -> Option<&'static str> {
     if name.is_empty() || name.len() > 15 {
         Some("must be 1 to 15 characters")
     } else if !name

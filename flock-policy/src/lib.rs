@@ -1,6 +1,8 @@
-//! Kubernetes NetworkPolicy semantics for flock, enforced with nftables. Pure: no I/O.
+//! Kubernetes NetworkPolicy and ClusterNetworkPolicy semantics for flock, enforced with
+//! nftables. Pure: no I/O.
 //!
 //! - Input: [`Policy`] (with [`Rule`], [`Peer`], [`PortSpec`], [`LabelSelector`]),
+//!   [`ClusterPolicy`] (with [`ClusterRule`], [`ClusterPeer`], [`ClusterPort`]),
 //!   [`Namespace`] and [`Pod`], plain structs the agent fills from the API objects.
 //! - [`build`] resolves them into the node's per-pod rule model, a [`Ruleset`]: for each
 //!   local pod (keyed by its host veth) whether it is isolated for ingress and for egress,
@@ -46,6 +48,20 @@
 //!   which is also added to listed namespaces that lack it (the API server sets it on all).
 //! - `hostNetwork` pods are not flock's: leave them out (their traffic is the node's).
 //!
+//! # Cluster policies
+//!
+//! A [`ClusterPolicy`] (network-policy-api's `ClusterNetworkPolicy`) judges a direction of
+//! its subject's traffic only through its rules: selecting a pod does not isolate it. Each
+//! direction of a local pod is judged by the Admin tier first — its policies by priority
+//! (lower first; equal priorities by name, a choice the API leaves to implementations), each
+//! one's rules in order, the first matching rule deciding: Accept allows the direction,
+//! Deny drops, Pass skips the rest of the tier. Then, if a NetworkPolicy isolates the pod,
+//! NetworkPolicy decides; otherwise the Baseline tier does the same as Admin (Pass there
+//! allows), and what no rule matched passes. Peers and ports are those of NetworkPolicy:
+//! `namespaces` and `pods` peers are pods' addresses, `networks` are CIDRs that match pods
+//! too, a named port resolves on the destination pod whatever its protocol. Build with
+//! [`Model::with_cluster_policies`].
+//!
 //! # Ruleset layout
 //!
 //! One table, `inet flock_policy`, in the node's namespace:
@@ -59,7 +75,10 @@
 //! - chain `forward` (hook forward, priority filter, policy accept): conntrack, ICMP, then
 //!   the egress map, then the ingress map;
 //! - per isolated pod, a chain of allow rules ending in `drop` (egress rules `return` to
-//!   `forward` so the receiver's ingress is checked next; ingress rules `accept`).
+//!   `forward` so the receiver's ingress is checked next; ingress rules `accept`); with
+//!   cluster policies, the Admin rules come first (Accept as `return`/`accept`, Deny as
+//!   `drop`), and a Pass is `goto CHAIN_next`, a chain holding the NetworkPolicy allows or
+//!   the Baseline rules.
 //!
 //! A script starts with `table inet flock_policy {}` and `delete table inet flock_policy`,
 //! so one `nft -f` replaces the table whether or not it existed, atomically; with no
@@ -126,6 +145,7 @@
 
 mod addr;
 mod allows;
+mod cluster;
 mod error;
 mod input;
 mod model;
@@ -134,12 +154,16 @@ mod selector;
 mod state;
 
 pub use addr::{AddrRange, Family};
+pub use cluster::{
+    Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, MAX_PRIORITY, Tier,
+};
 pub use error::{Error, Result};
 pub use input::{
     NamedPort, Namespace, Peer, Pod, Policy, PolicyTypes, Port, PortSpec, Protocol, Rule,
 };
 pub use model::{
-    AddrSet, Allow, Direction, Elements, Hop, Member, Packet, Ports, Ruleset, Transport, Verdict,
+    AddrSet, Allow, Chain, Direction, Elements, Hop, Member, Packet, Ports, Ruleset, TierRule,
+    Transport, Verdict,
 };
 pub use render::{Element, ElementOp, REMOVE_SCRIPT, TABLE, Update};
 pub use selector::{LabelSelector, Labels, NAMESPACE_NAME_LABEL, Operator, Requirement};

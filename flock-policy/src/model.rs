@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use crate::addr::{AddrRange, Family};
+use crate::cluster::Action;
 use crate::input::Protocol;
 
 /// Ingress (traffic to a pod) or egress (traffic from a pod).
@@ -118,6 +119,49 @@ pub struct Allow {
     pub ports: Ports,
 }
 
+/// A rule of a cluster policy tier: what its match admits gets its action.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TierRule {
+    /// Accept, Deny or Pass.
+    pub action: Action,
+    /// What it matches (an [`Allow`]'s fields: family, peer set, ports).
+    pub matches: Allow,
+}
+
+/// Everything one direction of a local pod's traffic is judged by, in order: the Admin
+/// tier's rules (the first that matches decides; Pass skips to the NetworkPolicy tier), the
+/// NetworkPolicy allows when a NetworkPolicy isolates the pod (one must match, or the
+/// connection is dropped), else the Baseline tier's rules; what nothing decided passes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Chain {
+    /// Admin tier rules, by priority, then policy name, then rule order.
+    pub admin: Vec<TierRule>,
+    /// `Some` when a NetworkPolicy isolates the pod: the union of what they allow. Then the
+    /// Baseline tier is never reached.
+    pub policy: Option<Vec<Allow>>,
+    /// Baseline tier rules (empty when [`policy`](Self::policy) is `Some`).
+    pub baseline: Vec<TierRule>,
+}
+
+impl Chain {
+    /// A chain of NetworkPolicy allows only (no cluster policy selects the pod).
+    pub fn policy(allows: Vec<Allow>) -> Chain {
+        Chain {
+            policy: Some(allows),
+            ..Chain::default()
+        }
+    }
+
+    /// Every match of the chain, in order.
+    pub fn matches(&self) -> impl Iterator<Item = &Allow> {
+        self.admin
+            .iter()
+            .map(|r| &r.matches)
+            .chain(self.policy.iter().flatten())
+            .chain(self.baseline.iter().map(|r| &r.matches))
+    }
+}
+
 /// The per-pod rule model of one node, which [`render`](Ruleset::render) writes as one
 /// nftables table and [`verdict`](Ruleset::verdict) evaluates exactly as the kernel
 /// evaluates that table.
@@ -125,10 +169,10 @@ pub struct Allow {
 pub struct Ruleset {
     /// Named sets by name.
     pub sets: BTreeMap<String, AddrSet>,
-    /// For each local pod isolated for ingress, by host veth: what may reach it.
-    pub ingress: BTreeMap<String, Vec<Allow>>,
-    /// For each local pod isolated for egress, by host veth: where it may send.
-    pub egress: BTreeMap<String, Vec<Allow>>,
+    /// For each local pod whose ingress a policy judges, by host veth: what may reach it.
+    pub ingress: BTreeMap<String, Chain>,
+    /// For each local pod whose egress a policy judges, by host veth: where it may send.
+    pub egress: BTreeMap<String, Chain>,
 }
 
 /// Where a packet enters or leaves the node's forwarding path.
@@ -218,7 +262,7 @@ pub struct Packet {
 pub enum Verdict {
     /// It passes.
     Accept,
-    /// A policy-isolated pod's rules do not allow it.
+    /// The rules that judge a pod's traffic drop it.
     Drop {
         /// Which side refused it.
         direction: Direction,
@@ -229,21 +273,21 @@ pub enum Verdict {
 
 impl Ruleset {
     /// The chains of one direction, by host veth.
-    pub fn chains(&self, direction: Direction) -> &BTreeMap<String, Vec<Allow>> {
+    pub fn chains(&self, direction: Direction) -> &BTreeMap<String, Chain> {
         match direction {
             Direction::Ingress => &self.ingress,
             Direction::Egress => &self.egress,
         }
     }
 
-    pub(crate) fn chains_mut(&mut self, direction: Direction) -> &mut BTreeMap<String, Vec<Allow>> {
+    pub(crate) fn chains_mut(&mut self, direction: Direction) -> &mut BTreeMap<String, Chain> {
         match direction {
             Direction::Ingress => &mut self.ingress,
             Direction::Egress => &mut self.egress,
         }
     }
 
-    /// Whether no local pod is isolated: the table is not needed at all.
+    /// Whether no policy judges a local pod: the table is not needed at all.
     pub fn is_empty(&self) -> bool {
         self.ingress.is_empty() && self.egress.is_empty()
     }
@@ -261,8 +305,8 @@ impl Ruleset {
             (Direction::Egress, &self.egress, iif),
             (Direction::Ingress, &self.ingress, oif),
         ] {
-            if let Some(allows) = chains.get(host_if)
-                && !allows.iter().any(|a| self.allows(a, direction, packet))
+            if let Some(chain) = chains.get(host_if)
+                && !self.passes(chain, direction, packet)
             {
                 return Verdict::Drop {
                     direction,
@@ -271,6 +315,28 @@ impl Ruleset {
             }
         }
         Verdict::Accept
+    }
+
+    /// Whether `chain` lets `packet` pass, as its rendered chain does.
+    fn passes(&self, chain: &Chain, direction: Direction, packet: &Packet) -> bool {
+        for rule in &chain.admin {
+            if self.allows(&rule.matches, direction, packet) {
+                match rule.action {
+                    Action::Accept => return true,
+                    Action::Deny => return false,
+                    Action::Pass => break,
+                }
+            }
+        }
+        if let Some(allows) = &chain.policy {
+            return allows.iter().any(|a| self.allows(a, direction, packet));
+        }
+        for rule in &chain.baseline {
+            if self.allows(&rule.matches, direction, packet) {
+                return rule.action != Action::Deny;
+            }
+        }
+        true
     }
 
     fn allows(&self, allow: &Allow, direction: Direction, packet: &Packet) -> bool {

@@ -5,7 +5,10 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use crate::addr::{AddrRange, Family};
-use crate::model::{ALWAYS_ICMPV6, AddrSet, Allow, Direction, Elements, Member, Ports, Ruleset};
+use crate::cluster::Action;
+use crate::model::{
+    ALWAYS_ICMPV6, AddrSet, Allow, Chain, Direction, Elements, Member, Ports, Ruleset, TierRule,
+};
 use crate::state::{ChainChange, Delta};
 
 /// The nftables table flock's policies live in (family `inet`, in the node's namespace).
@@ -39,7 +42,7 @@ impl Ruleset {
             let elements: Vec<String> = self
                 .chains(*direction)
                 .iter()
-                .map(|(h, allows)| format!("\"{h}\" : jump {}", class[allows].0))
+                .map(|(h, chain)| format!("\"{h}\" : jump {}", class[chain].name))
                 .collect();
             render_elements(&mut out, &elements);
             out.push_str("\t}\n");
@@ -59,9 +62,10 @@ impl Ruleset {
             names(Direction::Egress).0,
             names(Direction::Ingress).0,
         );
-        // one chain per distinct allow list: replicas of a workload share theirs
+        // one chain per distinct rule list: replicas of a workload share theirs
         for class in &classes {
-            let mut chains: Vec<&(String, String)> = class.values().collect();
+            let mut chains: Vec<(&String, &String)> =
+                class.values().flat_map(|r| r.chains()).collect();
             chains.sort();
             for (name, body) in chains {
                 let _ = writeln!(out, "\tchain {name} {{\n{body}\t}}");
@@ -145,41 +149,42 @@ impl Ruleset {
             if changes.is_empty() {
                 continue;
             }
-            // how many veths use each allow list the delta touches, before and after
-            let mut uses: BTreeMap<&Vec<Allow>, (isize, isize)> = BTreeMap::new();
+            // how many veths use each chain the delta touches, before and after
+            let mut uses: BTreeMap<&Chain, (isize, isize)> = BTreeMap::new();
             for c in &changes {
-                for (allows, before) in [(&c.before, 1), (&c.after, -1)] {
-                    if let Some(a) = allows {
+                for (chain, before) in [(&c.before, 1), (&c.after, -1)] {
+                    if let Some(a) = chain {
                         uses.entry(a).or_default().0 += before;
                     }
                 }
             }
-            for (allows, (before, after)) in &mut uses {
+            for (chain, (before, after)) in &mut uses {
                 let now = self
                     .chains(direction)
                     .values()
-                    .filter(|a| a == allows)
+                    .filter(|a| a == chain)
                     .count();
                 *after = now as isize;
                 *before += now as isize;
             }
-            let mut named: BTreeMap<&Vec<Allow>, (String, String)> = BTreeMap::new();
-            for (allows, (before, after)) in &uses {
-                let (name, body) = chain(direction, allows, &self.sets);
+            let mut named: BTreeMap<&Chain, String> = BTreeMap::new();
+            for (chain, (before, after)) in &uses {
+                let rendered = render_chain(direction, chain, &self.sets);
                 if *before <= 0 && *after > 0 {
-                    update.new_chains.push((name.clone(), body.clone()));
+                    // a Pass target first: the chain jumps to it
+                    update
+                        .new_chains
+                        .extend(rendered.chains().rev().map(|(n, b)| (n.clone(), b.clone())));
                 } else if *before > 0 && *after <= 0 {
-                    update.gone_chains.push(name.clone());
+                    update
+                        .gone_chains
+                        .extend(rendered.chains().map(|(n, _)| n.clone()));
                 }
-                named.insert(allows, (name, body));
+                named.insert(chain, rendered.name);
             }
             let map = names(direction).0;
             for c in changes {
-                let target = |a: &Option<Vec<Allow>>| {
-                    a.as_ref()
-                        .and_then(|a| named.get(a))
-                        .map(|(n, _)| n.clone())
-                };
+                let target = |a: &Option<Chain>| a.as_ref().and_then(|a| named.get(a)).cloned();
                 let (before, after) = (target(&c.before), target(&c.after));
                 if before == after {
                     continue;
@@ -206,8 +211,6 @@ impl Ruleset {
                 }
             }
         }
-        update.new_chains.sort();
-        update.gone_chains.sort();
         for (set, member, add) in &delta.elements {
             update.elements.push(ElementOp {
                 add: *add,
@@ -220,12 +223,12 @@ impl Ruleset {
         update
     }
 
-    /// The chain of each distinct allow list of `direction`: its name and body.
-    fn classes(&self, direction: Direction) -> BTreeMap<&Vec<Allow>, (String, String)> {
+    /// The rendered chains of each distinct [`Chain`] of `direction`.
+    fn classes(&self, direction: Direction) -> BTreeMap<&Chain, Rendered> {
         let mut out = BTreeMap::new();
-        for allows in self.chains(direction).values() {
-            if !out.contains_key(allows) {
-                out.insert(allows, chain(direction, allows, &self.sets));
+        for chain in self.chains(direction).values() {
+            if !out.contains_key(chain) {
+                out.insert(chain, render_chain(direction, chain, &self.sets));
             }
         }
         out
@@ -328,35 +331,120 @@ impl Update {
     }
 }
 
-/// A chain's name (from its rules, so equal allow lists share one chain, and the name is
-/// the same whoever computes it) and its rules.
-fn chain(
-    direction: Direction,
-    allows: &[Allow],
-    sets: &BTreeMap<String, AddrSet>,
-) -> (String, String) {
-    let verdict = match direction {
+/// A [`Chain`] as nftables chains: the one the verdict map jumps to and, when an Admin rule
+/// passes, the one it goes to (the NetworkPolicy or Baseline tier).
+struct Rendered {
+    name: String,
+    body: String,
+    pass: Option<(String, String)>,
+}
+
+impl Rendered {
+    /// The chain, then its Pass target.
+    fn chains(&self) -> impl DoubleEndedIterator<Item = (&String, &String)> {
+        std::iter::once((&self.name, &self.body)).chain(self.pass.as_ref().map(|(n, b)| (n, b)))
+    }
+}
+
+/// A chain's name (from its rules, so equal rule lists share one chain, and the name is the
+/// same whoever computes it) and its rules. A chain of NetworkPolicy allows only is those
+/// allows and `drop`; Admin rules come before them, Baseline rules in their place when no
+/// NetworkPolicy isolates the pod.
+fn render_chain(direction: Direction, chain: &Chain, sets: &BTreeMap<String, AddrSet>) -> Rendered {
+    let accept = match direction {
         // egress returns to the forward chain, where the receiver's ingress follows
         Direction::Egress => "return",
         Direction::Ingress => "accept",
     };
-    let mut body = String::new();
-    for allow in allows {
-        let Some(m) = matches(allow, direction, sets) else {
-            continue;
-        };
-        if m.is_empty() {
-            let _ = writeln!(body, "\t\t{verdict}");
-        } else {
-            let _ = writeln!(body, "\t\t{m} {verdict}");
+    let mut tail = String::new();
+    match &chain.policy {
+        Some(allows) => {
+            for allow in allows {
+                rule(&mut tail, allow, direction, sets, accept);
+            }
+            tail.push_str("\t\tdrop\n");
         }
+        None => tier(&mut tail, &chain.baseline, direction, sets, accept, accept),
     }
-    body.push_str("\t\tdrop\n");
-    // FNV-1a 64: stable across processes and releases (a chain's name is kernel state)
+    let passes = chain.admin.iter().any(|r| r.action == Action::Pass);
+    if !passes {
+        let mut body = String::new();
+        tier(&mut body, &chain.admin, direction, sets, accept, "");
+        body.push_str(&tail);
+        return Rendered {
+            name: chain_name(direction, &body),
+            body,
+            pass: None,
+        };
+    }
+    // Pass skips the rest of the Admin tier: the next tier is a chain of its own
+    let mut whole = String::new();
+    tier(&mut whole, &chain.admin, direction, sets, accept, "pass");
+    whole.push_str(&tail);
+    let name = chain_name(direction, &whole);
+    let target = format!("{name}_next");
+    let mut body = String::new();
+    let goto = format!("goto {target}");
+    let pass = if tail.is_empty() {
+        accept
+    } else {
+        goto.as_str()
+    };
+    tier(&mut body, &chain.admin, direction, sets, accept, pass);
+    if !tail.is_empty() {
+        let _ = writeln!(body, "\t\t{goto}");
+    }
+    Rendered {
+        name,
+        body,
+        pass: (!tail.is_empty()).then_some((target, tail)),
+    }
+}
+
+/// The rules of a cluster tier: Accept as `accept`, Deny as `drop`, Pass as `pass`.
+fn tier(
+    out: &mut String,
+    rules: &[TierRule],
+    direction: Direction,
+    sets: &BTreeMap<String, AddrSet>,
+    accept: &str,
+    pass: &str,
+) {
+    for r in rules {
+        let verdict = match r.action {
+            Action::Accept => accept,
+            Action::Deny => "drop",
+            Action::Pass => pass,
+        };
+        rule(out, &r.matches, direction, sets, verdict);
+    }
+}
+
+/// One rule: the match of `allow` and `verdict`; nothing for a match that can match nothing.
+fn rule(
+    out: &mut String,
+    allow: &Allow,
+    direction: Direction,
+    sets: &BTreeMap<String, AddrSet>,
+    verdict: &str,
+) {
+    let Some(m) = matches(allow, direction, sets) else {
+        return;
+    };
+    if m.is_empty() {
+        let _ = writeln!(out, "\t\t{verdict}");
+    } else {
+        let _ = writeln!(out, "\t\t{m} {verdict}");
+    }
+}
+
+/// `PREFIX<hash of body>`: FNV-1a 64, stable across processes and releases (a chain's name
+/// is kernel state).
+fn chain_name(direction: Direction, body: &str) -> String {
     let hash = body.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
-    (format!("{}{hash:016x}", names(direction).1), body)
+    format!("{}{hash:016x}", names(direction).1)
 }
 
 /// The verdict map's name and the prefix of the per-pod chains.

@@ -5,11 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::addr::Family;
 use crate::allows::{
-    KeyedAllow, KeyedPorts, NsScope, PodsKey, SetKey, empty_set, pod_allows, referenced,
+    KeyedAllow, KeyedChain, KeyedPorts, NsScope, PodsKey, SetKey, empty_set, pod_chain, referenced,
 };
+use crate::cluster::{CheckedClusterPolicy, ClusterPolicy};
 use crate::error::{Error, Result};
 use crate::input::{CheckedPolicy, Namespace, Pod, Protocol};
-use crate::model::{Allow, Direction, Member, Ports, Ruleset, family_suffix};
+use crate::model::{Allow, Chain, Direction, Member, Ports, Ruleset, TierRule, family_suffix};
 use crate::selector::Labels;
 
 /// Builds the rule model of the node whose pods are those with a `host_if`.
@@ -28,17 +29,18 @@ pub fn build(
     Model::new(policies, namespaces, pods).map(Model::into_ruleset)
 }
 
-/// A local pod's chain of one direction before and after a change (`None`: not isolated).
+/// A local pod's chain of one direction before and after a change (`None`: no policy
+/// judged it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChainChange {
     /// Which chain.
     pub direction: Direction,
     /// The pod's host veth.
     pub host_if: String,
-    /// Its allow rules before (`None`: the pod was not isolated for `direction`).
-    pub before: Option<Vec<Allow>>,
-    /// Its allow rules after.
-    pub after: Option<Vec<Allow>>,
+    /// Its chain before (`None`: no policy judged the pod's traffic of `direction`).
+    pub before: Option<Chain>,
+    /// Its chain after.
+    pub after: Option<Chain>,
 }
 
 /// What changed in a [`Model`] since the last [`Model::take_delta`]: set elements that came
@@ -68,7 +70,7 @@ struct Journal {
     /// each element (a copy of its set's name) would double the memory a build peaks at.
     off: bool,
     elements: BTreeMap<(String, Member), bool>,
-    chains: BTreeMap<(Direction, String), Option<Vec<Allow>>>,
+    chains: BTreeMap<(Direction, String), Option<Chain>>,
 }
 
 /// The rule model of a node, kept up to date pod by pod: [`add_pod`](Model::add_pod) and
@@ -79,6 +81,8 @@ struct Journal {
 #[derive(Debug, Clone)]
 pub struct Model {
     policies: Vec<CheckedPolicy>,
+    /// In precedence order: Admin before Baseline, then priority, then name.
+    cluster: Vec<CheckedClusterPolicy>,
     /// Effective labels of the listed namespaces.
     ns_labels: BTreeMap<String, Labels>,
     names: BTreeMap<SetKey, String>,
@@ -108,6 +112,17 @@ impl Model {
         namespaces: &[Namespace],
         pods: &[Pod],
     ) -> Result<Model> {
+        Model::with_cluster_policies(&[], policies, namespaces, pods)
+    }
+
+    /// Builds the model of cluster policies (Admin and Baseline tiers) and NetworkPolicies;
+    /// fails on the first invalid one, as [`build`] does.
+    pub fn with_cluster_policies(
+        cluster: &[ClusterPolicy],
+        policies: &[crate::Policy],
+        namespaces: &[Namespace],
+        pods: &[Pod],
+    ) -> Result<Model> {
         let mut local: BTreeMap<String, String> = BTreeMap::new();
         for pod in pods {
             pod.validate()?;
@@ -125,17 +140,14 @@ impl Model {
             .iter()
             .map(crate::Policy::checked)
             .collect::<Result<Vec<_>>>()?;
-        let mut keyed: Vec<(Direction, &str, BTreeSet<KeyedAllow>)> = Vec::new();
-        for pod in pods {
-            let Some(h) = &pod.host_if else { continue };
-            for direction in DIRECTIONS {
-                if let Some(allows) = pod_allows(&policies, pod, direction) {
-                    keyed.push((direction, h, allows));
-                }
-            }
-        }
+        let mut cluster = cluster
+            .iter()
+            .map(ClusterPolicy::checked)
+            .collect::<Result<Vec<_>>>()?;
+        cluster.sort_by(|a, b| (a.tier, a.priority, &a.name).cmp(&(b.tier, b.priority, &b.name)));
         let mut model = Model {
             policies,
+            cluster,
             ns_labels: namespaces
                 .iter()
                 .map(|n| (n.name.clone(), n.effective_labels()))
@@ -151,10 +163,19 @@ impl Model {
             journal: Journal::default(),
         };
 
+        let mut keyed: Vec<(Direction, &str, KeyedChain)> = Vec::new();
+        for pod in pods {
+            let Some(h) = &pod.host_if else { continue };
+            for direction in DIRECTIONS {
+                if let Some(chain) = model.pod_chain(pod, direction) {
+                    keyed.push((direction, h, chain));
+                }
+            }
+        }
         // name the sets in the order of their keys
         let mut keys = BTreeSet::new();
-        for (_, _, allows) in &keyed {
-            for a in allows {
+        for (_, _, chain) in &keyed {
+            for a in chain.allows() {
                 keys.extend(a.peer.clone());
                 if let KeyedPorts::Named(k) = &a.ports {
                     keys.insert(k.clone());
@@ -192,15 +213,15 @@ impl Model {
             }
             model.names.insert(key, name);
         }
-        for (direction, host_if, allows) in keyed {
-            let allows = model.name_allows(&allows).unwrap_or_default();
-            for set in referenced(&allows) {
+        for (direction, host_if, chain) in keyed {
+            let chain = model.name_chain(&chain).unwrap_or_default();
+            for set in referenced(&chain) {
                 *model.set_users.entry(set.to_owned()).or_default() += 1;
             }
             model
                 .ruleset
                 .chains_mut(direction)
-                .insert(host_if.to_owned(), allows);
+                .insert(host_if.to_owned(), chain);
         }
         model.journal.off = true;
         for pod in pods {
@@ -236,20 +257,20 @@ impl Model {
             }
             let mut chains = Vec::new();
             for direction in DIRECTIONS {
-                if let Some(allows) = pod_allows(&self.policies, pod, direction) {
-                    match self.name_allows(&allows) {
+                if let Some(chain) = self.pod_chain(pod, direction) {
+                    match self.name_chain(&chain) {
                         Some(named) => chains.push((direction, named)),
                         None => return Ok(false),
                     }
                 }
             }
             self.local.insert(h.clone(), pod.id());
-            for (direction, allows) in chains {
-                for set in referenced(&allows) {
+            for (direction, chain) in chains {
+                for set in referenced(&chain) {
                     *self.set_users.entry(set.to_owned()).or_default() += 1;
                 }
                 self.note_chain(direction, h);
-                self.ruleset.chains_mut(direction).insert(h.clone(), allows);
+                self.ruleset.chains_mut(direction).insert(h.clone(), chain);
             }
         }
         self.join(pod);
@@ -267,10 +288,10 @@ impl Model {
             self.local.remove(h);
             for direction in DIRECTIONS {
                 self.note_chain(direction, h);
-                let Some(allows) = self.ruleset.chains_mut(direction).remove(h) else {
+                let Some(chain) = self.ruleset.chains_mut(direction).remove(h) else {
                     continue;
                 };
-                for set in referenced(&allows) {
+                for set in referenced(&chain) {
                     match self.set_users.get_mut(set) {
                         Some(n) if *n > 1 => *n -= 1,
                         _ => return false,
@@ -321,50 +342,85 @@ impl Model {
         }
     }
 
-    /// The allow rules with their sets named; `None` when a set is not in the model.
-    fn name_allows(&self, allows: &BTreeSet<KeyedAllow>) -> Option<Vec<Allow>> {
-        let name = |k: &SetKey| self.names.get(k).cloned();
-        let mut out = BTreeSet::new();
-        for a in allows {
-            out.insert(Allow {
-                family: a.family,
-                peer: match &a.peer {
-                    Some(k) => Some(name(k)?),
-                    None => None,
-                },
-                ports: match &a.ports {
-                    KeyedPorts::Any => Ports::Any,
-                    KeyedPorts::Listed(protocol, ranges) => Ports::Listed {
-                        protocol: *protocol,
-                        ranges: ranges.clone(),
-                    },
-                    KeyedPorts::Named(k) => Ports::Named {
-                        protocol: match k {
-                            SetKey::NamedPort(_, p, _) => *p,
-                            _ => Protocol::Tcp,
-                        },
-                        set: name(k)?,
-                    },
-                },
-            });
+    /// The effective labels of namespace `ns` (only its name label when it is not listed).
+    fn ns_labels(&self, ns: &str) -> std::borrow::Cow<'_, Labels> {
+        match self.ns_labels.get(ns) {
+            Some(l) => std::borrow::Cow::Borrowed(l),
+            None => std::borrow::Cow::Owned(
+                Namespace {
+                    name: ns.to_owned(),
+                    labels: Labels::new(),
+                }
+                .effective_labels(),
+            ),
         }
-        Some(out.into_iter().collect())
+    }
+
+    /// What judges local `pod`'s traffic of `direction`, before its sets are named.
+    fn pod_chain(&self, pod: &Pod, direction: Direction) -> Option<KeyedChain> {
+        let ns_labels = self.ns_labels(&pod.namespace);
+        pod_chain(&self.policies, &self.cluster, &ns_labels, pod, direction)
+    }
+
+    /// The chain with its sets named; `None` when a set is not in the model.
+    fn name_chain(&self, chain: &KeyedChain) -> Option<Chain> {
+        let tier = |rules: &[(crate::Action, KeyedAllow)]| -> Option<Vec<TierRule>> {
+            rules
+                .iter()
+                .map(|(action, a)| {
+                    Some(TierRule {
+                        action: *action,
+                        matches: self.name_allow(a)?,
+                    })
+                })
+                .collect()
+        };
+        let policy = match &chain.policy {
+            Some(allows) => {
+                let named: BTreeSet<Allow> = allows
+                    .iter()
+                    .map(|a| self.name_allow(a))
+                    .collect::<Option<_>>()?;
+                Some(named.into_iter().collect())
+            }
+            None => None,
+        };
+        Some(Chain {
+            admin: tier(&chain.admin)?,
+            policy,
+            baseline: tier(&chain.baseline)?,
+        })
+    }
+
+    /// An allow with its sets named; `None` when a set is not in the model.
+    fn name_allow(&self, a: &KeyedAllow) -> Option<Allow> {
+        let name = |k: &SetKey| self.names.get(k).cloned();
+        Some(Allow {
+            family: a.family,
+            peer: match &a.peer {
+                Some(k) => Some(name(k)?),
+                None => None,
+            },
+            ports: match &a.ports {
+                KeyedPorts::Any => Ports::Any,
+                KeyedPorts::Listed(protocol, ranges) => Ports::Listed {
+                    protocol: *protocol,
+                    ranges: ranges.clone(),
+                },
+                KeyedPorts::Named(k) => Ports::Named {
+                    protocol: match k {
+                        SetKey::NamedPort(_, p, _) => *p,
+                        _ => Protocol::Tcp,
+                    },
+                    set: name(k)?,
+                },
+            },
+        })
     }
 
     /// The member sets `pod` is in, and the elements it gives each.
     fn memberships(&self, pod: &Pod) -> Vec<(String, Vec<Member>)> {
-        let unlisted;
-        let ns_labels = match self.ns_labels.get(&pod.namespace) {
-            Some(l) => l,
-            None => {
-                unlisted = Namespace {
-                    name: pod.namespace.clone(),
-                    labels: Labels::new(),
-                }
-                .effective_labels();
-                &unlisted
-            }
-        };
+        let ns_labels = self.ns_labels(&pod.namespace);
         let mut addresses = pod.addresses.clone();
         addresses.sort();
         addresses.dedup();
@@ -377,7 +433,7 @@ impl Model {
                 SetKey::Pods(k, f) => {
                     let in_scope = match &k.namespaces {
                         NsScope::Named(n) => *n == pod.namespace,
-                        NsScope::Selector(s) => s.matches(ns_labels),
+                        NsScope::Selector(s) => s.matches(&ns_labels),
                     };
                     if !in_scope || !k.pods.as_ref().is_none_or(|s| s.matches(&pod.labels)) {
                         continue;

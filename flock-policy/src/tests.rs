@@ -302,7 +302,7 @@ fn a_rule_whose_named_ports_resolve_nowhere_allows_nothing() {
         vec![PortSpec::name(Protocol::Tcp, "http")],
     )]);
     let r = build(&[p], &[], &two_pods()).unwrap();
-    assert_eq!(r.ingress["flock0000000a"], []);
+    assert_eq!(r.ingress["flock0000000a"], Chain::policy(vec![]));
     // and a port list resolving to something keeps only that
     let mut pods = two_pods();
     pods[0].ports.push(NamedPort {
@@ -320,14 +320,14 @@ fn a_rule_whose_named_ports_resolve_nowhere_allows_nothing() {
     let r = build(&[p], &[], &pods).unwrap();
     assert_eq!(
         r.ingress["flock0000000a"],
-        [Allow {
+        Chain::policy(vec![Allow {
             family: None,
             peer: None,
             ports: Ports::Listed {
                 protocol: Protocol::Udp,
                 ranges: vec![(8080, 8080)]
             }
-        }]
+        }])
     );
 }
 
@@ -385,14 +385,14 @@ fn hand_built_rulesets_render_what_verdict_evaluates() {
         sets: BTreeMap::from([("s_v4".to_owned(), set)]),
         ingress: BTreeMap::from([(
             "flock0000000a".to_owned(),
-            vec![
+            Chain::policy(vec![
                 // no family: the set's own
                 allow(None, "s_v4"),
                 // a family the set does not have: matches nothing, so no rule
                 allow(Some(Family::V6), "s_v4"),
                 // a set the model lacks is still named: nft refuses rather than allowing more
                 allow(None, "missing"),
-            ],
+            ]),
         )]),
         egress: BTreeMap::new(),
     };
@@ -408,4 +408,122 @@ fn hand_built_rulesets_render_what_verdict_evaluates() {
         chain,
         ["ip saddr @s_v4 accept", "ip6 saddr @missing accept", "drop"]
     );
+}
+
+fn cluster(ingress: Vec<ClusterRule>, egress: Vec<ClusterRule>) -> ClusterPolicy {
+    ClusterPolicy {
+        name: "guard".into(),
+        tier: Tier::Admin,
+        priority: 10,
+        subject: ClusterPeer::Namespaces(LabelSelector::all()),
+        ingress,
+        egress,
+    }
+}
+
+fn crule(peers: Vec<ClusterPeer>, ports: Vec<ClusterPort>) -> ClusterRule {
+    ClusterRule {
+        name: String::new(),
+        action: Action::Deny,
+        peers,
+        ports,
+    }
+}
+
+fn cerr(p: &ClusterPolicy) -> String {
+    p.validate().unwrap_err().to_string()
+}
+
+#[test]
+fn cluster_policy_errors_name_the_field_and_the_value() {
+    let all = || ClusterPeer::Namespaces(LabelSelector::all());
+    let mut p = cluster(vec![], vec![]);
+    p.priority = 1001;
+    assert_eq!(
+        cerr(&p),
+        "clusternetworkpolicy guard: spec.priority \"1001\": must be 0 to 1000"
+    );
+    assert_eq!(
+        cerr(&cluster(
+            vec![],
+            vec![crule(
+                vec![all(), ClusterPeer::Networks(vec!["10.0.0.1/8".into()])],
+                vec![]
+            )]
+        )),
+        "clusternetworkpolicy guard: spec.egress[0].to[1].networks[0] \"10.0.0.1/8\": host bits are set (the API wants the network's own address)"
+    );
+    assert_eq!(
+        cerr(&cluster(
+            vec![],
+            vec![crule(
+                vec![ClusterPeer::Networks(vec!["10.0.0.0/33".into()])],
+                vec![]
+            )]
+        )),
+        "clusternetworkpolicy guard: spec.egress[0].to[0].networks[0] \"10.0.0.0/33\" is not a CIDR (like 10.0.0.0/8 or 2001:db8::/32)"
+    );
+    assert_eq!(
+        cerr(&cluster(
+            vec![crule(
+                vec![ClusterPeer::Networks(vec!["::/0".into()])],
+                vec![]
+            )],
+            vec![]
+        )),
+        "clusternetworkpolicy guard: spec.ingress[0].from[0] \"networks\": an ingress peer is namespaces or pods"
+    );
+    assert_eq!(
+        cerr(&cluster(vec![crule(vec![], vec![])], vec![])),
+        "clusternetworkpolicy guard: spec.ingress[0].from \"[]\": needs at least one peer"
+    );
+    assert_eq!(
+        cerr(&cluster(
+            vec![crule(
+                vec![all()],
+                vec![ClusterPort::Range(Protocol::Tcp, 80, 80)]
+            )],
+            vec![]
+        )),
+        "clusternetworkpolicy guard: spec.ingress[0].protocols[0] \"80-80\": a range's start must be at least 1 and below its end"
+    );
+    assert_eq!(
+        cerr(&cluster(
+            vec![crule(vec![all()], vec![ClusterPort::Named("Web".into())])],
+            vec![]
+        )),
+        "clusternetworkpolicy guard: spec.ingress[0].protocols[0].destinationNamedPort \"Web\" is not a port name: may hold only lower-case letters, digits and '-'"
+    );
+    let mut p = cluster(vec![], vec![]);
+    p.subject = ClusterPeer::Networks(vec!["::/0".into()]);
+    assert_eq!(
+        cerr(&p),
+        "clusternetworkpolicy guard: spec.subject \"networks\": a subject is namespaces or pods"
+    );
+}
+
+/// A cluster policy selecting a pod does not isolate it: rules only, and a direction
+/// without rules is untouched.
+#[test]
+fn a_cluster_policy_does_not_isolate_what_it_selects() {
+    let mut p = cluster(
+        vec![ClusterRule {
+            action: Action::Accept,
+            ..crule(vec![ClusterPeer::Namespaces(LabelSelector::all())], vec![])
+        }],
+        vec![],
+    );
+    let pods = two_pods();
+    let r = Model::with_cluster_policies(&[p.clone()], &[], &[], &pods)
+        .unwrap()
+        .into_ruleset();
+    assert!(r.egress.is_empty(), "no egress rule: egress not judged");
+    let chain = &r.ingress["flock0000000a"];
+    assert_eq!((chain.admin.len(), chain.policy.clone()), (2, None));
+    // a rule that cannot match anything (a named port no pod has) leaves nothing to judge
+    p.ingress[0].ports = vec![ClusterPort::Named("nothing".into())];
+    let r = Model::with_cluster_policies(&[p], &[], &[], &pods)
+        .unwrap()
+        .into_ruleset();
+    assert!(r.is_empty(), "{r:?}");
 }

@@ -3,8 +3,9 @@
 //! applies nothing) inside a namespace made for it.
 
 use flock_policy::{
-    LabelSelector, NamedPort, Namespace, Operator, Peer, Pod, Policy, PolicyTypes, PortSpec,
-    Protocol, REMOVE_SCRIPT, Requirement, Rule, build,
+    Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, LabelSelector, Model, NamedPort,
+    Namespace, Operator, Peer, Pod, Policy, PolicyTypes, PortSpec, Protocol, REMOVE_SCRIPT,
+    Requirement, Rule, Tier, build,
 };
 
 fn pod(
@@ -108,6 +109,39 @@ fn render(policies: &[Policy], pods: &[Pod]) -> String {
     let script = build(policies, &namespaces(), pods).unwrap().render();
     check_with_nft(&script);
     script
+}
+
+fn render_cluster(cluster: &[ClusterPolicy], policies: &[Policy], pods: &[Pod]) -> String {
+    let script = Model::with_cluster_policies(cluster, policies, &namespaces(), pods)
+        .unwrap()
+        .into_ruleset()
+        .render();
+    check_with_nft(&script);
+    script
+}
+
+fn cluster_policy(name: &str, tier: Tier, priority: u32, subject: ClusterPeer) -> ClusterPolicy {
+    ClusterPolicy {
+        name: name.into(),
+        tier,
+        priority,
+        subject,
+        ingress: vec![],
+        egress: vec![],
+    }
+}
+
+fn cluster_rule(action: Action, peers: Vec<ClusterPeer>, ports: Vec<ClusterPort>) -> ClusterRule {
+    ClusterRule {
+        name: String::new(),
+        action,
+        peers,
+        ports,
+    }
+}
+
+fn team(t: &str) -> ClusterPeer {
+    ClusterPeer::Namespaces(LabelSelector::labels([("team", t)]))
 }
 
 #[cfg(feature = "root-tests")]
@@ -304,4 +338,101 @@ fn no_policies_removes_the_table() {
         LabelSelector::labels([("app", "nothing-here")]),
     );
     assert_eq!(render(&[p], &pods()), REMOVE_SCRIPT);
+}
+
+/// Admin tier before NetworkPolicy: ops may reach web's metrics whatever shop's own policy
+/// says, and nobody else may reach 9090; the NetworkPolicy decides the rest.
+#[test]
+fn cluster_admin_tier_over_a_networkpolicy() {
+    let mut admin = cluster_policy("metrics", Tier::Admin, 10, team("shop"));
+    admin.ingress = vec![
+        cluster_rule(
+            Action::Accept,
+            vec![team("ops")],
+            vec![ClusterPort::Number(Protocol::Tcp, 9090)],
+        ),
+        cluster_rule(
+            Action::Deny,
+            vec![ClusterPeer::Namespaces(LabelSelector::all())],
+            vec![ClusterPort::Number(Protocol::Tcp, 9090)],
+        ),
+    ];
+    let mut np = policy("web-from-clients", LabelSelector::labels([("app", "web")]));
+    np.ingress = vec![Rule {
+        peers: vec![Peer::pods(LabelSelector::labels([("role", "client")]))],
+        ports: vec![PortSpec::number(Protocol::Tcp, 8080)],
+    }];
+    insta::assert_snapshot!(render_cluster(&[admin], &[np], &pods()));
+}
+
+/// Pass hands the decision to the next tier: web's NetworkPolicy, or for db (no
+/// NetworkPolicy) the Baseline tier, which denies egress but DNS and the pod range.
+#[test]
+fn cluster_pass_then_networkpolicy_or_baseline() {
+    let mut admin = cluster_policy("pass-shop", Tier::Admin, 5, team("shop"));
+    admin.egress = vec![
+        cluster_rule(Action::Pass, vec![team("shop")], vec![]),
+        cluster_rule(
+            Action::Deny,
+            vec![ClusterPeer::Networks(vec!["2001:db8:bad::/48".into()])],
+            vec![],
+        ),
+    ];
+    let mut baseline = cluster_policy(
+        "default-deny",
+        Tier::Baseline,
+        100,
+        ClusterPeer::Pods {
+            namespaces: LabelSelector::all(),
+            pods: LabelSelector::all(),
+        },
+    );
+    baseline.egress = vec![
+        cluster_rule(
+            Action::Accept,
+            vec![ClusterPeer::Networks(vec![
+                "2001:db8::/48".into(),
+                "10.244.0.0/16".into(),
+            ])],
+            vec![
+                ClusterPort::Number(Protocol::Udp, 53),
+                ClusterPort::Range(Protocol::Tcp, 8000, 8999),
+            ],
+        ),
+        cluster_rule(
+            Action::Deny,
+            vec![ClusterPeer::Networks(vec![
+                "::/0".into(),
+                "0.0.0.0/0".into(),
+            ])],
+            vec![],
+        ),
+    ];
+    let mut np = policy("web-egress", LabelSelector::labels([("app", "web")]));
+    np.policy_types = Some(PolicyTypes {
+        ingress: false,
+        egress: true,
+    });
+    np.egress = vec![Rule {
+        peers: vec![Peer::namespaces(LabelSelector::labels([("team", "ops")]))],
+        ports: vec![],
+    }];
+    insta::assert_snapshot!(render_cluster(&[baseline, admin], &[np], &pods()));
+}
+
+/// A named port resolves on the destination pod, of whatever protocol it has there.
+#[test]
+fn cluster_named_port() {
+    let mut admin = cluster_policy("named", Tier::Admin, 1, team("shop"));
+    admin.ingress = vec![cluster_rule(
+        Action::Accept,
+        vec![team("ops")],
+        vec![ClusterPort::Named("metrics".into())],
+    )];
+    admin.egress = vec![cluster_rule(
+        Action::Deny,
+        vec![team("shop")],
+        vec![ClusterPort::Named("pg".into())],
+    )];
+    insta::assert_snapshot!(render_cluster(&[admin], &[], &pods()));
 }

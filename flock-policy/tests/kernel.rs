@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use flock_netns::{NodeNs, PodSpec, host_ifname, setup};
 use flock_policy::{
-    LabelSelector, NamedPort, Namespace, Peer, Pod, Policy, PolicyTypes, PortSpec, Protocol,
-    REMOVE_SCRIPT, Rule, build,
+    Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, LabelSelector, Model, NamedPort,
+    Namespace, Operator, Peer, Pod, Policy, PolicyTypes, PortSpec, Protocol, REMOVE_SCRIPT,
+    Requirement, Rule, Tier, build,
 };
 use flock_testkit::Netns;
 use nix::sched::CloneFlags;
@@ -344,4 +345,122 @@ async fn a_service_beside_the_table_is_judged_on_its_backend() {
             "{vip}: the Service works for all again"
         );
     }
+}
+
+fn cluster_rule(action: Action, peers: Vec<ClusterPeer>, ports: Vec<ClusterPort>) -> ClusterRule {
+    ClusterRule {
+        name: String::new(),
+        action,
+        peers,
+        ports,
+    }
+}
+
+fn pods_with(key: &str, value: &str) -> ClusterPeer {
+    ClusterPeer::Pods {
+        namespaces: LabelSelector::all(),
+        pods: LabelSelector::labels([(key, value)]),
+    }
+}
+
+/// The tiers on a real kernel: an Admin Deny beats a NetworkPolicy's allow, an Admin Pass
+/// leaves the decision to it, and the Baseline tier judges a pod no NetworkPolicy isolates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_tiers_decide_in_order_around_networkpolicy() {
+    let node_ns = Netns::new("node");
+    let node = NodeNs::at(node_ns.path());
+    let a = make_pod(&node, "cnp-a", 30, &[("role", "client")]).await;
+    let b = make_pod(&node, "cnp-b", 31, &[("app", "server")]).await;
+    let c = make_pod(&node, "cnp-c", 32, &[("role", "other")]).await;
+    let _listeners: Vec<TcpListener> = [7070, 8080, 9090]
+        .into_iter()
+        .map(|port| in_ns(&b.ns, move || TcpListener::bind(("::", port)).unwrap()))
+        .collect();
+
+    // the server's own policy admits clients and others on every port
+    let np = Policy {
+        namespace: "shop".into(),
+        name: "server".into(),
+        pod_selector: LabelSelector::labels([("app", "server")]),
+        ingress: vec![Rule {
+            peers: vec![Peer::pods(LabelSelector {
+                match_expressions: vec![Requirement {
+                    key: "role".into(),
+                    operator: Operator::In,
+                    values: vec!["client".into(), "other".into()],
+                }],
+                ..Default::default()
+            })],
+            ports: vec![],
+        }],
+        ..Default::default()
+    };
+    let admin = ClusterPolicy {
+        name: "protect-server".into(),
+        tier: Tier::Admin,
+        priority: 1,
+        subject: pods_with("app", "server"),
+        ingress: vec![
+            cluster_rule(
+                Action::Deny,
+                vec![pods_with("role", "other")],
+                vec![ClusterPort::Number(Protocol::Tcp, 9090)],
+            ),
+            cluster_rule(
+                Action::Pass,
+                vec![ClusterPeer::Namespaces(LabelSelector::all())],
+                vec![ClusterPort::Range(Protocol::Tcp, 8000, 9999)],
+            ),
+            cluster_rule(
+                Action::Accept,
+                vec![ClusterPeer::Namespaces(LabelSelector::all())],
+                vec![],
+            ),
+        ],
+        egress: vec![],
+    };
+    let baseline = ClusterPolicy {
+        name: "clients-no-7070".into(),
+        tier: Tier::Baseline,
+        priority: 1,
+        subject: pods_with("role", "client"),
+        ingress: vec![],
+        egress: vec![cluster_rule(
+            Action::Deny,
+            vec![ClusterPeer::Networks(vec![
+                format!("{}/128", b.v6),
+                format!("{}/32", b.v4),
+            ])],
+            vec![ClusterPort::Number(Protocol::Tcp, 7070)],
+        )],
+    };
+    let pods = [a.pod.clone(), b.pod.clone(), c.pod.clone()];
+    let script = Model::with_cluster_policies(&[admin, baseline], &[np], &[], &pods)
+        .unwrap()
+        .into_ruleset()
+        .render();
+    apply(&node_ns, &script);
+    for to in [b.v6, b.v4] {
+        assert!(
+            !connects(&c.ns, to, 9090),
+            "{to}: Admin Deny beats the NetworkPolicy"
+        );
+        assert!(
+            connects(&c.ns, to, 8080),
+            "{to}: Admin Pass, the NetworkPolicy allows"
+        );
+        assert!(
+            connects(&a.ns, to, 9090),
+            "{to}: Admin Pass for a client too"
+        );
+        assert!(
+            !connects(&a.ns, to, 7070),
+            "{to}: Admin Accept at the server, but the client's Baseline denies its egress"
+        );
+        assert!(
+            connects(&c.ns, to, 7070),
+            "{to}: Admin Accept, and c has no Baseline"
+        );
+    }
+    apply(&node_ns, REMOVE_SCRIPT);
 }

@@ -1,15 +1,17 @@
-//! The model and its text against the API: for random namespaces, pods, policies and
-//! packets, both the verdict of the built ruleset (`Ruleset::verdict`) and the verdict of the
-//! rendered nftables script, parsed and run by `nft_eval` as the kernel would, equal a
-//! reference evaluator written straight from the Kubernetes NetworkPolicy documentation over
-//! the input types — it shares no code with the crate beyond the input structs.
+//! The model and its text against the API: for random namespaces, pods, cluster policies,
+//! NetworkPolicies and packets, both the verdict of the built ruleset (`Ruleset::verdict`) and
+//! the verdict of the rendered nftables script, parsed and run by `nft_eval` as the kernel
+//! would, equal a reference evaluator written straight from the Kubernetes NetworkPolicy and
+//! network-policy-api ClusterNetworkPolicy documentation over the input types — it shares no
+//! code with the crate beyond the input structs.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use flock_policy::{
-    Hop, LabelSelector, Model, NamedPort, Namespace, Operator, Packet, Peer, Pod, Policy,
-    PolicyTypes, Port, PortSpec, Protocol, Requirement, Rule, Transport, Verdict, build,
+    Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Hop, LabelSelector, Model,
+    NamedPort, Namespace, Operator, Packet, Peer, Pod, Policy, PolicyTypes, Port, PortSpec,
+    Protocol, Requirement, Rule, Tier, Transport, Verdict,
 };
 use ipnet::IpNet;
 use proptest::prelude::*;
@@ -133,10 +135,61 @@ fn ports_admit(ports: &[PortSpec], t: Transport, destinations: &[&Pod]) -> bool 
     })
 }
 
+/// A cluster policy's peer (or subject) selects `pod`: "namespaces" selects every pod of the
+/// matching namespaces, "pods" the matching pods of the matching namespaces.
+fn cluster_selects(peer: &ClusterPeer, pod: &Pod, cluster: &Cluster) -> bool {
+    let ns = ns_labels(&cluster.namespaces, &pod.namespace);
+    match peer {
+        ClusterPeer::Namespaces(n) => selects(n, &ns),
+        ClusterPeer::Pods { namespaces, pods } => {
+            selects(namespaces, &ns) && selects(pods, &pod.labels)
+        }
+        ClusterPeer::Networks(_) => false,
+    }
+}
+
+/// "The rule matches if any of the peers match": pods by their addresses, networks by CIDR.
+fn cluster_peers_admit(peers: &[ClusterPeer], addr: IpAddr, cluster: &Cluster) -> bool {
+    peers.iter().any(|peer| match peer {
+        ClusterPeer::Networks(cidrs) => cidrs
+            .iter()
+            .any(|c| c.parse::<IpNet>().unwrap().contains(&addr)),
+        _ => cluster
+            .pods
+            .iter()
+            .filter(|q| q.addresses.contains(&addr))
+            .any(|q| cluster_selects(peer, q, cluster)),
+    })
+}
+
+/// "If unspecified, protocol-specific attributes will not be used to match traffic"; a
+/// named port is the destination pod's container port of that name.
+fn cluster_ports_admit(ports: &[ClusterPort], t: Transport, destinations: &[&Pod]) -> bool {
+    if ports.is_empty() {
+        return true;
+    }
+    let (proto, dport) = match t {
+        Transport::Tcp(p) => (Protocol::Tcp, p),
+        Transport::Udp(p) => (Protocol::Udp, p),
+        Transport::Sctp(p) => (Protocol::Sctp, p),
+        _ => return false,
+    };
+    ports.iter().any(|port| match port {
+        ClusterPort::Number(p, n) => *p == proto && *n == dport,
+        ClusterPort::Range(p, start, end) => *p == proto && (*start..=*end).contains(&dport),
+        ClusterPort::Named(name) => destinations.iter().any(|d| {
+            d.ports
+                .iter()
+                .any(|c| &c.name == name && c.protocol == proto && c.port == dport)
+        }),
+    })
+}
+
 struct Cluster {
     namespaces: Vec<Namespace>,
     pods: Vec<Pod>,
     policies: Vec<Policy>,
+    cluster_policies: Vec<ClusterPolicy>,
 }
 
 impl Cluster {
@@ -147,8 +200,57 @@ impl Cluster {
         }
     }
 
-    /// Whether the pod's side allows the packet in one direction (`None`: not isolated).
+    /// The action of the first rule of `tier` that matches, the tier's policies taken by
+    /// priority ("lower value means higher precedence"; flock breaks ties by name), each
+    /// one's rules in order.
+    fn tier_action(&self, tier: Tier, pod: &Pod, egress: bool, pkt: &Packet) -> Option<Action> {
+        let mut policies: Vec<&ClusterPolicy> = self
+            .cluster_policies
+            .iter()
+            .filter(|p| p.tier == tier && cluster_selects(&p.subject, pod, self))
+            .collect();
+        policies.sort_by(|a, b| (a.priority, &a.name).cmp(&(b.priority, &b.name)));
+        let dst_pods: Vec<&Pod> = self
+            .pods
+            .iter()
+            .filter(|q| q.addresses.contains(&pkt.dst))
+            .collect();
+        for p in policies {
+            let rules = if egress { &p.egress } else { &p.ingress };
+            for r in rules {
+                let (peer, destinations) = if egress {
+                    (pkt.dst, dst_pods.clone())
+                } else {
+                    (pkt.src, vec![pod])
+                };
+                if cluster_peers_admit(&r.peers, peer, self)
+                    && cluster_ports_admit(&r.ports, pkt.transport, &destinations)
+                {
+                    return Some(r.action);
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether the pod's side allows the packet in one direction: "Admin → NetworkPolicy →
+    /// Baseline → default allow"; Accept and Deny decide, Pass goes to the next tier, and "a
+    /// v1.NetworkPolicy always makes a final decision for selected pods".
     fn side(&self, pod: &Pod, egress: bool, pkt: &Packet) -> bool {
+        match self.tier_action(Tier::Admin, pod, egress, pkt) {
+            Some(Action::Accept) => return true,
+            Some(Action::Deny) => return false,
+            Some(Action::Pass) | None => {}
+        }
+        if let Some(allowed) = self.network_policies(pod, egress, pkt) {
+            return allowed;
+        }
+        self.tier_action(Tier::Baseline, pod, egress, pkt) != Some(Action::Deny)
+    }
+
+    /// Whether the NetworkPolicies selecting the pod allow the packet in one direction
+    /// (`None`: none isolates it).
+    fn network_policies(&self, pod: &Pod, egress: bool, pkt: &Packet) -> Option<bool> {
         let selecting: Vec<&Policy> = self
             .policies
             .iter()
@@ -156,9 +258,9 @@ impl Cluster {
             .filter(|p| applies(p, egress))
             .collect();
         if selecting.is_empty() {
-            return true;
+            return None;
         }
-        selecting.iter().any(|p| {
+        Some(selecting.iter().any(|p| {
             let rules = if egress { &p.egress } else { &p.ingress };
             rules.iter().any(|r| {
                 if egress {
@@ -174,7 +276,7 @@ impl Cluster {
                         && ports_admit(&r.ports, pkt.transport, &[pod])
                 }
             })
-        })
+        }))
     }
 
     fn reference(&self, pkt: &Packet) -> bool {
@@ -192,6 +294,17 @@ impl Cluster {
             .is_none_or(|s| self.side(s, true, pkt))
             && self.local(&pkt.to).is_none_or(|r| self.side(r, false, pkt))
     }
+}
+
+fn build(
+    cluster: &[ClusterPolicy],
+    policies: &[Policy],
+    namespaces: &[Namespace],
+    pods: &[Pod],
+) -> flock_policy::Ruleset {
+    Model::with_cluster_policies(cluster, policies, namespaces, pods)
+        .unwrap()
+        .into_ruleset()
 }
 
 // ---------- generators ----------
@@ -315,6 +428,90 @@ fn policy() -> impl Strategy<Value = Policy> {
             ingress,
             egress,
         })
+}
+
+const NETWORKS: [&str; 5] = [
+    "2001:db8::/120",
+    "::/0",
+    "0.0.0.0/0",
+    "10.0.0.0/29",
+    "2001:db8::100/120",
+];
+
+fn cluster_peer(egress: bool) -> impl Strategy<Value = ClusterPeer> {
+    let pods = (selector(), selector())
+        .prop_map(|(namespaces, pods)| ClusterPeer::Pods { namespaces, pods });
+    let networks = proptest::collection::vec(select(&NETWORKS[..]), 1..3)
+        .prop_map(|n| ClusterPeer::Networks(n.into_iter().map(str::to_owned).collect()));
+    if egress {
+        prop_oneof![selector().prop_map(ClusterPeer::Namespaces), pods, networks].boxed()
+    } else {
+        prop_oneof![selector().prop_map(ClusterPeer::Namespaces), pods].boxed()
+    }
+}
+
+fn cluster_port() -> impl Strategy<Value = ClusterPort> {
+    (
+        select(&PROTOCOLS[..]),
+        0..3u8,
+        select(&PORTS[..]),
+        select(&NAMES[..]),
+        1..2000u16,
+    )
+        .prop_map(|(protocol, kind, n, name, span)| match kind {
+            0 => ClusterPort::Number(protocol, n),
+            1 => ClusterPort::Range(protocol, n, n.saturating_add(span).max(n + 1)),
+            _ => ClusterPort::Named(name.into()),
+        })
+}
+
+fn cluster_rules(egress: bool) -> impl Strategy<Value = Vec<ClusterRule>> {
+    proptest::collection::vec(
+        (
+            select(vec![Action::Accept, Action::Deny, Action::Pass]),
+            proptest::collection::vec(cluster_peer(egress), 1..3),
+            proptest::collection::vec(cluster_port(), 0..3),
+        )
+            .prop_map(|(action, peers, ports)| ClusterRule {
+                name: String::new(),
+                action,
+                peers,
+                ports,
+            }),
+        0..3,
+    )
+}
+
+fn cluster_policies() -> impl Strategy<Value = Vec<ClusterPolicy>> {
+    proptest::collection::vec(
+        (
+            select(vec![Tier::Admin, Tier::Baseline]),
+            0..3u32,
+            prop_oneof![
+                selector().prop_map(ClusterPeer::Namespaces),
+                (selector(), selector())
+                    .prop_map(|(namespaces, pods)| ClusterPeer::Pods { namespaces, pods }),
+            ],
+            cluster_rules(false),
+            cluster_rules(true),
+        ),
+        0..4,
+    )
+    .prop_map(|v| {
+        v.into_iter()
+            .enumerate()
+            .map(
+                |(i, (tier, priority, subject, ingress, egress))| ClusterPolicy {
+                    name: format!("cnp{i}"),
+                    tier,
+                    priority,
+                    subject,
+                    ingress,
+                    egress,
+                },
+            )
+            .collect()
+    })
 }
 
 /// A named container port: (name, protocol, number).
@@ -495,13 +692,14 @@ proptest! {
     fn ruleset_verdict_equals_the_api_semantics(
         namespaces in namespaces(),
         pods in pods(),
+        cluster_policies in cluster_policies(),
         policies in proptest::collection::vec(policy(), 0..5),
         packets in packets(),
     ) {
-        let ruleset = build(&policies, &namespaces, &pods).unwrap();
+        let ruleset = build(&cluster_policies, &policies, &namespaces, &pods);
         let script = ruleset.render();
         let text = nft_eval::Nft::parse(&script);
-        let cluster = Cluster { namespaces, pods, policies };
+        let cluster = Cluster { namespaces, pods, policies, cluster_policies };
         for p in &packets {
             let Some(pkt) = packet(&cluster, p) else { continue };
             let want = cluster.reference(&pkt);
@@ -528,10 +726,13 @@ proptest! {
     fn rendering_ignores_input_order(
         namespaces in namespaces(),
         pods in pods(),
+        cluster_policies in cluster_policies(),
         policies in proptest::collection::vec(policy(), 0..4),
     ) {
-        let one = build(&policies, &namespaces, &pods).unwrap().render();
-        let (mut policies, mut namespaces, mut pods) = (policies, namespaces, pods);
+        let one = build(&cluster_policies, &policies, &namespaces, &pods).render();
+        let (mut cluster_policies, mut policies, mut namespaces, mut pods) =
+            (cluster_policies, policies, namespaces, pods);
+        cluster_policies.reverse();
         policies.reverse();
         namespaces.reverse();
         pods.reverse();
@@ -541,7 +742,15 @@ proptest! {
                 r.ports.reverse();
             }
         }
-        prop_assert_eq!(one, build(&policies, &namespaces, &pods).unwrap().render());
+        // a cluster policy's rules keep their order (the first that matches decides); the
+        // peers and ports of one rule have none
+        for p in &mut cluster_policies {
+            for r in p.ingress.iter_mut().chain(p.egress.iter_mut()) {
+                r.peers.reverse();
+                r.ports.reverse();
+            }
+        }
+        prop_assert_eq!(one, build(&cluster_policies, &policies, &namespaces, &pods).render());
     }
 
     /// The incremental path: a model that a pod joins or leaves equals the model built
@@ -550,14 +759,18 @@ proptest! {
     fn a_model_follows_a_pod_joining_and_leaving_as_a_rebuild_would(
         namespaces in namespaces(),
         pods in pods(),
+        cluster_policies in cluster_policies(),
         policies in proptest::collection::vec(policy(), 0..4),
         which in any::<proptest::sample::Index>(),
     ) {
         prop_assume!(!pods.is_empty());
         let mut rest = pods.clone();
         let pod = rest.remove(which.index(pods.len()));
-        let with = Model::new(&policies, &namespaces, &pods).unwrap();
-        let without = Model::new(&policies, &namespaces, &rest).unwrap();
+        let model = |pods: &[Pod]| {
+            Model::with_cluster_policies(&cluster_policies, &policies, &namespaces, pods).unwrap()
+        };
+        let with = model(&pods);
+        let without = model(&rest);
 
         let mut joined = without.clone();
         if joined.add_pod(&pod).unwrap() {

@@ -80,7 +80,7 @@ pub fn size(ruleset: &Ruleset) -> PolicySize {
             .ingress
             .values()
             .chain(ruleset.egress.values())
-            .map(Vec::len)
+            .map(|c| c.matches().count())
             .sum(),
         sets: ruleset.sets.len(),
     }

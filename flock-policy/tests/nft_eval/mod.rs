@@ -1,6 +1,6 @@
 //! An evaluator of the rendered nftables *text*: it parses the script `render` writes (sets,
 //! verdict maps, chains) and runs a packet through the `forward` hook as the kernel would —
-//! first matching rule wins, `jump` and `return`, `accept` ends the base chain, the chain
+//! first matching rule wins, `jump`, `goto` and `return`, `accept` ends the base chain, the chain
 //! policy at the end. It knows only the statements flock renders and panics on anything else,
 //! so a change of the renderer cannot slip past the property test unevaluated.
 
@@ -199,6 +199,15 @@ impl Nft {
                         Outcome::Return => continue,
                         o => return o,
                     }
+                }
+                continue;
+            }
+            // `goto CHAIN`: CHAIN's outcome is this chain's (its return goes to our caller)
+            if let [matches @ .., goto, target] = rule.as_slice()
+                && goto == "goto"
+            {
+                if self.matches(matches, p) {
+                    return self.run(target, p, iif, oif);
                 }
                 continue;
             }
