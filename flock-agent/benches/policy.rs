@@ -100,6 +100,8 @@ fn cluster(rt: &tokio::runtime::Runtime, pods: usize, nft: Arc<dyn Nft>) -> Arc<
         enforcer.on_pod(Event::InitApply(pod(i)));
     }
     enforcer.on_pod(Event::InitDone);
+    enforcer.on_cluster_policy(Event::Init);
+    enforcer.on_cluster_policy(Event::InitDone);
     for i in 0..LOCAL_PODS {
         let app = if i.is_multiple_of(3) { "web" } else { "db" };
         enforcer.restore(

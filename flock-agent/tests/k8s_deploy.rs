@@ -377,6 +377,8 @@ fn rbac_grants_exactly_what_the_agent_uses() {
         "/namespaces:watch",
         "networking.k8s.io/networkpolicies:list",
         "networking.k8s.io/networkpolicies:watch",
+        "policy.networking.k8s.io/clusternetworkpolicies:list",
+        "policy.networking.k8s.io/clusternetworkpolicies:watch",
         "flock.fritzlab.net/nodeconfigs:list",
         "flock.fritzlab.net/nodeconfigs:watch",
         "flock.fritzlab.net/nodeconfigs/status:patch",

@@ -200,8 +200,9 @@ async fn add_returns_only_once_its_pods_rules_are_applied() {
 #[tokio::test]
 async fn add_before_the_caches_are_listed_fails_retryably_and_leaves_nothing() {
     let n = node(Duration::from_millis(300)).await;
-    // policies and namespaces listed, pods not yet
+    // policies, cluster policies and namespaces listed, pods not yet
     n.enforcer.on_policy(Event::InitDone);
+    n.enforcer.on_cluster_policy(Event::InitDone);
     n.enforcer.on_namespace(Event::InitDone);
     let error = n
         .add("c1", "server", json!({ "app": "server" }))
@@ -391,7 +392,7 @@ async fn a_restarted_agent_keeps_its_pods_in_the_model_with_labels_from_the_clus
     );
 }
 
-/// The three cluster-wide watches against a mocked API server: each kind is listed and
+/// The four cluster-wide watches against a mocked API server: each kind is listed and
 /// watched cluster-wide (pods without the finished ones), in pages; their objects reach the
 /// model, and a watch event changes it.
 #[tokio::test]
@@ -408,7 +409,7 @@ async fn the_cluster_watches_list_and_watch_every_kind_and_feed_the_model() {
     );
     spawn_watches(client, enforcer.clone());
     let mut watches = std::collections::BTreeMap::new();
-    for _ in 0..6 {
+    for _ in 0..8 {
         let (req, reply) = next_request(&mut api).await;
         let path = req.uri().path().to_owned();
         let watching = query_param(&req, "watch").as_deref() == Some("true");
@@ -458,11 +459,27 @@ async fn the_cluster_watches_list_and_watch_every_kind_and_feed_the_model() {
                     .unwrap(),
                 ],
             ),
+            CLUSTER_POLICIES => list(
+                "ClusterNetworkPolicyList",
+                "policy.networking.k8s.io/v1beta1",
+                "7",
+                vec![json!({
+                    "apiVersion": "policy.networking.k8s.io/v1beta1",
+                    "kind": "ClusterNetworkPolicy",
+                    "metadata": { "name": "deny-ops", "resourceVersion": "5" },
+                    "spec": {
+                        "tier": "Admin", "priority": 10,
+                        "subject": { "namespaces": {} },
+                        "ingress": [{ "action": "Deny", "from": [{ "namespaces": {
+                            "matchLabels": { "team": "ops" } } }] }]
+                    }
+                })],
+            ),
             other => panic!("unexpected request to {other}"),
         };
         reply_json(reply, &body);
     }
-    assert_eq!(watches.len(), 3, "each kind is watched after its listing");
+    assert_eq!(watches.len(), 4, "each kind is watched after its listing");
     let generation = enforcer.update(|_| false);
     enforcer
         .wait_applied(generation, Duration::from_secs(10))
@@ -470,6 +487,8 @@ async fn the_cluster_watches_list_and_watch_every_kind_and_feed_the_model() {
         .expect("the model is listed and applied");
     let inputs = enforcer.inputs();
     assert_eq!(inputs.policies.len(), 1);
+    assert_eq!(inputs.cluster_policies.len(), 1);
+    assert_eq!(inputs.cluster_policies[0].name, "deny-ops");
     assert_eq!(inputs.namespaces[0].labels["team"], "a");
     assert_eq!(inputs.pods[0].labels["role"], "client");
 
@@ -491,4 +510,52 @@ async fn the_cluster_watches_list_and_watch_every_kind_and_feed_the_model() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the DELETED event never reached the model");
+}
+
+const CLUSTER_POLICIES: &str = "/apis/policy.networking.k8s.io/v1beta1/clusternetworkpolicies";
+
+/// Without the ClusterNetworkPolicy CRD the API answers 404: there are none, and enforcement
+/// does not wait for them.
+#[tokio::test]
+async fn without_the_cluster_policy_crd_enforcement_goes_on() {
+    use flock_agent::policy::watches::spawn_watches;
+    use flock_testkit::kube_mock::*;
+
+    let (client, mut api) = mock_client();
+    let enforcer = PolicyEnforcer::spawn(
+        Arc::new(MemoryNft::default()),
+        Arc::new(Metrics::new()),
+        Arc::new(Health::default()),
+    );
+    spawn_watches(client, enforcer.clone());
+    // the API server: empty lists, watches held open, 404 for the cluster policies
+    let server = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (req, reply) = next_request(&mut api).await;
+            let path = req.uri().path().to_owned();
+            if path == CLUSTER_POLICIES {
+                reply_error(reply, 404, "NotFound");
+            } else if query_param(&req, "watch").as_deref() == Some("true") {
+                held.push(reply);
+            } else {
+                let (kind, version) = match path.as_str() {
+                    "/apis/networking.k8s.io/v1/networkpolicies" => {
+                        ("NetworkPolicyList", "networking.k8s.io/v1")
+                    }
+                    "/api/v1/namespaces" => ("NamespaceList", "v1"),
+                    "/api/v1/pods" => ("PodList", "v1"),
+                    other => panic!("unexpected request to {other}"),
+                };
+                reply_json(reply, &list(kind, version, "7", vec![]));
+            }
+        }
+    });
+    let generation = enforcer.update(|_| false);
+    enforcer
+        .wait_applied(generation, Duration::from_secs(10))
+        .await
+        .expect("applied without cluster policies");
+    assert!(enforcer.inputs().cluster_policies.is_empty());
+    server.abort();
 }

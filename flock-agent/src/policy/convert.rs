@@ -24,13 +24,13 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 pub const ADDRESS_ANNOTATIONS: [&str; 2] =
     ["flock.fritzlab.net/addresses", "flock.fritzlab.net/anycast"];
 
-/// A NetworkPolicy the agent cannot use; the message names the policy, the field and the value.
+/// A policy the agent cannot use; the message names the policy, the field and the value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConvertError {
     /// A field that is not what the API allows.
-    #[error("networkpolicy {policy}: {field} = {value:?}: {reason}")]
+    #[error("{policy}: {field} = {value:?}: {reason}")]
     Field {
-        /// `namespace/name`.
+        /// Kind and name (`networkpolicy shop/web`, `clusternetworkpolicy guard`).
         policy: String,
         /// Where (`spec.ingress[0].ports[1].protocol`).
         field: String,
@@ -149,7 +149,7 @@ pub fn namespace_labels(ns: &Namespace) -> Labels {
 pub fn policy(np: &NetworkPolicy) -> Result<Policy, ConvertError> {
     let namespace = np.metadata.namespace.clone().unwrap_or_default();
     let name = np.metadata.name.clone().unwrap_or_default();
-    let id = format!("{namespace}/{name}");
+    let id = format!("networkpolicy {namespace}/{name}");
     let spec = np.spec.clone().unwrap_or_default();
     let policy_types = match &spec.policy_types {
         None => None,
@@ -296,7 +296,7 @@ fn rule(
 }
 
 /// A label selector; `None` (absent) is the empty selector, which selects everything.
-fn selector(
+pub(crate) fn selector(
     id: &str,
     at: &str,
     s: Option<&meta::LabelSelector>,

@@ -20,6 +20,7 @@
 //! their first listing (an empty model would remove every rule); the first apply replaces
 //! whatever a previous agent left.
 
+pub mod cluster;
 pub mod convert;
 pub mod netlink;
 pub mod nft;
@@ -173,7 +174,67 @@ impl PolicyEnforcer {
                     None
                 }
             });
-            self.metrics.policy_invalid.set(view.invalid.len() as i64);
+            self.metrics
+                .policy_invalid
+                .set((view.invalid.len() + view.cluster_invalid.len()) as i64);
+            changed
+        });
+    }
+
+    /// A ClusterNetworkPolicy watch event. An invalid policy is left out; one with a field
+    /// flock does not support is enforced fail-closed ([`cluster`]); both are logged with the
+    /// field and value and counted (`flock_policy_invalid`).
+    pub fn on_cluster_policy(&self, event: Event<kube::api::DynamicObject>) {
+        self.update(|view| {
+            match &event {
+                Event::Delete(cnp) => {
+                    view.cluster_invalid.remove(&object_key(cnp));
+                }
+                Event::Init => view.cluster_invalid.clear(),
+                _ => {}
+            }
+            let invalid = &mut view.cluster_invalid;
+            let changed =
+                view.cluster_policies
+                    .feed(event, |cnp| match cluster::cluster_policy(cnp) {
+                        Ok(c) => {
+                            if c.unsupported.is_empty() {
+                                invalid.remove(&object_key(cnp));
+                            } else {
+                                let note = format!(
+                                    "clusternetworkpolicy {}: {}",
+                                    c.policy.name,
+                                    c.unsupported.join("; ")
+                                );
+                                warn!(%note, "ClusterNetworkPolicy enforced fail-closed");
+                                invalid.insert(object_key(cnp), note);
+                            }
+                            Some(c.policy)
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "ClusterNetworkPolicy left out");
+                            invalid.insert(object_key(cnp), e.to_string());
+                            None
+                        }
+                    });
+            self.metrics
+                .policy_invalid
+                .set((view.invalid.len() + view.cluster_invalid.len()) as i64);
+            changed
+        });
+    }
+
+    /// The ClusterNetworkPolicy resource is not served (its CRD is not installed): none
+    /// exist, and enforcement need not wait for them.
+    pub fn no_cluster_policies(&self) {
+        self.update(|view| {
+            view.cluster_invalid.clear();
+            let mut changed = view
+                .cluster_policies
+                .feed(Event::Init, |_: &kube::api::DynamicObject| None);
+            changed |= view
+                .cluster_policies
+                .feed(Event::InitDone, |_: &kube::api::DynamicObject| None);
             changed
         });
     }

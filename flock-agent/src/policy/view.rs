@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use flock_policy::{Labels, NamedPort, Namespace, Pod, Policy};
+use flock_policy::{ClusterPolicy, Labels, NamedPort, Namespace, Pod, Policy};
 
 use super::convert::ClusterPod;
 use crate::cache::{ObjectKey, Relist};
@@ -31,12 +31,18 @@ pub struct LocalPod {
 pub struct ClusterView {
     /// NetworkPolicies, converted and validated.
     pub policies: Relist<Policy>,
+    /// ClusterNetworkPolicies, converted and validated (synced empty while the API lacks
+    /// the resource).
+    pub cluster_policies: Relist<ClusterPolicy>,
     /// Namespaces' labels.
     pub namespaces: Relist<Labels>,
     /// Pods of the cluster.
     pub pods: Relist<ClusterPod>,
-    /// Policies left out, with why (the message names the field and value).
+    /// NetworkPolicies left out, with why (the message names the field and value).
     pub invalid: BTreeMap<ObjectKey, String>,
+    /// ClusterNetworkPolicies left out, or enforced other than written (an unsupported
+    /// field, enforced fail-closed), with why.
+    pub cluster_invalid: BTreeMap<ObjectKey, String>,
     /// This node's pods by host veth.
     pub local: BTreeMap<String, LocalPod>,
     /// The distinct label sets of the cached pods: the pods of one ReplicaSet share one.
@@ -68,6 +74,8 @@ impl LabelInterner {
 /// `flock-policy`'s inputs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelInputs {
+    /// ClusterNetworkPolicies.
+    pub cluster_policies: Vec<ClusterPolicy>,
     /// Policies.
     pub policies: Vec<Policy>,
     /// Namespaces.
@@ -89,7 +97,10 @@ impl ClusterView {
     /// Whether every cache has finished its first listing: before that, the model is not
     /// known and nothing may be applied (an empty model would remove every rule).
     pub fn is_synced(&self) -> bool {
-        self.policies.is_synced() && self.namespaces.is_synced() && self.pods.is_synced()
+        self.policies.is_synced()
+            && self.cluster_policies.is_synced()
+            && self.namespaces.is_synced()
+            && self.pods.is_synced()
     }
 
     /// The model's inputs. A local pod's addresses are its record's; its labels and ports
@@ -107,6 +118,7 @@ impl ClusterView {
             pods.push(self.local_pod(host_if, local));
         }
         ModelInputs {
+            cluster_policies: self.cluster_policies.items().values().cloned().collect(),
             policies: self.policies.items().values().cloned().collect(),
             namespaces: self
                 .namespaces
@@ -258,6 +270,8 @@ mod tests {
         v.namespaces.init_done();
         assert!(!v.is_synced());
         v.pods.init_done();
+        assert!(!v.is_synced());
+        v.cluster_policies.init_done();
         assert!(v.is_synced());
     }
 }

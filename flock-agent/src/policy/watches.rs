@@ -1,5 +1,5 @@
 //! The cluster-wide watches NetworkPolicy enforcement needs: every NetworkPolicy, every
-//! Namespace, every Pod. Their events go straight into the
+//! ClusterNetworkPolicy (when the API serves them), every Namespace, every Pod. Their events go straight into the
 //! [`PolicyEnforcer`](crate::policy::PolicyEnforcer), which keeps only the fields the model
 //! reads (no reflector of whole objects: 10 000 pods must fit in a few MiB).
 //!
@@ -18,7 +18,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::PolicyEnforcer;
 use crate::cache::PAGE_SIZE;
@@ -42,11 +42,60 @@ pub fn spawn_watches(client: Client, enforcer: Arc<PolicyEnforcer>) {
         PolicyEnforcer::on_namespace,
     );
     spawn_watch(
-        Api::<Pod>::all(client),
-        page.fields(LIVE_PODS),
-        enforcer,
+        Api::<Pod>::all(client.clone()),
+        page.clone().fields(LIVE_PODS),
+        enforcer.clone(),
         PolicyEnforcer::on_pod,
     );
+    spawn_cluster_policy_watch(client, page, enforcer);
+}
+
+/// The ClusterNetworkPolicy watch. While the API does not serve the resource (its CRD is not
+/// installed) there are none: the enforcer is told so, rather than waiting for them, and the
+/// watch keeps retrying, so policies created after the CRD is installed are seen.
+fn spawn_cluster_policy_watch(
+    client: Client,
+    config: watcher::Config,
+    enforcer: Arc<PolicyEnforcer>,
+) {
+    let resource = super::cluster::api_resource();
+    let api = Api::<kube::api::DynamicObject>::all_with(client, &resource);
+    let stream = watcher(api, config).default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut absent = false;
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(event) => {
+                    absent = false;
+                    enforcer.on_cluster_policy(event);
+                }
+                Err(e) if not_served(&e) => {
+                    if !absent {
+                        info!(
+                            "ClusterNetworkPolicy (policy.networking.k8s.io/v1beta1) is not served: \
+                             none are enforced until its CRD is installed"
+                        );
+                        absent = true;
+                    }
+                    enforcer.no_cluster_policies();
+                }
+                Err(e) => {
+                    warn!(kind = "ClusterNetworkPolicy", error = %e, "cluster-wide watch failed; retrying")
+                }
+            }
+        }
+    });
+}
+
+/// Whether a watch failed because the API server does not serve the resource.
+fn not_served(e: &watcher::Error) -> bool {
+    let api = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s,
+        _ => return false,
+    };
+    api.code == 404
 }
 
 fn spawn_watch<K>(

@@ -69,6 +69,8 @@ pub fn list_all(
         enforcer.on_pod(Event::InitApply(p));
     }
     enforcer.on_pod(Event::InitDone);
+    enforcer.on_cluster_policy(Event::Init);
+    enforcer.on_cluster_policy(Event::InitDone);
 }
 
 /// The pod watcher's stand-in: each pod's labels and named ports, as ADD resolves them.

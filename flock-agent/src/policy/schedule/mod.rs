@@ -189,8 +189,13 @@ impl Work {
     pub fn plan(self) -> Result<Planned, PlanError> {
         let (model, step) = match self.kind {
             WorkKind::Rebuild { inputs, old } => {
-                let model = Model::new(&inputs.policies, &inputs.namespaces, &inputs.pods)
-                    .map_err(|e| PlanError::Failed(e.into()))?;
+                let model = Model::with_cluster_policies(
+                    &inputs.cluster_policies,
+                    &inputs.policies,
+                    &inputs.namespaces,
+                    &inputs.pods,
+                )
+                .map_err(|e| PlanError::Failed(e.into()))?;
                 let step = plan::next_step(old.as_ref().map(Model::ruleset), model.ruleset());
                 (model, step)
             }

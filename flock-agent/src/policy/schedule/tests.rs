@@ -56,7 +56,7 @@ fn labels(app: usize) -> flock_policy::Labels {
     [("app".to_owned(), APPS[app].to_owned())].into()
 }
 
-/// A schedule whose three caches have finished their first listing with one policy.
+/// A schedule whose four caches have finished their first listing with one policy.
 fn synced() -> Schedule {
     let mut s = Schedule::default();
     s.change(|v| {
@@ -66,7 +66,11 @@ fn synced() -> Schedule {
         v.namespaces
             .init_apply((String::new(), NS.to_owned()), Some(Default::default()));
         v.pods.init();
-        v.policies.init_done() | v.namespaces.init_done() | v.pods.init_done()
+        v.cluster_policies.init();
+        v.policies.init_done()
+            | v.namespaces.init_done()
+            | v.pods.init_done()
+            | v.cluster_policies.init_done()
     });
     s
 }
@@ -164,6 +168,8 @@ fn nothing_is_handed_out_before_every_cache_is_listed() {
     s.change(|v| v.policies.init_done() | v.namespaces.init_done());
     assert!(s.next_work(now).is_none(), "pods not listed yet");
     s.change(|v| v.pods.init_done());
+    assert!(s.next_work(now).is_none(), "cluster policies not listed yet");
+    s.change(|v| v.cluster_policies.init_done());
     let work = s.next_work(now).expect("synced: work");
     assert!(s.next_work(now).is_none(), "one work at a time");
     let planned = work.plan().expect("plan");
