@@ -3,14 +3,16 @@
 //! No registry ships Kubernetes, containerd or etcd binaries to this machine, but the Go module
 //! proxy serves their source. Each component has a wrapper module of its own under
 //! `flock-testbed/go/` (its `go.mod` and `go.sum` committed) that requires the component at the
-//! version of [`crate::versions`] and lists its commands as `tool`s; one module per component,
-//! so that Go's version selection never raises a dependency (grpc, otel, cri-api) above what
-//! that component was released with. [`Component::ensure_built`] runs `go build` (or `go test
-//! -c` for `e2e.test`) in that module under `nice -n 19` and copies nothing: the binaries go
-//! straight to `/var/cache/flock/NAME-VERSION/bin`, and a stamp written last names the recipe
-//! (a digest of the module files and the build commands), so an interrupted or changed build is
-//! redone and a finished one is found at once. The module and build caches live under
-//! [`cache_dir`] too, so a machine pays for a cold build once.
+//! version of [`crate::versions`] and lists its commands as `tool`s (and imports the upstream
+//! test packages it compiles, see [`crate::gomod`]); one module per component, so that Go's
+//! version selection never raises a dependency (grpc, otel, cri-api) above what that component
+//! was released with. [`Component::ensure_built`] runs `go build` (or `go test -c` for a test
+//! binary: `e2e.test`, the ClusterNetworkPolicy conformance suite) in that module under `nice
+//! -n 19` and copies nothing: the binaries go straight to `/var/cache/flock/NAME-VERSION/bin`,
+//! and a stamp written last names the recipe (a digest of the module files and the build
+//! commands), so an interrupted or changed build is redone and a finished one is found at once.
+//! The module and build caches live under [`cache_dir`] too, so a machine pays for a cold build
+//! once.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -305,6 +307,42 @@ pub fn cni_plugins() -> Component {
     }
 }
 
+/// The package of network-policy-api's conformance suite (`TestConformance`), compiled with
+/// `go test -c`; also the package its test events name.
+pub const CNP_CONFORMANCE_PACKAGE: &str = "sigs.k8s.io/network-policy-api/conformance";
+
+/// SIG Network's ClusterNetworkPolicy API (`cargo xtask cluster e2e --suite
+/// cluster-network-policy`): its conformance suite as a test binary (`go test -c` of upstream's
+/// package; the manifests it applies are embedded), and `test2json` from the same toolchain,
+/// which turns the binary's `-test.v=test2json` output into test events. The cluster takes the
+/// CRD from the same module ([`Component::source_dir`]).
+pub fn network_policy_api() -> Component {
+    Component {
+        name: "network-policy-api",
+        version: versions::NETWORK_POLICY_API.to_owned(),
+        module: "network-policy-api".to_owned(),
+        upstream: "sigs.k8s.io/network-policy-api",
+        outputs: vec![
+            Output {
+                name: "conformance.test",
+                package: CNP_CONFORMANCE_PACKAGE.to_owned(),
+                test_binary: true,
+                cgo: false,
+                tags: &[],
+                ldflags: STRIP.to_owned(),
+            },
+            Output {
+                name: "test2json",
+                package: "cmd/test2json".to_owned(),
+                test_binary: false,
+                cgo: false,
+                tags: &[],
+                ldflags: STRIP.to_owned(),
+            },
+        ],
+    }
+}
+
 /// Every component a cluster of Kubernetes `k` runs, in build order (the small ones first).
 pub fn cluster(k: Kubernetes) -> Vec<Component> {
     vec![
@@ -321,6 +359,13 @@ pub fn cluster(k: Kubernetes) -> Vec<Component> {
 /// the installed conflist on it).
 pub fn others() -> Vec<Component> {
     vec![containerd_1_7()]
+}
+
+/// What the suites run against a cluster besides Kubernetes' own (`kubernetes_e2e`, which comes
+/// from the Kubernetes module of the cluster's release): built only when a suite runs, or by
+/// `cargo xtask cluster build`.
+pub fn suites() -> Vec<Component> {
+    vec![network_policy_api()]
 }
 
 /// The wrapper modules' folder: `flock-testbed/go`.
@@ -376,6 +421,25 @@ impl Component {
 
     fn stamp(&self) -> PathBuf {
         self.dir().join("BUILT")
+    }
+
+    /// The upstream module's files as Go's module cache holds them (read-only), for what a
+    /// component ships besides Go code (network-policy-api's CRDs and manifests): downloaded
+    /// through the module proxy when the cache lacks them, their hash checked against the
+    /// wrapper's `go.sum`.
+    pub fn source_dir(&self) -> Result<PathBuf> {
+        let json = sys::output(
+            go_command(&self.module_dir())?
+                .args(["mod", "download", "-json"])
+                .arg(format!("{}@v{}", self.upstream, self.version)),
+        )?;
+        let dir = crate::gomod::json_field(&json, "Dir").with_context(|| {
+            format!(
+                "no Dir in `go mod download -json {}@v{}`: {json}",
+                self.upstream, self.version
+            )
+        })?;
+        Ok(PathBuf::from(dir))
     }
 
     /// What a build depends on: the module files and every build command. A stamp that names
@@ -559,6 +623,7 @@ mod tests {
                 .filter(|c| c.name != "kubernetes"),
         );
         all.extend(others());
+        all.extend(suites());
         for c in all {
             let path = c.module_dir().join("go.mod");
             let text = std::fs::read_to_string(&path)
@@ -597,5 +662,24 @@ mod tests {
         assert!(e2e_test.test_binary);
         assert_eq!(e2e_test.ldflags, apiserver.ldflags);
         assert_ne!(k.dir(), e2e.dir());
+    }
+
+    #[test]
+    fn cnp_conformance_is_upstreams_test_package_with_test2json_beside() {
+        let c = network_policy_api();
+        let suite = c
+            .outputs
+            .iter()
+            .find(|o| o.name == "conformance.test")
+            .unwrap();
+        assert!(suite.test_binary);
+        assert_eq!(suite.package, CNP_CONFORMANCE_PACKAGE);
+        assert!(suite.package.starts_with(c.upstream));
+        let test2json = c.outputs.iter().find(|o| o.name == "test2json").unwrap();
+        assert!(!test2json.test_binary && !test2json.cgo);
+        assert!(c.dir().ends_with(format!(
+            "network-policy-api-{}",
+            versions::NETWORK_POLICY_API
+        )));
     }
 }

@@ -2,7 +2,12 @@
 //! [`crate::versions`], then lets `go mod tidy` pin every dependency in its `go.sum`.
 //!
 //! A wrapper module requires its component at the named version and lists what the test bed
-//! builds from it as `tool`s, so `go mod tidy` keeps exactly their dependencies. Kubernetes
+//! builds from it as `tool`s, so `go mod tidy` keeps exactly their dependencies. A test binary
+//! compiled from an upstream package (`go test -c sigs.k8s.io/network-policy-api/conformance`)
+//! is no tool: the wrapper imports that package in a file of its own under the build tag
+//! `tools` ([`test_imports`]), which puts it in the module's package graph, so that `go mod
+//! tidy` keeps its module and the sums of its tests' dependencies. A package of Go's standard
+//! library (`cmd/test2json`) is built by the toolchain and named nowhere. Kubernetes
 //! needs more: its `go.mod` requires its staging modules (`k8s.io/api` …) at `v0.0.0` and
 //! replaces them with folders of its own repository, which a dependent module does not see.
 //! The wrapper replaces each with the release's `v0.N.P` instead; the list is read from the
@@ -29,7 +34,7 @@ pub fn write_all() -> Result<()> {
             write(&c, "")?;
         }
     }
-    for c in components::others() {
+    for c in components::others().into_iter().chain(components::suites()) {
         write(&c, "")?;
     }
     Ok(())
@@ -72,7 +77,7 @@ pub fn staging_modules(go_mod: &str) -> Vec<String> {
 }
 
 fn write_kubernetes(k: Kubernetes) -> Result<()> {
-    let c = components::kubernetes(k);
+    let c = kubernetes_module(k);
     let dir = c.module_dir();
     let json = sys::output(
         components::go_command(&components::modules_dir())?
@@ -97,8 +102,16 @@ fn write_kubernetes(k: Kubernetes) -> Result<()> {
     write(&c, &kubernetes_extras(k, &upstream)?)
 }
 
+/// What Kubernetes `k`'s wrapper module builds: the cluster's binaries and its suites' (both
+/// components build from the one module, so its tools are theirs together).
+fn kubernetes_module(k: Kubernetes) -> Component {
+    let mut c = components::kubernetes(k);
+    c.outputs.extend(components::kubernetes_e2e(k).outputs);
+    c
+}
+
 /// A string field of `go mod download -json`'s output.
-fn json_field(json: &str, key: &str) -> Option<String> {
+pub(crate) fn json_field(json: &str, key: &str) -> Option<String> {
     let value: serde_json::Value = serde_json::from_str(json).ok()?;
     value[key].as_str().map(str::to_owned)
 }
@@ -110,6 +123,15 @@ fn write(c: &Component, extra: &str) -> Result<()> {
     let text = go_mod(c, extra);
     let path = dir.join("go.mod");
     std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+    let imports = dir.join(TEST_IMPORTS_FILE);
+    match test_imports(c) {
+        Some(go) => {
+            std::fs::write(&imports, go).with_context(|| format!("write {}", imports.display()))?
+        }
+        None if imports.exists() => std::fs::remove_file(&imports)
+            .with_context(|| format!("remove {}", imports.display()))?,
+        None => {}
+    }
     // Tidy reads the module files as they are; it must be allowed to write them.
     let mut tidy = components::go_command(&dir)?;
     tidy.args(["mod", "tidy"]).env("GOFLAGS", "-mod=mod");
@@ -140,7 +162,7 @@ pub fn go_mod(c: &Component, extra: &str) -> String {
     let mut tools: Vec<&str> = c
         .outputs
         .iter()
-        .filter(|o| !o.test_binary)
+        .filter(|o| !o.test_binary && !is_std(&o.package))
         .map(|o| o.package.as_str())
         .collect();
     tools.sort_unstable();
@@ -150,6 +172,47 @@ pub fn go_mod(c: &Component, extra: &str) -> String {
     }
     out.push_str(")\n");
     out
+}
+
+/// Whether `package` is of Go's standard library (`cmd/test2json`): its first element has no
+/// dot.
+fn is_std(package: &str) -> bool {
+    !package.split('/').next().unwrap_or("").contains('.')
+}
+
+/// The file of a wrapper module that imports the upstream test packages it compiles.
+pub const TEST_IMPORTS_FILE: &str = "test_packages.go";
+
+/// The wrapper's [`TEST_IMPORTS_FILE`]: a blank import of each upstream package `c` compiles
+/// with `go test -c`, under a build tag no build sets; `None` when it compiles none (a local
+/// test package such as Kubernetes' `./e2e` is in the module already).
+pub fn test_imports(c: &Component) -> Option<String> {
+    let mut packages: Vec<&str> = c
+        .outputs
+        .iter()
+        .filter(|o| o.test_binary && !o.package.starts_with("./"))
+        .map(|o| o.package.as_str())
+        .collect();
+    if packages.is_empty() {
+        return None;
+    }
+    packages.sort_unstable();
+    packages.dedup();
+    let mut out = String::from(
+        "// Written by `cargo xtask cluster gomod` from flock-testbed/src/components.rs.\n\n\
+         //go:build tools\n\n\
+         // Package tests names the upstream test packages the test bed compiles with\n\
+         // `go test -c`. A dependency's test package is in the module's package graph only\n\
+         // when imported, and `go mod tidy` keeps the sums of its tests' dependencies only\n\
+         // for a package in that graph. The build tag keeps this file out of every build.\n\
+         package tests\n\n\
+         import (\n",
+    );
+    for p in packages {
+        let _ = writeln!(out, "\t_ \"{p}\"");
+    }
+    out.push_str(")\n");
+    Some(out)
 }
 
 #[cfg(test)]
@@ -184,12 +247,86 @@ mod tests {
 
     #[test]
     fn wrapper_lists_each_command_once_and_not_the_test_binary() {
-        let text = go_mod(&components::kubernetes(Kubernetes::newest()), "");
+        let text = go_mod(&kubernetes_module(Kubernetes::newest()), "");
         assert!(text.contains("\tk8s.io/kubernetes/cmd/kubelet\n"));
+        // The suites' tools too: the same module builds them.
+        assert!(text.contains("\tk8s.io/kubernetes/test/images/agnhost\n"));
+        assert!(text.contains("\tgithub.com/onsi/ginkgo/v2/ginkgo\n"));
         assert!(!text.contains("./e2e"));
         assert!(text.contains(&format!(
             "require k8s.io/kubernetes v{}\n",
             Kubernetes::newest()
         )));
+        assert_eq!(
+            test_imports(&components::kubernetes_e2e(Kubernetes::newest())),
+            None
+        );
+    }
+
+    #[test]
+    fn an_upstream_test_package_is_imported_and_std_is_no_tool() {
+        let c = components::network_policy_api();
+        let text = go_mod(&c, "");
+        assert!(!text.contains("test2json"), "{text}");
+        assert!(!text.contains("/conformance"), "{text}");
+        let go = test_imports(&c).unwrap();
+        assert!(go.contains("\n\n//go:build tools\n\n"), "{go}");
+        assert!(go.contains("\npackage tests\n"), "{go}");
+        assert!(go.contains(&format!(
+            "\t_ \"{}\"\n",
+            components::CNP_CONFORMANCE_PACKAGE
+        )));
+        assert!(is_std("cmd/test2json") && !is_std("k8s.io/kubernetes/cmd/kubelet"));
+    }
+
+    #[test]
+    fn every_committed_wrapper_names_what_is_built_from_it() {
+        // A package built from a module must be one of its tools (or imported by its test
+        // file): `-mod=readonly` refuses a package whose dependencies go.mod does not list.
+        let mut all: Vec<Component> = KUBERNETES.iter().map(|k| kubernetes_module(*k)).collect();
+        all.extend(
+            components::cluster(Kubernetes::newest())
+                .into_iter()
+                .filter(|c| c.name != "kubernetes"),
+        );
+        all.extend(components::others());
+        all.extend(components::suites());
+        for c in all {
+            let path = c.module_dir().join("go.mod");
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            // `tool X`, or `X` on a line of a `tool ( … )` block.
+            let mut tools = Vec::new();
+            let mut in_block = false;
+            for line in text.lines().map(str::trim) {
+                match (in_block, line) {
+                    (false, "tool (") => in_block = true,
+                    (true, ")") => in_block = false,
+                    (true, t) => tools.push(t),
+                    (false, l) => tools.extend(l.strip_prefix("tool ")),
+                }
+            }
+            for o in c
+                .outputs
+                .iter()
+                .filter(|o| !o.test_binary && !is_std(&o.package))
+            {
+                assert!(
+                    tools.contains(&o.package.as_str()),
+                    "{} lists no tool {}",
+                    path.display(),
+                    o.package
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_committed_test_imports_file_is_the_one_gomod_writes() {
+        let c = components::network_policy_api();
+        let path = c.module_dir().join(TEST_IMPORTS_FILE);
+        let committed =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(Some(committed), test_imports(&c));
     }
 }

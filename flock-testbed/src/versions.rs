@@ -49,6 +49,10 @@ pub const COREDNS: &str = "1.14.6";
 /// The reference CNI plugins (loopback for every sandbox; ptp, host-local, portmap and
 /// bandwidth for the chains and comparisons).
 pub const CNI_PLUGINS: &str = "1.10.0";
+/// SIG Network's network-policy-api (`sigs.k8s.io/network-policy-api`): the
+/// ClusterNetworkPolicy CRD the cluster installs, and its conformance suite
+/// (`cargo xtask cluster e2e --suite cluster-network-policy`).
+pub const NETWORK_POLICY_API: &str = "0.3.0";
 
 impl Kubernetes {
     /// The newest supported release: what the cluster runs by default.

@@ -1,11 +1,13 @@
 //! flock installed as a user installs it (`deploy/`, only the image reference changed), one
-//! NodeConfig per node peering with the router, and the demo workloads.
+//! NodeConfig per node peering with the router, and the demo workloads; before flock, the
+//! ClusterNetworkPolicy CRD of SIG Network's network-policy-api, which flock enforces.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use crate::components;
 use crate::sys;
 
 use super::{
@@ -147,23 +149,88 @@ fn with_release_grace(manifest: &str) -> Result<String> {
     ))
 }
 
-/// Applies the CRD, the RBAC, the NodeConfigs and the DaemonSet from `repo/deploy`, then
-/// waits until the DaemonSet's pods are ready on every node.
-pub fn install_flock(repo: &Path) -> Result<()> {
+/// A release channel of network-policy-api's CRDs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CnpChannel {
+    /// The fields every implementation has: tiers, priorities, pod and namespace selectors,
+    /// `networks`, TCP/UDP/SCTP ports. Its conformance tests are the suite's standard set.
+    Standard,
+    /// The standard fields and the experimental ones (egress `nodes` and `domainNames` peers,
+    /// `destinationNamedPort`), whose conformance tests then run too.
+    Experimental,
+}
+
+/// The channel of the ClusterNetworkPolicy CRD the cluster installs (and whose features the
+/// conformance suite claims by default).
+pub const CNP_CHANNEL: CnpChannel = CnpChannel::Standard;
+
+/// The ClusterNetworkPolicy CRD's name.
+pub const CNP_CRD: &str = "clusternetworkpolicies.policy.networking.k8s.io";
+
+impl CnpChannel {
+    /// Its folder under the module's `config/crd/`, and the value of the CRDs' annotation
+    /// `policy.networking.k8s.io/channel`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CnpChannel::Standard => "standard",
+            CnpChannel::Experimental => "experimental",
+        }
+    }
+
+    /// The CRD file of this channel inside the network-policy-api module `source`.
+    pub fn crd_file(self, source: &Path) -> PathBuf {
+        source.join(format!(
+            "config/crd/{}/policy.networking.k8s.io_clusternetworkpolicies.yaml",
+            self.name()
+        ))
+    }
+}
+
+/// The ClusterNetworkPolicy CRD of [`CNP_CHANNEL`], from the network-policy-api module of
+/// [`crate::versions::NETWORK_POLICY_API`] (Go's module cache; downloaded through the module
+/// proxy the first time, checked against its wrapper module's `go.sum`).
+pub fn cnp_crd() -> Result<PathBuf> {
+    let source = components::network_policy_api().source_dir()?;
+    let file = CNP_CHANNEL.crd_file(&source);
+    if !file.exists() {
+        bail!(
+            "{} has no ClusterNetworkPolicy CRD of channel {}",
+            source.display(),
+            CNP_CHANNEL.name()
+        );
+    }
+    Ok(file)
+}
+
+/// Applies the CRD file `file` and waits until the apiserver serves its resource `crd`.
+fn apply_crd(file: &Path, crd: &str) -> Result<()> {
+    kubectl(&["apply", "-f", &file.to_string_lossy()])?;
+    kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        &format!("crd/{crd}"),
+        "--timeout=60s",
+    ])
+    .with_context(|| format!("wait for the CRD {crd} to be served"))?;
+    Ok(())
+}
+
+/// Installs the ClusterNetworkPolicy CRD `file` ([`cnp_crd`]); a no-op when it is installed.
+pub fn install_cnp_crd(file: &Path) -> Result<()> {
+    apply_crd(file, CNP_CRD)
+}
+
+/// Applies the CRDs, the RBAC, the NodeConfigs and the DaemonSet from `repo/deploy`, then
+/// waits until the DaemonSet's pods are ready on every node. The ClusterNetworkPolicy CRD
+/// `cnp_crd` goes first: the agents start with the resource served.
+pub fn install_flock(repo: &Path, cnp_crd: &Path) -> Result<()> {
     let deploy = repo.join("deploy");
+    install_cnp_crd(cnp_crd)?;
     for crd in [
         "nodeconfigs.flock.fritzlab.net",
         "nodepools.flock.fritzlab.net",
     ] {
-        let file = deploy.join(format!("crds/{crd}.yaml"));
-        kubectl(&["apply", "-f", &file.to_string_lossy()])?;
-        kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            &format!("crd/{crd}"),
-            "--timeout=60s",
-        ])
-        .with_context(|| format!("wait for the CRD {crd} to be served"))?;
+        apply_crd(&deploy.join(format!("crds/{crd}.yaml")), crd)?;
     }
     kubectl(&["apply", "-f", &deploy.join("rbac.yaml").to_string_lossy()])?;
     kubectl_stdin(&["apply", "-f", "-"], &password_secret()?)?;
@@ -366,6 +433,21 @@ mod tests {
             "image: {}\n",
             crate::cluster::images::coredns_image()
         )));
+    }
+
+    #[test]
+    fn the_cnp_crd_of_a_channel_is_the_one_the_module_ships() {
+        let source = Path::new("/m/sigs.k8s.io/network-policy-api@v0.3.0");
+        assert_eq!(
+            CnpChannel::Standard.crd_file(source),
+            source.join("config/crd/standard/policy.networking.k8s.io_clusternetworkpolicies.yaml")
+        );
+        assert!(
+            CnpChannel::Experimental
+                .crd_file(source)
+                .starts_with(source.join("config/crd/experimental"))
+        );
+        assert!(CNP_CRD.starts_with("clusternetworkpolicies."));
     }
 
     #[test]

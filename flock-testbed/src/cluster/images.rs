@@ -10,7 +10,8 @@
 //! - for `cargo xtask cluster e2e` ([`build_e2e`]), the images the release's e2e suite runs,
 //!   under the exact names its `e2e.test --list-images` gives: agnhost (the binary built from
 //!   the same release, on the Debian base with the tools its specs exec), busybox, pause,
-//!   nginx, the DNS probers and the conntrack specs' images.
+//!   nginx, the DNS probers and the conntrack specs' images; and ([`build_named`]) the same
+//!   agnhost under the name network-policy-api's conformance manifests pin.
 //!
 //! Every archive is imported into each node's containerd (`ctr -n k8s.io images import`).
 //! The base root filesystem and podman's storage (with its layer cache) are kept under
@@ -345,24 +346,53 @@ fn debian_image(name: &str, kube: &KubeBuild) -> Option<E2eImage> {
 /// `cache_dir()/images/e2e` (an image is rebuilt only when a file of its context is newer than
 /// its archive or its Containerfile changed).
 pub fn build_e2e(kube: &KubeBuild) -> Result<Vec<PathBuf>> {
-    let dir = cache_dir().join("images/e2e");
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let dir = e2e_dir()?;
     let listed = sys::output(Command::new(kube.tool("e2e.test")).arg("--list-images"))?;
     let mut archives = Vec::new();
     for name in listed.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let repo = name.rsplit_once(':').map_or(name, |(r, _)| r);
-        if repo == "registry.k8s.io/pause" {
-            let own = dir.join(archive_stem(name));
-            std::fs::create_dir_all(&own).with_context(|| format!("create {}", own.display()))?;
-            let pause = PauseImage::build(name, &own).with_context(|| format!("build {name}"))?;
-            archives.push(pause.archive);
-        } else if repo == "registry.k8s.io/e2e-test-images/busybox" {
-            archives.push(build_busybox(&dir, name)?);
-        } else if let Some(image) = debian_image(name, kube) {
-            archives.push(build_debian_image(&dir, &image)?);
-        }
+        archives.extend(build_test_image(&dir, kube, name)?);
     }
     Ok(archives)
+}
+
+/// Builds the images another suite's manifests name (network-policy-api's conformance suite:
+/// agnhost under the tag it pins), each by the recipe [`build_e2e`] has for its repository
+/// whatever the tag, from the binaries of `kube`'s release; fails on an image the test bed has
+/// no recipe for.
+pub fn build_named(kube: &KubeBuild, names: &[String]) -> Result<Vec<PathBuf>> {
+    let dir = e2e_dir()?;
+    names
+        .iter()
+        .map(|name| {
+            build_test_image(&dir, kube, name)?
+                .with_context(|| format!("the test bed makes no image {name}"))
+        })
+        .collect()
+}
+
+/// `cache_dir()/images/e2e`, created.
+fn e2e_dir() -> Result<PathBuf> {
+    let dir = cache_dir().join("images/e2e");
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// The archive of test image `name` in `dir`, made unless up to date; `None` for an image the
+/// test bed has no recipe for.
+fn build_test_image(dir: &Path, kube: &KubeBuild, name: &str) -> Result<Option<PathBuf>> {
+    let repo = name.rsplit_once(':').map_or(name, |(r, _)| r);
+    if repo == "registry.k8s.io/pause" {
+        let own = dir.join(archive_stem(name));
+        std::fs::create_dir_all(&own).with_context(|| format!("create {}", own.display()))?;
+        let pause = PauseImage::build(name, &own).with_context(|| format!("build {name}"))?;
+        Ok(Some(pause.archive))
+    } else if repo == "registry.k8s.io/e2e-test-images/busybox" {
+        build_busybox(dir, name).map(Some)
+    } else if let Some(image) = debian_image(name, kube) {
+        build_debian_image(dir, &image).map(Some)
+    } else {
+        Ok(None)
+    }
 }
 
 /// busybox under `name`: the root filesystem imported by podman with upstream's CMD, no

@@ -236,7 +236,8 @@ const USAGE: &str = "usage: cargo xtask cluster [up [OPTIONS]|down|check [FILTER
   check    the cluster's scenarios (flock-testbed/tests/cluster.rs: life tests, e2e suites,
            uninstall) under cargo-nextest on one cluster, then down whatever happened (what
            `cargo xtask test` runs last); FILTERS go to nextest (-E 'test(life_upgrade)')
-  build    only build (or find in the cache) Kubernetes and its peers, printing each one's time
+  build    only build (or find in the cache) Kubernetes and its peers, and the suites'
+           binaries, printing each one's time
   gomod    rewrite the Go wrapper modules (flock-testbed/go) from flock-testbed/src/versions.rs
   e2e [--suite network|dns|networkpolicy|dualstack] [--focus REGEX] [--skip REGEX]
       [--pods ipv6|dual] [--parallel N]
@@ -246,6 +247,11 @@ const USAGE: &str = "usage: cargo xtask cluster [up [OPTIONS]|down|check [FILTER
            suite's own feature) and the specs of flock-testbed/src/cluster/e2e/exclusions.txt;
            pods IPv6-only unless --pods dual (dualstack: dual); 4 e2e.test processes unless
            --parallel
+  e2e --suite cluster-network-policy [--features standard|all|F1,F2] [--focus REGEX]
+      [--skip REGEX] [--pods ipv6|dual]
+           SIG Network's ClusterNetworkPolicy conformance suite (network-policy-api's
+           TestConformance) against the cluster that is up: the features of the installed
+           CRD's channel unless --features; --focus/--skip select its tests (CNP…)
   life [upgrade] [ready] [routing] [services] [reboot] [join] [leave] [startup] [policy] | life uninstall
            against the cluster that is up (all but uninstall unless named): a rolling update
            of flock under traffic, STATUS as the node's Ready condition, BGP failures
@@ -300,6 +306,7 @@ pub fn cluster(args: &[String]) -> Result<()> {
             sys::require_root("cargo xtask cluster build")?;
             let options = UpOptions::parse(args.get(1..).unwrap_or_default())?;
             kube::ensure_release(options.kubernetes)?.with_e2e()?;
+            crate::components::ensure_all(&crate::components::suites())?;
             Ok(())
         }
         Some("gomod") => crate::gomod::write_all(),
@@ -448,6 +455,7 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
     let kube = step("Kubernetes and its peers", || {
         kube::ensure_release(options.kubernetes)
     })?;
+    let cnp_crd = step("ClusterNetworkPolicy CRD", deploy::cnp_crd)?;
     step("remove the previous cluster", down)?;
     std::fs::create_dir_all(RUN_DIR).with_context(|| format!("create {RUN_DIR}"))?;
     kube::record(options.kubernetes)?;
@@ -496,7 +504,9 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
     })?;
     timings.push(("nodes (both at once)", t.elapsed()));
     let t = Instant::now();
-    step("flock from deploy/", || deploy::install_flock(&repo))?;
+    step("flock from deploy/", || {
+        deploy::install_flock(&repo, &cnp_crd)
+    })?;
     timings.push(("flock", t.elapsed()));
     let t = Instant::now();
     step("CoreDNS", deploy::start_dns)?;

@@ -1,6 +1,7 @@
 //! `cargo xtask cluster e2e [--focus REGEX] [--skip REGEX]`: Kubernetes' own e2e suite
 //! (`e2e.test`, built from the same Kubernetes release as the cluster) against the cluster that
-//! is up.
+//! is up; with `--suite cluster-network-policy`, SIG Network's ClusterNetworkPolicy conformance
+//! suite instead ([`cnp`]).
 //!
 //! The images the suite's specs run are made here under the exact names that release expects
 //! ([`images::build_e2e`]) and imported into both nodes' containerd. `e2e.test` runs in the
@@ -25,7 +26,9 @@ use anyhow::{Context, Result, bail};
 use super::{CONTROL, NODES, RUN_DIR, images, kube, node, pki, proc};
 use crate::sys;
 
+pub mod cnp;
 mod families;
+mod gotest;
 mod junit;
 
 use families::PodFamilies;
@@ -62,50 +65,76 @@ const DEFAULT_PARALLEL: usize = 4;
 /// How long the whole suite may run before it is killed.
 const LIMIT: Duration = Duration::from_secs(40 * 60);
 
+/// The suite `--suite cluster-network-policy` names: network-policy-api's conformance suite.
+pub const CNP_SUITE: &str = "cluster-network-policy";
+
 /// `cargo xtask cluster e2e ARGS…`.
 pub fn run(args: &[String]) -> Result<()> {
     sys::require_root("cargo xtask cluster e2e")?;
-    let mut focus = DEFAULT_FOCUS.to_owned();
-    let mut skip_tags = SKIP_TAGS;
+    let mut suite = "network".to_owned();
+    let mut given_focus = None;
     let mut extra_skip = None;
-    let mut pods = Pods::Ipv6;
-    let mut parallel = DEFAULT_PARALLEL;
+    let mut given_pods = None;
+    let mut given_parallel = None;
+    let mut features = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--focus" => focus = it.next().context("--focus needs a regex")?.clone(),
-            "--suite" => match it.next().map(String::as_str) {
-                Some("network") => (focus, skip_tags) = (DEFAULT_FOCUS.to_owned(), SKIP_TAGS),
-                Some("dns") => (focus, skip_tags) = (DNS_FOCUS.to_owned(), SKIP_TAGS),
-                Some("networkpolicy") => {
-                    (focus, skip_tags) = (NETWORKPOLICY_FOCUS.to_owned(), NETWORKPOLICY_SKIP_TAGS)
-                }
-                Some("dualstack") => {
-                    (focus, skip_tags) = (DUALSTACK_FOCUS.to_owned(), NETWORKPOLICY_SKIP_TAGS);
-                    pods = Pods::Dual;
-                }
-                other => bail!("--suite {other:?}: network, dns, networkpolicy or dualstack"),
-            },
+            "--focus" => given_focus = Some(it.next().context("--focus needs a regex")?.clone()),
+            "--suite" => suite = it.next().context("--suite needs a name")?.clone(),
             "--skip" => extra_skip = Some(it.next().context("--skip needs a regex")?.clone()),
-            "--pods" => pods = Pods::parse(it.next().map_or("", String::as_str))?,
+            "--pods" => given_pods = Some(Pods::parse(it.next().map_or("", String::as_str))?),
             "--parallel" => {
                 let v = it.next().map_or("", String::as_str);
-                parallel = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=16).contains(n))
-                    .with_context(|| format!("--parallel {v:?}: a number of processes, 1 to 16"))?;
+                given_parallel = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|n| (1..=16).contains(n))
+                        .with_context(|| {
+                            format!("--parallel {v:?}: a number of processes, 1 to 16")
+                        })?,
+                );
             }
+            "--features" => features = Some(it.next().context("--features needs a value")?.clone()),
             other => bail!(
-                "unknown e2e argument {other:?} (--suite network|networkpolicy, --focus REGEX, \
-                 --skip REGEX, --pods ipv6|dual, --parallel N)"
+                "unknown e2e argument {other:?} (--suite network|dns|networkpolicy|dualstack|\
+                 {CNP_SUITE}, --focus REGEX, --skip REGEX, --pods ipv6|dual, --parallel N, \
+                 --features standard|all|F1,F2 with {CNP_SUITE})"
             ),
         }
     }
-    let excluded = exclusions(EXCLUSIONS)?;
     if !Path::new(RUN_DIR).exists() {
         bail!("no cluster is up: `cargo xtask cluster up` first");
     }
+    let (default_focus, skip_tags, default_pods) = match suite.as_str() {
+        "network" => (DEFAULT_FOCUS, SKIP_TAGS, Pods::Ipv6),
+        "dns" => (DNS_FOCUS, SKIP_TAGS, Pods::Ipv6),
+        "networkpolicy" => (NETWORKPOLICY_FOCUS, NETWORKPOLICY_SKIP_TAGS, Pods::Ipv6),
+        "dualstack" => (DUALSTACK_FOCUS, NETWORKPOLICY_SKIP_TAGS, Pods::Dual),
+        CNP_SUITE => {
+            if given_parallel.is_some() {
+                bail!("--parallel: the {CNP_SUITE} suite runs its tests one after the other");
+            }
+            let features = match features {
+                Some(f) => cnp::Features::parse(&f)?,
+                None => cnp::Features::of_channel(super::deploy::CNP_CHANNEL),
+            };
+            return cnp::run(&cnp::Options {
+                focus: given_focus,
+                skip: extra_skip,
+                pods: given_pods.unwrap_or(Pods::Ipv6),
+                features,
+            });
+        }
+        other => bail!("--suite {other:?}: network, dns, networkpolicy, dualstack or {CNP_SUITE}"),
+    };
+    if features.is_some() {
+        bail!("--features is for --suite {CNP_SUITE}");
+    }
+    let focus = given_focus.unwrap_or_else(|| default_focus.to_owned());
+    let pods = given_pods.unwrap_or(default_pods);
+    let parallel = given_parallel.unwrap_or(DEFAULT_PARALLEL);
+    let excluded = exclusions(EXCLUSIONS)?;
     let kube = kube::ensure_built()?.with_e2e()?;
     super::kubectl(&["get", "nodes"]).context("the cluster does not answer")?;
 
@@ -128,11 +157,7 @@ pub fn run(args: &[String]) -> Result<()> {
         skip.push('|');
         skip.push_str(extra);
     }
-    let report_dir = Path::new(RUN_DIR).join("e2e");
-    if report_dir.exists() {
-        std::fs::remove_dir_all(&report_dir)
-            .with_context(|| format!("remove {}", report_dir.display()))?;
-    }
+    let report_dir = fresh_report_dir()?;
     // What the focus selects before the exclusion file (a dry run takes no time).
     let dry_dir = report_dir.join("dry-run");
     std::fs::create_dir_all(&dry_dir).with_context(|| format!("create {}", dry_dir.display()))?;
@@ -176,27 +201,7 @@ pub fn run(args: &[String]) -> Result<()> {
     drop(stub);
     let status = status?;
     let suite_took = t.elapsed();
-    let sessions_after = crate::cluster::site::router_sessions();
-    let restarted: Vec<String> = sessions_after
-        .iter()
-        .filter(|s| {
-            !sessions_before
-                .iter()
-                .any(|b| b.name == s.name && b.state == s.state && same_time(&b.since, &s.since))
-        })
-        .map(|s| {
-            let before = sessions_before
-                .iter()
-                .find(|b| b.name == s.name)
-                .map_or("absent".to_owned(), |b| {
-                    format!("{} since {}", b.state, b.since)
-                });
-            format!(
-                "{}: {before} before the suite, {} since {} after",
-                s.name, s.state, s.since
-            )
-        })
-        .collect();
+    let restarted = sessions_restarted(&sessions_before);
     let specs = read_junit(&report_dir)?;
 
     let mut out = String::new();
@@ -320,6 +325,44 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `RUN_DIR/e2e`, where a suite's log, report and summary go: emptied for each run.
+fn fresh_report_dir() -> Result<PathBuf> {
+    let report_dir = Path::new(RUN_DIR).join("e2e");
+    if report_dir.exists() {
+        std::fs::remove_dir_all(&report_dir)
+            .with_context(|| format!("remove {}", report_dir.display()))?;
+    }
+    std::fs::create_dir_all(&report_dir)
+        .with_context(|| format!("create {}", report_dir.display()))?;
+    Ok(report_dir)
+}
+
+/// The router's BGP sessions that went down (or away) since `before` was taken, each said in
+/// a line: the suite's traffic crosses the router, and a session that drops during it
+/// withdraws a node's pods, so that specs fail for that rather than for what they check.
+fn sessions_restarted(before: &[crate::cluster::site::RouterSession]) -> Vec<String> {
+    crate::cluster::site::router_sessions()
+        .iter()
+        .filter(|s| {
+            !before
+                .iter()
+                .any(|b| b.name == s.name && b.state == s.state && same_time(&b.since, &s.since))
+        })
+        .map(|s| {
+            let was = before
+                .iter()
+                .find(|b| b.name == s.name)
+                .map_or("absent".to_owned(), |b| {
+                    format!("{} since {}", b.state, b.since)
+                });
+            format!(
+                "{}: {was} before the suite, {} since {} after",
+                s.name, s.state, s.since
+            )
+        })
+        .collect()
+}
+
 /// The stub answering the suite's `GET http://google.com`; killed when dropped.
 struct Stub(std::process::Child);
 
@@ -424,34 +467,73 @@ fn run_suite(
     skip: &str,
     parallel: usize,
 ) -> Result<bool> {
-    let mut file =
-        std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
     // ginkgo (v2) runs `parallel` e2e.test processes, each a share of the specs, one
     // BeforeSuite for all; `-v` prints each spec as it ends, which is echoed as progress.
-    // The test client runs off the cluster in a real one; here it shares the 2 cores with the
-    // nodes: its processes together weigh as half an ordinary process, so that a burst of
-    // specs cannot starve the nodes it tests.
-    let procs = proc::cpu_weight(&format!("{}/e2e", proc::CGROUP), E2E_CPU_SHARES)?;
-    let mut cmd = suite_command(Path::new("sh"), report_dir);
-    cmd.args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
-        .arg(&procs)
-        .arg(kube.tool("ginkgo"))
-        .arg(format!("--nodes={parallel}"))
+    let mut cmd = in_client_cgroup(
+        suite_command(Path::new("sh"), report_dir),
+        &kube.tool("ginkgo"),
+    )?;
+    cmd.arg(format!("--nodes={parallel}"))
         .args(["--no-color", "-v", "--silence-skips"])
         .arg(format!("--timeout={}s", LIMIT.as_secs()))
         .arg(format!("--focus={focus}"))
         .arg(format!("--skip={skip}"))
         .arg(kube.tool("e2e.test"))
         .arg("--")
-        .args(e2e_flags(kube, report_dir))
-        .process_group(0)
+        .args(e2e_flags(kube, report_dir));
+    stream_suite(
+        cmd,
+        "e2e.test",
+        log,
+        &report_dir.join("e2e.stderr.log"),
+        |line| {
+            // ginkgo's verdict line of each spec that ran: "• [12.345 seconds]", or with
+            // "[FAILED]" / "[PANICKED]" / "[TIMEDOUT]" before the time.
+            if line.starts_with("\u{2022} [") {
+                eprintln!("cluster: e2e: {}", line.trim_end());
+            }
+        },
+    )
+}
+
+/// `sh`, a command made for some place with the suite's environment, told to move itself into
+/// the test client's CPU cgroup and exec `program`; the caller adds the program's arguments.
+/// The test client runs off the cluster in a real one; here it shares the 2 cores with the
+/// nodes: its processes together weigh as half an ordinary process, so that a burst of specs
+/// cannot starve the nodes it tests.
+fn in_client_cgroup(
+    mut sh: std::process::Command,
+    program: &Path,
+) -> Result<std::process::Command> {
+    let procs = proc::cpu_weight(&format!("{}/e2e", proc::CGROUP), E2E_CPU_SHARES)?;
+    sh.args(["-c", "echo $$ > \"$0\" && exec \"$@\""])
+        .arg(&procs)
+        .arg(program);
+    Ok(sh)
+}
+
+/// Runs the suite `cmd` (`what`, in the errors) as a process group of its own, killed with
+/// everything it started after [`LIMIT`]: its stdout into `log`, each line of it also handed
+/// to `on_line` (for progress), its stderr into `stderr_log`. Returns whether it exited 0.
+fn stream_suite(
+    mut cmd: std::process::Command,
+    what: &str,
+    log: &Path,
+    stderr_log: &Path,
+    mut on_line: impl FnMut(&str),
+) -> Result<bool> {
+    let mut file =
+        std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+    cmd.process_group(0)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().context("spawn e2e.test")?;
-    let stderr = child.stderr.take().context("e2e.test's stderr")?;
-    let stderr_log: PathBuf = report_dir.join("e2e.stderr.log");
+    let mut child = cmd.spawn().with_context(|| format!("spawn {what}"))?;
+    let stderr = child
+        .stderr
+        .take()
+        .with_context(|| format!("{what}'s stderr"))?;
     let copier = {
-        let path = stderr_log.clone();
+        let path: PathBuf = stderr_log.to_owned();
         std::thread::spawn(move || -> std::io::Result<()> {
             let mut f = std::fs::File::create(path)?;
             std::io::copy(&mut BufReader::new(stderr), &mut f)?;
@@ -471,34 +553,34 @@ fn run_suite(
             "cluster: e2e: the suite ran over {} s, killing it",
             LIMIT.as_secs()
         );
-        // ginkgo and every e2e.test it runs: one process group.
+        // The suite and every process it started: one process group.
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,
         );
     });
-    let mut stdout = BufReader::new(child.stdout.take().context("e2e.test's stdout")?);
+    let mut stdout = BufReader::new(
+        child
+            .stdout
+            .take()
+            .with_context(|| format!("{what}'s stdout"))?,
+    );
     // Bytes, not UTF-8 lines: specs log what servers answered, binary included.
     let mut raw = Vec::new();
     loop {
         raw.clear();
         if stdout
             .read_until(b'\n', &mut raw)
-            .context("read e2e.test's output")?
+            .with_context(|| format!("read {what}'s output"))?
             == 0
         {
             break;
         }
         file.write_all(&raw)
             .with_context(|| format!("write {}", log.display()))?;
-        let line = String::from_utf8_lossy(&raw);
-        // ginkgo's verdict line of each spec that ran: "• [12.345 seconds]", or with
-        // "[FAILED]" / "[PANICKED]" / "[TIMEDOUT]" before the time.
-        if line.starts_with("\u{2022} [") {
-            eprintln!("cluster: e2e: {}", line.trim_end());
-        }
+        on_line(&String::from_utf8_lossy(&raw));
     }
-    let status = child.wait().context("wait for e2e.test")?;
+    let status = child.wait().with_context(|| format!("wait for {what}"))?;
     let _ = copier.join();
     drop(watchdog);
     Ok(status.success())
