@@ -359,11 +359,28 @@ pub fn build_e2e(kube: &KubeBuild) -> Result<Vec<PathBuf>> {
 /// agnhost under the tag it pins), each by the recipe [`build_e2e`] has for its repository
 /// whatever the tag, from the binaries of `kube`'s release; fails on an image the test bed has
 /// no recipe for.
-pub fn build_named(kube: &KubeBuild, names: &[String]) -> Result<Vec<PathBuf>> {
+///
+/// With `sctp` false (a kernel without SCTP) agnhost's `porter`, which the suite runs only to
+/// serve SCTP and which exits when it cannot, idles instead, so its pods become ready and the
+/// suite's SCTP probes time out (the caller does not judge those).
+pub fn build_named(kube: &KubeBuild, names: &[String], sctp: bool) -> Result<Vec<PathBuf>> {
     let dir = e2e_dir()?;
     names
         .iter()
         .map(|name| {
+            if !sctp
+                && let Some(mut image) = debian_image(name, kube)
+                && image.containerfile.contains("COPY agnhost /agnhost\n")
+            {
+                image.containerfile = image.containerfile.replace(
+                    "COPY agnhost /agnhost\n",
+                    "COPY agnhost /agnhost.bin\n\
+                     RUN printf '#!/bin/sh\\n# no SCTP in this kernel: porter idles\\n\
+                     if [ \"$1\" = porter ] && [ ! -e /proc/net/sctp ]; then exec sleep infinity; fi\\n\
+                     exec /agnhost.bin \"$@\"\\n' > /agnhost && chmod 755 /agnhost\n",
+                );
+                return build_debian_image(&dir, &image);
+            }
             build_test_image(&dir, kube, name)?
                 .with_context(|| format!("the test bed makes no image {name}"))
         })
