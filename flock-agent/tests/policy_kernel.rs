@@ -6,8 +6,7 @@
 
 mod policy_support;
 
-use std::fs::File;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,30 +20,10 @@ use flock_netns::{NodeNs, NsTarget};
 use flock_rpc::rpc::{Op, PROTOCOL_VERSION, Request};
 use flock_testkit::Netns;
 use kube::runtime::watcher::Event;
-use nix::sched::CloneFlags;
 use policy_support::*;
 use serde_json::json;
 
 const NODE: &str = "node-a";
-
-/// Runs `f` on a thread inside `ns`: sockets it creates live there.
-fn in_ns<T: Send>(ns: &Netns, f: impl FnOnce() -> T + Send) -> T {
-    let file = File::open(ns.path()).expect("open netns");
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .expect("namespace thread")
-    })
-}
-
-fn connects(from: &Netns, to: IpAddr, port: u16) -> bool {
-    in_ns(from, || {
-        TcpStream::connect_timeout(&SocketAddr::new(to, port), Duration::from_millis(700)).is_ok()
-    })
-}
 
 struct TestPod {
     ns: Netns,
@@ -140,32 +119,32 @@ async fn the_agent_enforces_policies_over_both_families_and_cleanup_leaves_no_ru
     let server = add(&agent, &pods, "srv", "server", json!({ "app": "server" })).await;
     let client = add(&agent, &pods, "cli", "client", json!({ "role": "client" })).await;
     let other = add(&agent, &pods, "oth", "other", json!({ "role": "other" })).await;
-    let _http = in_ns(&server.ns, || TcpListener::bind("[::]:8080").unwrap());
-    let _admin = in_ns(&server.ns, || TcpListener::bind("[::]:9090").unwrap());
-    let _client_http = in_ns(&client.ns, || TcpListener::bind("[::]:8080").unwrap());
+    let _http = server.ns.run(|| TcpListener::bind("[::]:8080").unwrap());
+    let _admin = server.ns.run(|| TcpListener::bind("[::]:9090").unwrap());
+    let _client_http = client.ns.run(|| TcpListener::bind("[::]:8080").unwrap());
 
     // Every ADD returned with its rules in place: no waiting here.
     for (family, to) in [("IPv6", server.v6), ("IPv4", server.v4)] {
         assert!(
-            connects(&client.ns, to, 8080),
+            client.ns.tcp_connects(to, 8080),
             "{family}: client → server:http is allowed"
         );
         assert!(
-            !connects(&client.ns, to, 9090),
+            !client.ns.tcp_connects(to, 9090),
             "{family}: client → server:9090 is not in the rule"
         );
         assert!(
-            !connects(&other.ns, to, 8080),
+            !other.ns.tcp_connects(to, 8080),
             "{family}: other → server:http is not a client"
         );
     }
     for to in [client.v6, client.v4] {
         assert!(
-            connects(&other.ns, to, 8080),
+            other.ns.tcp_connects(to, 8080),
             "{to}: the client is not isolated"
         );
         assert!(
-            connects(&server.ns, to, 8080),
+            server.ns.tcp_connects(to, 8080),
             "{to}: the server's egress is not isolated"
         );
     }
@@ -184,7 +163,7 @@ async fn the_agent_enforces_policies_over_both_families_and_cleanup_leaves_no_ru
         .await
         .expect("applied");
     for to in [server.v6, server.v4] {
-        assert!(connects(&other.ns, to, 8080), "{to}: other is a client now");
+        assert!(other.ns.tcp_connects(to, 8080), "{to}: other is a client now");
     }
     assert!(
         metrics
@@ -207,7 +186,7 @@ async fn the_agent_enforces_policies_over_both_families_and_cleanup_leaves_no_ru
     assert!(listing.contains("kube_proxy_standin"), "{listing}");
     for to in [server.v6, server.v4] {
         assert!(
-            connects(&client.ns, to, 9090),
+            client.ns.tcp_connects(to, 9090),
             "{to}: everything flows again"
         );
     }
@@ -224,7 +203,7 @@ async fn the_agent_enforces_policies_over_both_families_and_cleanup_leaves_no_ru
             .ok(["nft", "list", "ruleset"])
             .contains("flock_policy")
     );
-    assert!(!connects(&client.ns, server.v6, 9090));
+    assert!(!client.ns.tcp_connects(server.v6, 9090));
     for _ in 0..2 {
         node_ns.ok([env!("CARGO_BIN_EXE_flock-agent"), "cleanup"]);
     }
@@ -233,7 +212,7 @@ async fn the_agent_enforces_policies_over_both_families_and_cleanup_leaves_no_ru
         !listing.contains("flock_policy") && listing.contains("kube_proxy_standin"),
         "cleanup removes flock's table only: {listing}"
     );
-    assert!(connects(&client.ns, server.v6, 9090));
+    assert!(client.ns.tcp_connects(server.v6, 9090));
 }
 
 /// A local pod of this node for the enforcer (no kernel pod: the table only names its veth).

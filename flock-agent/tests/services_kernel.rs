@@ -6,8 +6,7 @@
 //! while the translated Service and the node's own connections work as before.
 #![cfg(feature = "root-tests")]
 
-use std::fs::File;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,26 +16,6 @@ use flock_agent::routing::services::guard::{ServiceGuard, TABLE};
 use flock_netns::{NodeNs, NsTarget, PodSpec, host_ifname, setup};
 use flock_testkit::Netns;
 use flock_testkit::wait::eventually;
-use nix::sched::CloneFlags;
-
-/// Runs `f` on a thread inside `ns`: sockets it creates live there.
-fn in_ns<T: Send>(ns: &Netns, f: impl FnOnce() -> T + Send) -> T {
-    let file = File::open(ns.path()).expect("open netns");
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .expect("namespace thread")
-    })
-}
-
-fn connects(from: &Netns, to: IpAddr, port: u16) -> bool {
-    in_ns(from, || {
-        TcpStream::connect_timeout(&SocketAddr::new(to, port), Duration::from_millis(700)).is_ok()
-    })
-}
 
 /// kube-proxy's stand-in: it has programmed one Service per family, to the backend pod's
 /// port 8080, and one without endpoints, which it rejects untranslated in forward (as both
@@ -131,8 +110,8 @@ async fn an_announced_range_that_nothing_translated_ends_at_the_node() {
     );
     router.ok(["ip", "addr", "add", "2001:db8:c6::fff0/128", "dev", "lo"]);
     router.ok(["ip", "addr", "add", "10.97.255.240/32", "dev", "lo"]);
-    let _far = in_ns(&router, || TcpListener::bind("[::]:80").unwrap());
-    let _backend = in_ns(&backend_ns, || TcpListener::bind("[::]:8080").unwrap());
+    let _far = router.run(|| TcpListener::bind("[::]:80").unwrap());
+    let _backend = backend_ns.run(|| TcpListener::bind("[::]:8080").unwrap());
     let apply = |script: &str| {
         let path = std::env::temp_dir().join(format!("{}.nft", node_ns.name()));
         std::fs::write(&path, script).unwrap();
@@ -148,7 +127,7 @@ async fn an_announced_range_that_nothing_translated_ends_at_the_node() {
     for far in [far6, far4] {
         eventually(
             &format!("{far}: without the guard, the untranslated address leaves the node"),
-            || connects(&pod_ns, far, 80),
+            || pod_ns.tcp_connects(far, 80),
         )
         .await;
     }
@@ -170,15 +149,15 @@ async fn an_announced_range_that_nothing_translated_ends_at_the_node() {
     assert_eq!(health.problem(Component::Services), None);
     for (far, svc) in [(far6, svc6), (far4, svc4)] {
         assert!(
-            !connects(&pod_ns, far, 80),
+            !pod_ns.tcp_connects(far, 80),
             "{far}: with the guard, the node ends the untranslated address"
         );
         assert!(
-            connects(&pod_ns, svc, 80),
+            pod_ns.tcp_connects(svc, 80),
             "{svc}: the Service kube-proxy translated still works"
         );
         assert!(
-            connects(&node_ns, far, 80),
+            node_ns.tcp_connects(far, 80),
             "{far}: the node's own connections are not the guard's"
         );
     }
@@ -186,7 +165,7 @@ async fn an_announced_range_that_nothing_translated_ends_at_the_node() {
     // connection, the guard does not (the guard's counters stay where the checks above left
     // them: one SYN per family)
     for empty in ["2001:db8:c6::20", "10.97.0.20"] {
-        let _ = connects(&pod_ns, empty.parse().unwrap(), 80);
+        let _ = pod_ns.tcp_connects(empty.parse().unwrap(), 80);
     }
     let standin = node_ns.ok([
         "nft",
@@ -218,7 +197,7 @@ async fn an_announced_range_that_nothing_translated_ends_at_the_node() {
     })
     .await;
     eventually("the untranslated address leaves the node again", || {
-        connects(&pod_ns, far6, 80)
+        pod_ns.tcp_connects(far6, 80)
     })
     .await;
 

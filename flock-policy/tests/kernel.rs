@@ -3,8 +3,7 @@
 //! traffic over both families. Every `nft` runs inside a namespace this test made.
 #![cfg(feature = "root-tests")]
 
-use std::fs::File;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::time::Duration;
 
 use flock_netns::{NodeNs, PodSpec, host_ifname, setup};
@@ -14,30 +13,10 @@ use flock_policy::{
     Requirement, Rule, Tier, build,
 };
 use flock_testkit::Netns;
-use nix::sched::CloneFlags;
-
-/// Runs `f` on a thread inside `ns`: sockets it creates live in that namespace.
-fn in_ns<T: Send>(ns: &Netns, f: impl FnOnce() -> T + Send) -> T {
-    let file = File::open(ns.path()).expect("open netns");
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .expect("namespace thread")
-    })
-}
-
-fn connects(from: &Netns, to: IpAddr, port: u16) -> bool {
-    in_ns(from, || {
-        TcpStream::connect_timeout(&SocketAddr::new(to, port), Duration::from_millis(700)).is_ok()
-    })
-}
 
 /// Sends one datagram from `from` to `to:port` and reports whether `receiver` got it.
 fn udp_passes(from: &Netns, receiver: &UdpSocket, to: IpAddr, port: u16) -> bool {
-    in_ns(from, || {
+    from.run(|| {
         let bind = if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
         let s = UdpSocket::bind(bind).expect("bind udp");
         s.send_to(b"q", SocketAddr::new(to, port))
@@ -132,16 +111,16 @@ async fn allowed_flows_pass_and_denied_ones_do_not_over_both_families() {
     let c = make_pod(&node, "pol-c", 12, &[("role", "other")]).await;
 
     // listeners: b on 8080 (allowed by name) and 9090 (not allowed); a on UDP and TCP 53
-    let _b8080 = in_ns(&b.ns, || TcpListener::bind("[::]:8080").unwrap());
-    let _b9090 = in_ns(&b.ns, || TcpListener::bind("[::]:9090").unwrap());
-    let _a53 = in_ns(&a.ns, || TcpListener::bind("[::]:53").unwrap());
-    let a_udp = in_ns(&a.ns, || UdpSocket::bind("[::]:53").unwrap());
+    let _b8080 = b.ns.run(|| TcpListener::bind("[::]:8080").unwrap());
+    let _b9090 = b.ns.run(|| TcpListener::bind("[::]:9090").unwrap());
+    let _a53 = a.ns.run(|| TcpListener::bind("[::]:53").unwrap());
+    let a_udp = a.ns.run(|| UdpSocket::bind("[::]:53").unwrap());
     a_udp
         .set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
 
     // before any policy, everything flows
-    assert!(connects(&c.ns, b.v6, 9090) && connects(&c.ns, b.v4, 9090));
+    assert!(c.ns.tcp_connects(b.v6, 9090) && c.ns.tcp_connects(b.v4, 9090));
 
     let namespaces = [Namespace {
         name: "shop".into(),
@@ -186,11 +165,11 @@ async fn allowed_flows_pass_and_denied_ones_do_not_over_both_families() {
 
     for (fam, av, bv) in [("IPv6", a.v6, b.v6), ("IPv4", a.v4, b.v4)] {
         assert!(
-            connects(&a.ns, bv, 8080),
+            a.ns.tcp_connects(bv, 8080),
             "{fam}: client → server:http (named port) passes, and its replies despite b's deny-all egress"
         );
         assert!(
-            !connects(&a.ns, bv, 9090),
+            !a.ns.tcp_connects(bv, 9090),
             "{fam}: client → server:9090 is not in the rule"
         );
         assert!(
@@ -198,7 +177,7 @@ async fn allowed_flows_pass_and_denied_ones_do_not_over_both_families() {
             "{fam}: a TCP-only rule opens no ICMP"
         );
         assert!(
-            !connects(&c.ns, bv, 8080),
+            !c.ns.tcp_connects(bv, 8080),
             "{fam}: other → server:http is not a client"
         );
         assert!(
@@ -218,7 +197,7 @@ async fn allowed_flows_pass_and_denied_ones_do_not_over_both_families() {
             "{fam}: other → client UDP 53 passes"
         );
         assert!(
-            !connects(&c.ns, av, 53),
+            !c.ns.tcp_connects(av, 53),
             "{fam}: other → client TCP 53: a UDP rule opens no TCP"
         );
         assert!(
@@ -247,7 +226,7 @@ async fn allowed_flows_pass_and_denied_ones_do_not_over_both_families() {
     );
     apply(&node_ns, &update);
     assert!(
-        !connects(&a.ns, b.v6, 8080) && !connects(&a.ns, b.v4, 8080),
+        !a.ns.tcp_connects(b.v6, 8080) && !a.ns.tcp_connects(b.v4, 8080),
         "a is no client any more"
     );
 
@@ -260,7 +239,7 @@ async fn allowed_flows_pass_and_denied_ones_do_not_over_both_families() {
     // and removing it twice is fine
     apply(&node_ns, REMOVE_SCRIPT);
     for bv in [b.v6, b.v4] {
-        assert!(connects(&c.ns, bv, 9090), "everything flows again");
+        assert!(c.ns.tcp_connects(bv, 9090), "everything flows again");
     }
     assert!(b.ns.pings(&a.v6.to_string()) && b.ns.pings(&a.v4.to_string()));
 }
@@ -300,7 +279,7 @@ async fn a_service_beside_the_table_is_judged_on_its_backend() {
         port: 8080,
     });
     let c = make_pod(&node, "svc-c", 22, &[("role", "other")]).await;
-    let _b8080 = in_ns(&b.ns, || TcpListener::bind("[::]:8080").unwrap());
+    let _b8080 = b.ns.run(|| TcpListener::bind("[::]:8080").unwrap());
     apply(&node_ns, KUBE_PROXY_STANDIN);
     let vips: [IpAddr; 2] = [
         "2001:db8:96::10".parse().unwrap(),
@@ -308,7 +287,7 @@ async fn a_service_beside_the_table_is_judged_on_its_backend() {
     ];
     for vip in vips {
         assert!(
-            connects(&c.ns, vip, 80),
+            c.ns.tcp_connects(vip, 80),
             "{vip}: the Service works before any policy"
         );
     }
@@ -327,10 +306,10 @@ async fn a_service_beside_the_table_is_judged_on_its_backend() {
     apply(&node_ns, &build(&[policy], &[], &pods).unwrap().render());
     for vip in vips {
         assert!(
-            connects(&a.ns, vip, 80),
+            a.ns.tcp_connects(vip, 80),
             "{vip}: a client reaches the Service (its backend's port 8080 is http)"
         );
-        assert!(!connects(&c.ns, vip, 80), "{vip}: a non-client does not");
+        assert!(!c.ns.tcp_connects(vip, 80), "{vip}: a non-client does not");
     }
 
     apply(&node_ns, REMOVE_SCRIPT);
@@ -341,7 +320,7 @@ async fn a_service_beside_the_table_is_judged_on_its_backend() {
     );
     for vip in vips {
         assert!(
-            connects(&c.ns, vip, 80),
+            c.ns.tcp_connects(vip, 80),
             "{vip}: the Service works for all again"
         );
     }
@@ -374,7 +353,7 @@ async fn cluster_tiers_decide_in_order_around_networkpolicy() {
     let c = make_pod(&node, "cnp-c", 32, &[("role", "other")]).await;
     let _listeners: Vec<TcpListener> = [7070, 8080, 9090]
         .into_iter()
-        .map(|port| in_ns(&b.ns, move || TcpListener::bind(("::", port)).unwrap()))
+        .map(|port| b.ns.run(move || TcpListener::bind(("::", port)).unwrap()))
         .collect();
 
     // the server's own policy admits clients and others on every port
@@ -442,23 +421,23 @@ async fn cluster_tiers_decide_in_order_around_networkpolicy() {
     apply(&node_ns, &script);
     for to in [b.v6, b.v4] {
         assert!(
-            !connects(&c.ns, to, 9090),
+            !c.ns.tcp_connects(to, 9090),
             "{to}: Admin Deny beats the NetworkPolicy"
         );
         assert!(
-            connects(&c.ns, to, 8080),
+            c.ns.tcp_connects(to, 8080),
             "{to}: Admin Pass, the NetworkPolicy allows"
         );
         assert!(
-            connects(&a.ns, to, 9090),
+            a.ns.tcp_connects(to, 9090),
             "{to}: Admin Pass for a client too"
         );
         assert!(
-            !connects(&a.ns, to, 7070),
+            !a.ns.tcp_connects(to, 7070),
             "{to}: Admin Accept at the server, but the client's Baseline denies its egress"
         );
         assert!(
-            connects(&c.ns, to, 7070),
+            c.ns.tcp_connects(to, 7070),
             "{to}: Admin Accept, and c has no Baseline"
         );
     }

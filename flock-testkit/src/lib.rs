@@ -140,6 +140,32 @@ impl Netns {
         }
     }
 
+    /// Runs `f` on a thread of its own inside this namespace: sockets it creates live there.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let file = std::fs::File::open(self.path()).expect("open the namespace file");
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .expect("setns into the test's namespace");
+                f()
+            })
+            .join()
+            .expect("namespace thread")
+        })
+    }
+
+    /// Whether a TCP connection from inside this namespace to `to`:`port` is accepted within
+    /// 0.7 s (below TCP's first retransmission: one SYN).
+    pub fn tcp_connects(&self, to: std::net::IpAddr, port: u16) -> bool {
+        self.run(|| {
+            std::net::TcpStream::connect_timeout(
+                &std::net::SocketAddr::new(to, port),
+                Duration::from_millis(700),
+            )
+            .is_ok()
+        })
+    }
+
     /// Whether a `ping` from inside this namespace to `addr` gets an answer
     /// (3 tries, 0.2 s apart, 2 s at most).
     pub fn pings(&self, addr: &str) -> bool {

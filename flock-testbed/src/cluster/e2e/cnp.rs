@@ -304,23 +304,13 @@ pub fn run(options: &Options) -> Result<()> {
             out.push_str(&format!("  {u}\n"));
         }
     }
-    if restarted.is_empty() {
-        out.push_str("the router's BGP sessions stayed established through the suite\n");
-    } else {
-        out.push_str(&format!(
-            "the router's BGP sessions restarted during the suite: {}\n",
-            restarted.join("; ")
-        ));
-    }
-    out.push_str(&format!(
-        "images {:.0} s, suite {:.0} s; its log: {}\n",
-        images_took.as_secs_f64(),
-        suite_took.as_secs_f64(),
-        log_path.display()
-    ));
-    print!("{out}");
-    std::fs::write(report_dir.join("summary.txt"), &out)
-        .with_context(|| format!("write {}", report_dir.join("summary.txt").display()))?;
+    super::finish_report(
+        &mut out,
+        &restarted,
+        (images_took, suite_took),
+        &format!("its log: {}", log_path.display()),
+        &report_dir,
+    )?;
     check(&result, status, &restarted, &log_path)
 }
 

@@ -266,23 +266,13 @@ pub fn run(args: &[String]) -> Result<()> {
             out.push_str(&format!("  {}\n", e.spec));
         }
     }
-    if restarted.is_empty() {
-        out.push_str("the router's BGP sessions stayed established through the suite\n");
-    } else {
-        out.push_str(&format!(
-            "the router's BGP sessions restarted during the suite: {}\n",
-            restarted.join("; ")
-        ));
-    }
-    out.push_str(&format!(
-        "images {:.0} s, suite {:.0} s; e2e.test's log: {}\n",
-        images_took.as_secs_f64(),
-        suite_took.as_secs_f64(),
-        log_path.display()
-    ));
-    print!("{out}");
-    std::fs::write(report_dir.join("summary.txt"), &out)
-        .with_context(|| format!("write {}", report_dir.join("summary.txt").display()))?;
+    finish_report(
+        &mut out,
+        &restarted,
+        (images_took, suite_took),
+        &format!("e2e.test's log: {}", log_path.display()),
+        &report_dir,
+    )?;
     if passed == 0 {
         bail!(
             "no e2e spec ran and passed: the focus {focus:?} matched nothing this suite runs \
@@ -584,6 +574,33 @@ fn stream_suite(
     let _ = copier.join();
     drop(watchdog);
     Ok(status.success())
+}
+
+/// Ends a suite's report: whether the router's BGP sessions held, how long the images and the
+/// suite took, where its log is; prints it and writes it to `summary.txt` in `report_dir`.
+pub(super) fn finish_report(
+    out: &mut String,
+    restarted: &[String],
+    (images_took, suite_took): (Duration, Duration),
+    log: &str,
+    report_dir: &Path,
+) -> Result<()> {
+    if restarted.is_empty() {
+        out.push_str("the router's BGP sessions stayed established through the suite\n");
+    } else {
+        out.push_str(&format!(
+            "the router's BGP sessions restarted during the suite: {}\n",
+            restarted.join("; ")
+        ));
+    }
+    out.push_str(&format!(
+        "images {:.0} s, suite {:.0} s; {log}\n",
+        images_took.as_secs_f64(),
+        suite_took.as_secs_f64(),
+    ));
+    print!("{out}");
+    std::fs::write(report_dir.join("summary.txt"), &*out)
+        .with_context(|| format!("write {}", report_dir.join("summary.txt").display()))
 }
 
 #[cfg(test)]
