@@ -163,7 +163,10 @@ async fn the_agent_enforces_policies_over_both_families_and_cleanup_leaves_no_ru
         .await
         .expect("applied");
     for to in [server.v6, server.v4] {
-        assert!(other.ns.tcp_connects(to, 8080), "{to}: other is a client now");
+        assert!(
+            other.ns.tcp_connects(to, 8080),
+            "{to}: other is a client now"
+        );
     }
     assert!(
         metrics

@@ -59,6 +59,10 @@ pub enum ClusterPeer {
     },
     /// `networks` (egress only): addresses in these CIDRs, pods' included.
     Networks(Vec<String>),
+    /// Every address of both families, in either direction. Not a peer of the API: what a rule
+    /// that must "deny all" matches (the API's fail-closed rule for a peer an implementation
+    /// does not know).
+    Everything,
 }
 
 /// One entry of a rule's `protocols`.
@@ -129,11 +133,15 @@ impl ClusterPolicy {
             });
         }
         let subject = match &self.subject {
-            ClusterPeer::Networks(_) => {
+            peer @ (ClusterPeer::Networks(_) | ClusterPeer::Everything) => {
                 return Err(Error::Invalid {
                     policy: id,
                     field: "spec.subject".into(),
-                    value: "networks".into(),
+                    value: match peer {
+                        ClusterPeer::Networks(_) => "networks",
+                        _ => "everything",
+                    }
+                    .into(),
                     reason: "a subject is namespaces or pods",
                 });
             }
@@ -248,6 +256,12 @@ fn checked_peer(policy: &str, field: &str, peer: &ClusterPeer) -> Result<Vec<Che
                 pod_selector: Some(pods.canonical()),
             }])
         }
+        ClusterPeer::Everything => Ok(["::/0", "0.0.0.0/0"]
+            .map(|net| CheckedPeer::Block {
+                net: net.parse().expect("a CIDR"),
+                excepts: Vec::new(),
+            })
+            .to_vec()),
         ClusterPeer::Networks(cidrs) => {
             if cidrs.is_empty() {
                 return Err(Error::Invalid {

@@ -62,11 +62,11 @@ impl Ruleset {
             names(Direction::Egress).0,
             names(Direction::Ingress).0,
         );
-        // one chain per distinct rule list: replicas of a workload share theirs
+        // one chain per distinct rendering: replicas of a workload share theirs, and so do
+        // different rule lists that render alike
         for class in &classes {
-            let mut chains: Vec<(&String, &String)> =
+            let chains: BTreeMap<&String, &String> =
                 class.values().flat_map(|r| r.chains()).collect();
-            chains.sort();
             for (name, body) in chains {
                 let _ = writeln!(out, "\tchain {name} {{\n{body}\t}}");
             }
@@ -149,42 +149,57 @@ impl Ruleset {
             if changes.is_empty() {
                 continue;
             }
-            // how many veths use each chain the delta touches, before and after
-            let mut uses: BTreeMap<&Chain, (isize, isize)> = BTreeMap::new();
+            // Chains are named by their rendered rules, and two different rule lists may render
+            // alike (a rule that can match nothing renders as nothing; an Admin tier and a
+            // Baseline tier of the same rules): a kernel chain is used by every veth whose
+            // chain renders to its name, so the uses are counted by name.
+            let current = self.classes(direction);
+            let mut rendered: BTreeMap<&Chain, Rendered> = BTreeMap::new();
             for c in &changes {
-                for (chain, before) in [(&c.before, 1), (&c.after, -1)] {
-                    if let Some(a) = chain {
-                        uses.entry(a).or_default().0 += before;
+                for chain in [&c.before, &c.after].into_iter().flatten() {
+                    if !current.contains_key(chain) && !rendered.contains_key(chain) {
+                        rendered.insert(chain, render_chain(direction, chain, &self.sets));
                     }
                 }
             }
-            for (chain, (before, after)) in &mut uses {
-                let now = self
-                    .chains(direction)
-                    .values()
-                    .filter(|a| a == chain)
-                    .count();
-                *after = now as isize;
-                *before += now as isize;
+            let of = |chain: &Chain| -> &Rendered {
+                current
+                    .get(chain)
+                    .or_else(|| rendered.get(chain))
+                    .expect("rendered above")
+            };
+            // veths per name, after the change and before it
+            let mut uses: BTreeMap<&str, (isize, isize, &Rendered)> = BTreeMap::new();
+            for chain in self.chains(direction).values() {
+                let r = &current[chain];
+                uses.entry(r.name.as_str()).or_insert((0, 0, r)).1 += 1;
             }
-            let mut named: BTreeMap<&Chain, String> = BTreeMap::new();
-            for (chain, (before, after)) in &uses {
-                let rendered = render_chain(direction, chain, &self.sets);
-                if *before <= 0 && *after > 0 {
+            for c in &changes {
+                if let Some(before) = &c.before {
+                    let r = of(before);
+                    uses.entry(r.name.as_str()).or_insert((0, 0, r)).0 += 1;
+                }
+                if let Some(after) = &c.after {
+                    let r = of(after);
+                    uses.entry(r.name.as_str()).or_insert((0, 0, r)).0 -= 1;
+                }
+            }
+            for (before, after, r) in uses.values() {
+                let before = before + after; // the counts of the untouched veths are the same
+                if before <= 0 && *after > 0 {
                     // a Pass target first: the chain jumps to it
                     update
                         .new_chains
-                        .extend(rendered.chains().rev().map(|(n, b)| (n.clone(), b.clone())));
-                } else if *before > 0 && *after <= 0 {
+                        .extend(r.chains().rev().map(|(n, b)| (n.clone(), b.clone())));
+                } else if before > 0 && *after <= 0 {
                     update
                         .gone_chains
-                        .extend(rendered.chains().map(|(n, _)| n.clone()));
+                        .extend(r.chains().map(|(n, _)| n.clone()));
                 }
-                named.insert(chain, rendered.name);
             }
             let map = names(direction).0;
             for c in changes {
-                let target = |a: &Option<Chain>| a.as_ref().and_then(|a| named.get(a)).cloned();
+                let target = |a: &Option<Chain>| a.as_ref().map(|a| of(a).name.clone());
                 let (before, after) = (target(&c.before), target(&c.after));
                 if before == after {
                     continue;

@@ -214,7 +214,9 @@ impl Model {
             model.names.insert(key, name);
         }
         for (direction, host_if, chain) in keyed {
-            let chain = model.name_chain(&chain).unwrap_or_default();
+            let chain = model
+                .name_chain(&chain)
+                .expect("every set of the model is named above");
             for set in referenced(&chain) {
                 *model.set_users.entry(set.to_owned()).or_default() += 1;
             }

@@ -144,13 +144,14 @@ fn cluster_selects(peer: &ClusterPeer, pod: &Pod, cluster: &Cluster) -> bool {
         ClusterPeer::Pods { namespaces, pods } => {
             selects(namespaces, &ns) && selects(pods, &pod.labels)
         }
-        ClusterPeer::Networks(_) => false,
+        ClusterPeer::Networks(_) | ClusterPeer::Everything => false,
     }
 }
 
 /// "The rule matches if any of the peers match": pods by their addresses, networks by CIDR.
 fn cluster_peers_admit(peers: &[ClusterPeer], addr: IpAddr, cluster: &Cluster) -> bool {
     peers.iter().any(|peer| match peer {
+        ClusterPeer::Everything => true,
         ClusterPeer::Networks(cidrs) => cidrs
             .iter()
             .any(|c| c.parse::<IpNet>().unwrap().contains(&addr)),
@@ -307,6 +308,24 @@ fn build(
         .into_ruleset()
 }
 
+/// The update from `old` to `new`, applied to `old`'s table as the kernel applies it, leaves
+/// the table `new`'s full render makes.
+fn applies_as_a_full_render(
+    old: &flock_policy::Ruleset,
+    new: &flock_policy::Ruleset,
+    delta: &flock_policy::Delta,
+) {
+    let script = new.update(delta).script();
+    let mut table = nft_eval::Nft::parse(&old.render());
+    table.apply_update(&script);
+    assert!(
+        table.same_as(&nft_eval::Nft::parse(&new.render())),
+        "the update leaves another table than the full render:\n{script}\nold:\n{}\nnew:\n{}",
+        old.render(),
+        new.render()
+    );
+}
+
 // ---------- generators ----------
 
 fn labels(
@@ -443,10 +462,18 @@ fn cluster_peer(egress: bool) -> impl Strategy<Value = ClusterPeer> {
         .prop_map(|(namespaces, pods)| ClusterPeer::Pods { namespaces, pods });
     let networks = proptest::collection::vec(select(&NETWORKS[..]), 1..3)
         .prop_map(|n| ClusterPeer::Networks(n.into_iter().map(str::to_owned).collect()));
+    let everything = Just(ClusterPeer::Everything);
     if egress {
-        prop_oneof![selector().prop_map(ClusterPeer::Namespaces), pods, networks].boxed()
+        prop_oneof![
+            4 => selector().prop_map(ClusterPeer::Namespaces),
+            4 => pods,
+            4 => networks,
+            1 => everything
+        ]
+        .boxed()
     } else {
-        prop_oneof![selector().prop_map(ClusterPeer::Namespaces), pods].boxed()
+        prop_oneof![4 => selector().prop_map(ClusterPeer::Namespaces), 4 => pods, 1 => everything]
+            .boxed()
     }
 }
 
@@ -778,6 +805,7 @@ proptest! {
             let delta = joined.take_delta();
             if let Some(diff) = with.ruleset().delta_from(without.ruleset()) {
                 prop_assert_eq!(&delta, &diff);
+                applies_as_a_full_render(without.ruleset(), with.ruleset(), &diff);
             }
             prop_assert!(joined.take_delta().is_empty(), "a delta is taken once");
         } else {
@@ -791,9 +819,105 @@ proptest! {
             let delta = left.take_delta();
             if let Some(diff) = without.ruleset().delta_from(with.ruleset()) {
                 prop_assert_eq!(&delta, &diff);
+                applies_as_a_full_render(with.ruleset(), without.ruleset(), &diff);
             }
         } else {
             prop_assert!(pod.host_if.is_some(), "only a local pod's chain can free a set");
         }
+    }
+}
+
+/// Two different chains that render alike share one kernel chain: an Admin Accept before a
+/// default deny, and a NetworkPolicy allowing the same peers. When one of their pods goes,
+/// the chain stays for the other (it was deleted while in use, and nft refused the update).
+#[test]
+fn chains_that_render_alike_are_one_kernel_chain_until_the_last_goes() {
+    let ops = LabelSelector::labels([("team", "x")]);
+    let namespaces = vec![
+        Namespace {
+            name: "a".into(),
+            labels: Default::default(),
+        },
+        Namespace {
+            name: "b".into(),
+            labels: Default::default(),
+        },
+        Namespace {
+            name: "c".into(),
+            labels: [("team".to_owned(), "x".to_owned())].into(),
+        },
+    ];
+    let pod = |ns: &str, name: &str, last: u8, local: bool| Pod {
+        namespace: ns.into(),
+        name: name.into(),
+        labels: Default::default(),
+        addresses: vec![
+            format!("2001:db8::{last:x}").parse().unwrap(),
+            format!("10.0.0.{last}").parse().unwrap(),
+        ],
+        host_if: local.then(|| format!("flock000000{last:02x}")),
+        ports: vec![],
+    };
+    let (pa, pb, client) = (
+        pod("a", "pa", 1, true),
+        pod("b", "pb", 2, true),
+        pod("c", "ops", 3, false),
+    );
+    let deny_a = Policy {
+        namespace: "a".into(),
+        name: "deny".into(),
+        pod_selector: LabelSelector::all(),
+        ..Default::default()
+    };
+    let allow_b = Policy {
+        namespace: "b".into(),
+        name: "from-ops".into(),
+        pod_selector: LabelSelector::all(),
+        ingress: vec![Rule {
+            peers: vec![Peer::namespaces(ops.clone())],
+            ports: vec![],
+        }],
+        ..Default::default()
+    };
+    let admin = ClusterPolicy {
+        name: "ops-to-a".into(),
+        tier: Tier::Admin,
+        priority: 1,
+        subject: ClusterPeer::Namespaces(LabelSelector::labels([(
+            "kubernetes.io/metadata.name",
+            "a",
+        )])),
+        ingress: vec![ClusterRule {
+            name: String::new(),
+            action: Action::Accept,
+            peers: vec![ClusterPeer::Namespaces(ops)],
+            ports: vec![],
+        }],
+        egress: vec![],
+    };
+    let (cluster, policies) = ([admin], [deny_a, allow_b]);
+    let model = |pods: &[Pod]| {
+        Model::with_cluster_policies(&cluster, &policies, &namespaces, pods)
+            .unwrap()
+            .into_ruleset()
+    };
+    let both = model(&[pa.clone(), pb.clone(), client.clone()]);
+    let script = both.render();
+    assert_eq!(
+        script.matches("\tchain ingress_").count(),
+        1,
+        "one shared chain:\n{script}"
+    );
+    for gone in [&pb, &pa] {
+        let rest: Vec<Pod> = [&pa, &pb, &client]
+            .into_iter()
+            .filter(|p| p.name != gone.name)
+            .cloned()
+            .collect();
+        let one = model(&rest);
+        let delta = one.delta_from(&both).expect("the same sets");
+        applies_as_a_full_render(&both, &one, &delta);
+        let delta = both.delta_from(&one).expect("the same sets");
+        applies_as_a_full_render(&one, &both, &delta);
     }
 }

@@ -9,9 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use flock_policy::{
-    Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, LabelSelector, Protocol, Tier,
-};
+use flock_policy::{Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Protocol, Tier};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use serde::Deserialize;
@@ -149,7 +147,7 @@ pub fn cluster_policy(object: &DynamicObject) -> Result<Converted, ConvertError>
         )
     })?;
     let mut unsupported = Vec::new();
-    let subject = match selecting(&id, "spec.subject", &spec.subject)? {
+    let subject = match selecting(&id, "spec.subject", &spec.subject, false)? {
         Some(peer) => peer,
         None => {
             return Err(field(
@@ -184,7 +182,7 @@ pub fn cluster_policy(object: &DynamicObject) -> Result<Converted, ConvertError>
             let mut closed = false;
             for (j, p) in list.iter().enumerate() {
                 let pat = format!("{at}.{word}[{j}]");
-                match selecting(&id, &pat, p)? {
+                match selecting(&id, &pat, p, dir == "egress")? {
                     Some(peer) => peers.push(peer),
                     None => {
                         closed = true;
@@ -202,17 +200,10 @@ pub fn cluster_policy(object: &DynamicObject) -> Result<Converted, ConvertError>
             }
             if closed && action != Action::Accept {
                 // fail closed: "Deny all" in this direction
-                let mut all = vec![ClusterPeer::Namespaces(LabelSelector::all())];
-                if dir == "egress" {
-                    all.push(ClusterPeer::Networks(vec![
-                        "::/0".into(),
-                        "0.0.0.0/0".into(),
-                    ]));
-                }
                 out.push(ClusterRule {
                     name: r.name.clone(),
                     action: Action::Deny,
-                    peers: all,
+                    peers: vec![ClusterPeer::Everything],
                     ports: Vec::new(),
                 });
                 continue;
@@ -270,8 +261,14 @@ fn fields(s: &Selecting) -> String {
     }
 }
 
-/// A subject or peer; `None` when its field is one flock does not support.
-fn selecting(id: &str, at: &str, s: &Selecting) -> Result<Option<ClusterPeer>, ConvertError> {
+/// A subject or peer; `None` when its field is one flock does not support (`networks` is
+/// supported where the API has it: egress peers).
+fn selecting(
+    id: &str,
+    at: &str,
+    s: &Selecting,
+    networks: bool,
+) -> Result<Option<ClusterPeer>, ConvertError> {
     let set = usize::from(s.namespaces.is_some())
         + usize::from(s.pods.is_some())
         + usize::from(s.networks.is_some())
@@ -303,8 +300,10 @@ fn selecting(id: &str, at: &str, s: &Selecting) -> Result<Option<ClusterPeer>, C
                 p.pod_selector.as_ref(),
             )?,
         })
-    } else {
+    } else if networks {
         s.networks.clone().map(ClusterPeer::Networks)
+    } else {
+        None
     })
 }
 
@@ -367,6 +366,7 @@ fn protocol(id: &str, at: &str, p: &ProtocolSpec) -> Result<ClusterPort, Convert
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flock_policy::LabelSelector;
     use serde_json::json;
 
     fn object(spec: Value) -> DynamicObject {
@@ -437,19 +437,30 @@ mod tests {
             [ClusterPeer::Namespaces(LabelSelector::all())]
         );
         assert_eq!(c.policy.egress[1].action, Action::Deny);
-        assert_eq!(
-            c.policy.egress[1].peers,
-            [
-                ClusterPeer::Namespaces(LabelSelector::all()),
-                ClusterPeer::Networks(vec!["::/0".into(), "0.0.0.0/0".into()])
-            ]
-        );
+        assert_eq!(c.policy.egress[1].peers, [ClusterPeer::Everything]);
         assert_eq!(
             c.unsupported,
             [
                 "spec.egress[0].to[0]: domainNames is not supported: the peer matches nothing",
                 "spec.egress[1].to[0]: nodes is not supported: the rule denies every peer"
             ]
+        );
+    }
+
+    /// `networks` is an egress peer: on ingress (a newer API's) it is unsupported, and a Deny
+    /// rule with it denies everything, from pods and from anywhere else.
+    #[test]
+    fn an_ingress_network_peer_fails_closed() {
+        let c = cluster_policy(&object(json!({
+            "tier": "Admin", "priority": 1,
+            "subject": { "namespaces": {} },
+            "ingress": [{ "action": "Deny", "from": [{ "networks": ["192.0.2.0/24"] }] }]
+        })))
+        .unwrap();
+        assert_eq!(c.policy.ingress[0].peers, [ClusterPeer::Everything]);
+        assert_eq!(
+            c.unsupported,
+            ["spec.ingress[0].from[0]: networks is not supported: the rule denies every peer"]
         );
     }
 

@@ -53,7 +53,7 @@ pub use schedule::{Applied, FIRST_RETRY, MAX_RETRY, Progress};
 pub enum EnforceError {
     /// The caches have not finished their first listing.
     #[error(
-        "NetworkPolicies, Namespaces and Pods are not all listed yet after {} ms (API server reachable? RBAC list/watch of networkpolicies, namespaces, pods?)",
+        "NetworkPolicies, ClusterNetworkPolicies, Namespaces and Pods are not all listed yet after {} ms (API server reachable? RBAC list/watch of networkpolicies, clusternetworkpolicies, namespaces, pods?)",
         .waited.as_millis()
     )]
     NotSynced {
@@ -107,7 +107,11 @@ impl PolicyEnforcer {
     pub fn spawn(nft: Arc<dyn Nft>, metrics: Arc<Metrics>, health: Arc<Health>) -> Arc<Self> {
         health.set_problem(
             Component::NetworkPolicy,
-            Some("waiting for the first listing of NetworkPolicies, Namespaces and Pods".into()),
+            Some(
+                "waiting for the first listing of NetworkPolicies, ClusterNetworkPolicies, \
+                 Namespaces and Pods"
+                    .into(),
+            ),
         );
         let this = Arc::new(PolicyEnforcer {
             schedule: Mutex::default(),
@@ -229,6 +233,7 @@ impl PolicyEnforcer {
     pub fn no_cluster_policies(&self) {
         self.update(|view| {
             view.cluster_invalid.clear();
+            self.metrics.policy_invalid.set(view.invalid.len() as i64);
             let mut changed = view
                 .cluster_policies
                 .feed(Event::Init, |_: &kube::api::DynamicObject| None);

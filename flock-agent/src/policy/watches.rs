@@ -18,7 +18,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use tracing::{info, warn};
+use tracing::warn;
 
 use super::PolicyEnforcer;
 use crate::cache::PAGE_SIZE;
@@ -72,9 +72,10 @@ fn spawn_cluster_policy_watch(
                 }
                 Err(e) if not_served(&e) => {
                     if !absent {
-                        info!(
+                        warn!(
                             "ClusterNetworkPolicy (policy.networking.k8s.io/v1beta1) is not served: \
-                             none are enforced until its CRD is installed"
+                             none are enforced until network-policy-api v0.3.0's CRD is installed \
+                             (an older CRD that serves only v1alpha2 is not watched)"
                         );
                         absent = true;
                     }

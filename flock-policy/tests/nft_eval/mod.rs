@@ -79,6 +79,119 @@ const ICMPV6_NAMES: [(u8, &str); 5] = [
 ];
 
 impl Nft {
+    /// Applies an update script (`Update::script`) to the parsed table as the kernel would,
+    /// panicking where the kernel refuses one: a chain declared that exists (its rules would be
+    /// appended), a chain deleted while a map element or another chain still jumps to it, an
+    /// element added that is there or deleted that is not.
+    pub fn apply_update(&mut self, script: &str) {
+        let mut lines = script.lines();
+        while let Some(line) = lines.next() {
+            if line == "table inet flock_policy {" {
+                let head = lines.next().expect("a chain").trim();
+                let name = head
+                    .strip_prefix("chain ")
+                    .and_then(|h| h.strip_suffix(" {"))
+                    .unwrap_or_else(|| panic!("unknown update line {head:?}"));
+                assert!(
+                    !self.chains.contains_key(name),
+                    "chain {name} declared again: its rules would be appended\n{script}"
+                );
+                let mut rules = Vec::new();
+                loop {
+                    let l = lines.next().expect("the chain ends").trim();
+                    if l == "}" {
+                        break;
+                    }
+                    rules.push(tokens(l));
+                }
+                assert_eq!(lines.next(), Some("}"), "one chain per table block");
+                self.chains.insert(name.to_owned(), rules);
+            } else if let Some(name) = line.strip_prefix("delete chain inet flock_policy ") {
+                let jumped = self.maps.values().any(|m| m.values().any(|c| c == name))
+                    || self.chains.values().flatten().any(|rule| {
+                        rule.windows(2)
+                            .any(|w| (w[0] == "goto" || w[0] == "jump") && w[1] == name)
+                    });
+                assert!(!jumped, "chain {name} deleted while in use: busy\n{script}");
+                assert!(
+                    self.chains.remove(name).is_some(),
+                    "no chain {name} to delete"
+                );
+            } else if let Some((add, rest)) = line
+                .strip_prefix("add element inet flock_policy ")
+                .map(|r| (true, r))
+                .or_else(|| {
+                    line.strip_prefix("delete element inet flock_policy ")
+                        .map(|r| (false, r))
+                })
+            {
+                let (set, list) = rest.split_once(" { ").expect("set { elements }");
+                let list = list.strip_suffix(" }").expect("elements }");
+                for e in list.split(", ") {
+                    self.element(set, e, add);
+                }
+            } else if !line.is_empty() {
+                panic!("unknown update line {line:?}");
+            }
+        }
+    }
+
+    fn element(&mut self, set: &str, e: &str, add: bool) {
+        if let Some(map) = self.maps.get_mut(set) {
+            let w: Vec<&str> = e.split_whitespace().collect();
+            let key = w[0].trim_matches('"').to_owned();
+            if add {
+                let [_, ":", "jump", chain] = w.as_slice() else {
+                    panic!("unknown map element {e:?}")
+                };
+                assert!(
+                    self.chains.contains_key(*chain),
+                    "{key} jumps to a missing chain {chain}"
+                );
+                assert!(map.insert(key, (*chain).to_owned()).is_none(), "{e} exists");
+            } else {
+                assert!(map.remove(&key).is_some(), "no element {e} in {set}");
+            }
+        } else if let Some(pairs) = self.pair_sets.get_mut(set) {
+            let (a, p) = e.split_once(" . ").expect("addr . port");
+            let pair = (a.parse().unwrap(), p.parse().unwrap());
+            if add {
+                assert!(!pairs.contains(&pair), "{e} exists in {set}");
+                pairs.push(pair);
+            } else {
+                let before = pairs.len();
+                pairs.retain(|x| *x != pair);
+                assert_eq!(pairs.len() + 1, before, "no element {e} in {set}");
+            }
+        } else {
+            let ranges = self
+                .addr_sets
+                .get_mut(set)
+                .unwrap_or_else(|| panic!("no set {set}"));
+            let r = addr_range(e);
+            if add {
+                assert!(!ranges.contains(&r), "{e} exists in {set}");
+                ranges.push(r);
+            } else {
+                let before = ranges.len();
+                ranges.retain(|x| *x != r);
+                assert_eq!(ranges.len() + 1, before, "no element {e} in {set}");
+            }
+        }
+    }
+
+    /// Whether both hold the same sets (in any order), maps and chains.
+    pub fn same_as(&self, other: &Nft) -> bool {
+        let sorted = |n: &Nft| {
+            let mut a = n.addr_sets.clone();
+            a.values_mut().for_each(|v| v.sort());
+            let mut p = n.pair_sets.clone();
+            p.values_mut().for_each(|v| v.sort());
+            (a, p)
+        };
+        sorted(self) == sorted(other) && self.maps == other.maps && self.chains == other.chains
+    }
+
     pub fn parse(script: &str) -> Nft {
         let mut nft = Nft::default();
         let mut lines = script.lines().map(str::trim);

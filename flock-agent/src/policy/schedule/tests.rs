@@ -168,7 +168,10 @@ fn nothing_is_handed_out_before_every_cache_is_listed() {
     s.change(|v| v.policies.init_done() | v.namespaces.init_done());
     assert!(s.next_work(now).is_none(), "pods not listed yet");
     s.change(|v| v.pods.init_done());
-    assert!(s.next_work(now).is_none(), "cluster policies not listed yet");
+    assert!(
+        s.next_work(now).is_none(),
+        "cluster policies not listed yet"
+    );
     s.change(|v| v.cluster_policies.init_done());
     let work = s.next_work(now).expect("synced: work");
     assert!(s.next_work(now).is_none(), "one work at a time");
