@@ -368,10 +368,17 @@ pub fn build_named(kube: &KubeBuild, names: &[String], sctp: bool) -> Result<Vec
     names
         .iter()
         .map(|name| {
+            let agnhost = name.starts_with("registry.k8s.io/e2e-test-images/agnhost:");
             if !sctp
+                && agnhost
                 && let Some(mut image) = debian_image(name, kube)
-                && image.containerfile.contains("COPY agnhost /agnhost\n")
             {
+                if !image.containerfile.contains("COPY agnhost /agnhost\n") {
+                    anyhow::bail!(
+                        "{name}: its recipe no longer copies agnhost to /agnhost, so porter \
+                         cannot be made to idle on this kernel without SCTP"
+                    );
+                }
                 image.containerfile = image.containerfile.replace(
                     "COPY agnhost /agnhost\n",
                     "COPY agnhost /agnhost.bin\n\
