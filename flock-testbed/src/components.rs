@@ -4,7 +4,7 @@
 //! proxy serves their source. Each component has a wrapper module of its own under
 //! `flock-testbed/go/` (its `go.mod` and `go.sum` committed) that requires the component at the
 //! version of [`crate::versions`] and lists its commands as `tool`s (and imports the upstream
-//! test packages it compiles, see [`crate::gomod`]); one module per component, so that Go's
+//! test packages it compiles, see `gomod`); one module per component, so that Go's
 //! version selection never raises a dependency (grpc, otel, cri-api) above what that component
 //! was released with. [`Component::ensure_built`] runs `go build` (or `go test -c` for a test
 //! binary: `e2e.test`, the ClusterNetworkPolicy conformance suite) in that module under `nice
@@ -433,7 +433,7 @@ impl Component {
                 .args(["mod", "download", "-json"])
                 .arg(format!("{}@v{}", self.upstream, self.version)),
         )?;
-        let dir = crate::gomod::json_field(&json, "Dir").with_context(|| {
+        let dir = json_field(&json, "Dir").with_context(|| {
             format!(
                 "no Dir in `go mod download -json {}@v{}`: {json}",
                 self.upstream, self.version
@@ -591,6 +591,12 @@ pub fn ensure_all(list: &[Component]) -> Result<Vec<Built>> {
     );
     eprint!("{out}");
     Ok(built)
+}
+
+/// A string field of `go mod download -json`'s output.
+pub(crate) fn json_field(json: &str, key: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(json).ok()?;
+    value[key].as_str().map(str::to_owned)
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 
 use anyhow::{Context, Result, bail};
 
-use crate::components::{self, Component};
+use crate::components::{self, Component, json_field};
 use crate::sys;
 use crate::versions::{KUBERNETES, Kubernetes};
 
@@ -108,12 +108,6 @@ fn kubernetes_module(k: Kubernetes) -> Component {
     let mut c = components::kubernetes(k);
     c.outputs.extend(components::kubernetes_e2e(k).outputs);
     c
-}
-
-/// A string field of `go mod download -json`'s output.
-pub(crate) fn json_field(json: &str, key: &str) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_str(json).ok()?;
-    value[key].as_str().map(str::to_owned)
 }
 
 /// Writes `c`'s wrapper `go.mod` (with `extra` after its `require`) and tidies it.
