@@ -159,28 +159,16 @@ impl PolicyEnforcer {
     /// value at fault, and counted (`flock_policy_invalid`).
     pub fn on_policy(&self, event: Event<NetworkPolicy>) {
         self.update(|view| {
-            match &event {
-                Event::Delete(np) => {
-                    view.invalid.remove(&object_key(np));
-                }
-                Event::Init => view.invalid.clear(),
-                _ => {}
-            }
-            let invalid = &mut view.invalid;
-            let changed = view.policies.feed(event, |np| match convert::policy(np) {
-                Ok(p) => {
-                    invalid.remove(&object_key(np));
-                    Some(p)
-                }
-                Err(e) => {
-                    warn!(error = %e, "NetworkPolicy left out");
-                    invalid.insert(object_key(np), e.to_string());
-                    None
+            let changed = feed_policies(&mut view.policies, &mut view.invalid, event, |np| {
+                match convert::policy(np) {
+                    Ok(p) => (Some(p), None),
+                    Err(e) => {
+                        warn!(error = %e, "NetworkPolicy left out");
+                        (None, Some(e.to_string()))
+                    }
                 }
             });
-            self.metrics
-                .policy_invalid
-                .set((view.invalid.len() + view.cluster_invalid.len()) as i64);
+            self.count_invalid(view);
             changed
         });
     }
@@ -190,58 +178,44 @@ impl PolicyEnforcer {
     /// field and value and counted (`flock_policy_invalid`).
     pub fn on_cluster_policy(&self, event: Event<kube::api::DynamicObject>) {
         self.update(|view| {
-            match &event {
-                Event::Delete(cnp) => {
-                    view.cluster_invalid.remove(&object_key(cnp));
-                }
-                Event::Init => view.cluster_invalid.clear(),
-                _ => {}
-            }
-            let invalid = &mut view.cluster_invalid;
-            let changed =
-                view.cluster_policies
-                    .feed(event, |cnp| match cluster::cluster_policy(cnp) {
-                        Ok(c) => {
-                            if c.unsupported.is_empty() {
-                                invalid.remove(&object_key(cnp));
-                            } else {
-                                let note = format!(
-                                    "clusternetworkpolicy {}: {}",
-                                    c.policy.name,
-                                    c.unsupported.join("; ")
-                                );
-                                warn!(%note, "ClusterNetworkPolicy enforced fail-closed");
-                                invalid.insert(object_key(cnp), note);
-                            }
-                            Some(c.policy)
-                        }
-                        Err(e) => {
-                            warn!(error = %e, "ClusterNetworkPolicy left out");
-                            invalid.insert(object_key(cnp), e.to_string());
-                            None
-                        }
-                    });
-            self.metrics
-                .policy_invalid
-                .set((view.invalid.len() + view.cluster_invalid.len()) as i64);
+            let changed = feed_policies(
+                &mut view.cluster_policies,
+                &mut view.cluster_invalid,
+                event,
+                |cnp| match cluster::cluster_policy(cnp) {
+                    Ok(c) if c.unsupported.is_empty() => (Some(c.policy), None),
+                    Ok(c) => {
+                        let note = format!(
+                            "clusternetworkpolicy {}: {}",
+                            c.policy.name,
+                            c.unsupported.join("; ")
+                        );
+                        warn!(%note, "ClusterNetworkPolicy enforced fail-closed");
+                        (Some(c.policy), Some(note))
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "ClusterNetworkPolicy left out");
+                        (None, Some(e.to_string()))
+                    }
+                },
+            );
+            self.count_invalid(view);
             changed
         });
     }
 
     /// The ClusterNetworkPolicy resource is not served (its CRD is not installed): none
-    /// exist, and enforcement need not wait for them.
+    /// exist, and enforcement need not wait for them — an empty listing.
     pub fn no_cluster_policies(&self) {
-        self.update(|view| {
-            view.cluster_invalid.clear();
-            self.metrics.policy_invalid.set(view.invalid.len() as i64);
-            let mut changed = view
-                .cluster_policies
-                .feed(Event::Init, |_: &kube::api::DynamicObject| None);
-            changed |= view
-                .cluster_policies
-                .feed(Event::InitDone, |_: &kube::api::DynamicObject| None);
-            changed
-        });
+        self.on_cluster_policy(Event::Init);
+        self.on_cluster_policy(Event::InitDone);
+    }
+
+    /// `flock_policy_invalid`: the policies of both kinds left out or enforced otherwise.
+    fn count_invalid(&self, view: &ClusterView) {
+        self.metrics
+            .policy_invalid
+            .set((view.invalid.len() + view.cluster_invalid.len()) as i64);
     }
 
     /// A Namespace watch event.
@@ -438,4 +412,30 @@ impl PolicyEnforcer {
             "applying the NetworkPolicy ruleset failed; retrying");
         self.progress.send_replace(progress);
     }
+}
+
+/// Feeds a policy watch event into `policies`, keeping `problems` (what is wrong with each
+/// object, by key) in step: `judge` says what of an object is kept and what is wrong with it.
+/// Returns whether the kept content changed.
+fn feed_policies<K: kube::Resource, V: PartialEq>(
+    policies: &mut crate::cache::Relist<V>,
+    problems: &mut std::collections::BTreeMap<crate::cache::ObjectKey, String>,
+    event: Event<K>,
+    mut judge: impl FnMut(&K) -> (Option<V>, Option<String>),
+) -> bool {
+    match &event {
+        Event::Delete(k) => {
+            problems.remove(&object_key(k));
+        }
+        Event::Init => problems.clear(),
+        _ => {}
+    }
+    policies.feed(event, |k| {
+        let (kept, problem) = judge(k);
+        match problem {
+            Some(p) => problems.insert(object_key(k), p),
+            None => problems.remove(&object_key(k)),
+        };
+        kept
+    })
 }
