@@ -227,10 +227,14 @@ pub async fn serve(
     }
     health.set_serving();
     info!(socket = %options.socket.display(), "serving");
-    tokio::spawn(crate::server::serve(
+    let (stop_serving, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(crate::server::serve(
         listener,
         agent.clone(),
         options.socket.clone(),
+        async move {
+            let _ = stopped.await;
+        },
     ));
     {
         let agent = agent.clone();
@@ -253,6 +257,9 @@ pub async fn serve(
         }
     }
     let _ = std::fs::remove_file(&options.socket);
+    // Then the requests already taken, or waiting to be, are answered (server::serve).
+    let _ = stop_serving.send(());
+    let _ = server.await;
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use flock_cni_proto::{CniError, ErrorCode};
 use flock_rpc::rpc::{self, LineDecoder, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::agent::Agent;
 use crate::trace::Phases;
@@ -62,19 +62,60 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
-/// Serves connections until the listener fails.
-pub async fn serve(listener: UnixListener, agent: Arc<Agent>, socket: PathBuf) {
+/// How long a stopping server waits for the requests it has taken: below the kubelet's
+/// default grace period of 30 s, so an ADD under way is answered before SIGKILL could come.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long a stopping server waits for one more connection from the listen backlog.
+const BACKLOG_POLL: Duration = Duration::from_millis(50);
+
+/// Serves connections until `stop` completes, then drains: the caller has removed the
+/// socket's path first, so nothing new can connect; what had connected and waits in the
+/// listen backlog is accepted and served, and every request taken is answered (up to
+/// [`DRAIN_TIMEOUT`]). A rolling update thus breaks no ADD: one that reached this agent gets
+/// its answer from it, one that did not waits for the successor (the shim's restart wait).
+pub async fn serve(
+    listener: UnixListener,
+    agent: Arc<Agent>,
+    socket: PathBuf,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let mut conns = tokio::task::JoinSet::new();
+    tokio::pin!(stop);
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                let agent = agent.clone();
-                tokio::spawn(async move { serve_connection(stream, agent).await });
-            }
-            Err(e) => {
-                warn!(socket = %socket.display(), error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    conns.spawn(serve_connection(stream, agent.clone()));
+                }
+                Err(e) => {
+                    warn!(socket = %socket.display(), error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            () = &mut stop => break,
         }
+    }
+    while let Ok(Ok((stream, _))) = tokio::time::timeout(BACKLOG_POLL, listener.accept()).await {
+        conns.spawn(serve_connection(stream, agent.clone()));
+    }
+    drop(listener);
+    let taken = conns.len();
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    match drained {
+        Ok(()) => info!(
+            requests = taken,
+            "stopped serving; every request taken was answered"
+        ),
+        Err(_) => warn!(
+            unanswered = conns.len(),
+            timeout_s = DRAIN_TIMEOUT.as_secs(),
+            "stopped serving with requests unanswered"
+        ),
     }
 }
 
@@ -165,6 +206,98 @@ mod tests {
         let _listener = bind(&dir.join("agent.sock")).expect("bind over a stale socket");
         assert_eq!(mode(&dir), 0o700);
         assert_eq!(mode(&dir.join("agent.sock")), 0o600);
+    }
+
+    /// A STATUS request line; its config names the network as a runtime would.
+    fn status_line() -> Vec<u8> {
+        rpc::encode_line(&rpc::Request {
+            v: rpc::PROTOCOL_VERSION,
+            op: rpc::Op::Status,
+            container_id: String::new(),
+            netns: String::new(),
+            if_name: String::new(),
+            args: String::new(),
+            path: String::new(),
+            config: serde_json::json!({"cniVersion": "1.1.0", "name": "flock", "type": "flock"}),
+        })
+    }
+
+    async fn agent(dir: &Path) -> Arc<Agent> {
+        let kernel = Arc::new(crate::kernel::memory::MemoryKernel::new("boot-1"));
+        let config: flock_k8s_api::NodeConfig = serde_json::from_value(serde_json::json!({
+            "apiVersion": "flock.fritzlab.net/v1alpha1",
+            "kind": "NodeConfig",
+            "metadata": { "name": "node-a" },
+            "spec": { "cidr6": "2001:db8:7::/64" }
+        }))
+        .expect("fixture");
+        let (agent, _) = Agent::start(crate::agent::AgentParts {
+            settings: Some(config.settings().expect("valid")),
+            ..crate::agent::AgentParts::new(kernel, dir.join("state"))
+        })
+        .await
+        .expect("agent starts");
+        agent
+    }
+
+    async fn read_response(stream: &mut UnixStream) -> Response {
+        let mut line = Vec::new();
+        stream.read_to_end(&mut line).await.expect("read response");
+        rpc::decode_response(line.trim_ascii_end()).expect("a framed response")
+    }
+
+    /// A rolling update's SIGTERM while a request is still being sent: it is answered, not reset.
+    #[tokio::test]
+    async fn a_stopping_server_answers_the_request_it_took() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let socket = tmp.path().join("run/agent.sock");
+        let listener = bind(&socket).expect("bind");
+        let agent = agent(tmp.path()).await;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, agent, socket.clone(), async move {
+            let _ = stop_rx.await;
+        }));
+        // Taken: half a request line, sent before the stop.
+        let line = status_line();
+        let mut taken = UnixStream::connect(&socket).await.expect("connect");
+        taken.write_all(&line[..10]).await.expect("half a line");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The stop, as daemon::run does it: the path first, then the server.
+        std::fs::remove_file(&socket).expect("unlink");
+        assert!(
+            UnixStream::connect(&socket).await.is_err(),
+            "no new connections"
+        );
+        stop_tx.send(()).expect("stop");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !server.is_finished(),
+            "the server waits for the request it took"
+        );
+        taken
+            .write_all(&line[10..])
+            .await
+            .expect("the rest of the line");
+        let response = read_response(&mut taken).await;
+        assert!(response.error.is_none(), "{response:?}");
+        server.await.expect("the server stops once it has answered");
+    }
+
+    /// One that connected but was never accepted (it waits in the listen backlog) is answered
+    /// too: closing the listener would reset it.
+    #[tokio::test]
+    async fn a_connection_in_the_backlog_at_the_stop_is_answered() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let socket = tmp.path().join("run/agent.sock");
+        let listener = bind(&socket).expect("bind");
+        let agent = agent(tmp.path()).await;
+        // Connected and sent before the server accepts anything: it sits in the backlog.
+        let mut waiting = UnixStream::connect(&socket).await.expect("connect");
+        waiting.write_all(&status_line()).await.expect("request");
+        std::fs::remove_file(&socket).expect("unlink");
+        serve(listener, agent, socket, std::future::ready(())).await;
+        let response = read_response(&mut waiting).await;
+        assert!(response.error.is_none(), "{response:?}");
     }
 
     #[tokio::test]
