@@ -9,7 +9,8 @@
 //! are bind-mounted over the host paths a node's software uses: the DaemonSet's hostPaths
 //! (`/etc/cni/net.d`, `/opt/cni/bin`, `/var/lib/flock`, `/run/flock`, `/var/run/netns`) work
 //! unchanged, and nothing a node writes reaches the machine's own directories (containerd's
-//! `/run/containerd`, libcni's `/var/lib/cni`, the kubelet's `/var/log/pods`). Where a host
+//! `/run/containerd`, libcni's `/var/lib/cni`, the kubelet's `/var/log/pods` and its device
+//! plugin socket). Where a host
 //! path does not exist, its mount point is created and recorded so `down` removes it.
 //!
 //! The kubelet writes a few machine-wide kernel tunables at start (`vm.overcommit_memory`,
@@ -42,6 +43,12 @@ const BINDS: &[(&str, &str)] = &[
     ("/run/containerd", "run-containerd"),
     ("/var/log/pods", "var-log-pods"),
     ("/var/log/containers", "var-log-containers"),
+    // The kubelet's device plugin socket is here whatever its --root-dir: two nodes starting
+    // at once raced for one socket ("bind: address already in use").
+    (
+        "/var/lib/kubelet/device-plugins",
+        "var-lib-kubelet-device-plugins",
+    ),
 ];
 
 /// What the kubelet sets at start unless `protectKernelDefaults`
