@@ -91,16 +91,75 @@ pub(crate) fn referenced(chain: &Chain) -> BTreeSet<&str> {
     out
 }
 
-/// What the policies that select `pod` allow it in `direction`; `None` when none does (the
-/// pod is not isolated for it).
-pub(crate) fn pod_allows(
+/// Which rule an allow comes from: `policy` indexes the model's NetworkPolicies (for the
+/// NetworkPolicy tier) or its cluster policies (for the Admin and Baseline tiers), `rule` that
+/// policy's rules of the direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Origin {
+    pub(crate) policy: usize,
+    pub(crate) rule: usize,
+}
+
+/// The NetworkPolicy tier of a pod isolated in a direction: the policies that isolate it
+/// (indexes) and the allows of their rules, each with its rule.
+#[derive(Debug, Clone)]
+pub(crate) struct SourcedPolicies {
+    pub(crate) isolating: Vec<usize>,
+    pub(crate) allows: Vec<(Origin, KeyedAllow)>,
+}
+
+impl SourcedPolicies {
+    /// The allows a chain holds: all of them, or when one allows everything, only the ones
+    /// that do (the others add nothing, and their sets are not made for the chain).
+    pub(crate) fn held(&self) -> impl Iterator<Item = &(Origin, KeyedAllow)> {
+        let everything =
+            |a: &KeyedAllow| a.family.is_none() && a.peer.is_none() && a.ports == KeyedPorts::Any;
+        let any_everything = self.allows.iter().any(|(_, a)| everything(a));
+        self.allows
+            .iter()
+            .filter(move |(_, a)| !any_everything || everything(a))
+    }
+}
+
+/// A [`KeyedChain`] that still knows which rule each entry comes from: what
+/// [`pod_chain`] is made of, and what an explanation walks.
+#[derive(Debug, Clone)]
+pub(crate) struct SourcedChain {
+    pub(crate) admin: Vec<(Origin, Action, KeyedAllow)>,
+    pub(crate) policy: Option<SourcedPolicies>,
+    pub(crate) baseline: Vec<(Origin, Action, KeyedAllow)>,
+}
+
+impl SourcedChain {
+    /// The chain without provenance: a NetworkPolicy tier's allows become one set (and
+    /// "everything" alone when one allows everything).
+    pub(crate) fn keyed(self) -> KeyedChain {
+        let tier = |rules: Vec<(Origin, Action, KeyedAllow)>| {
+            rules
+                .into_iter()
+                .map(|(_, action, a)| (action, a))
+                .collect()
+        };
+        KeyedChain {
+            admin: tier(self.admin),
+            policy: self
+                .policy
+                .map(|p| p.held().map(|(_, a)| a.clone()).collect()),
+            baseline: tier(self.baseline),
+        }
+    }
+}
+
+/// What the policies that select `pod` allow it in `direction`, rule by rule; `None` when
+/// none does (the pod is not isolated for it).
+fn pod_allows(
     policies: &[CheckedPolicy],
     pod: &Pod,
     direction: Direction,
-) -> Option<BTreeSet<KeyedAllow>> {
-    let mut isolated = false;
-    let mut allows = BTreeSet::new();
-    for p in policies {
+) -> Option<SourcedPolicies> {
+    let mut isolating = Vec::new();
+    let mut allows = Vec::new();
+    for (i, p) in policies.iter().enumerate() {
         let rules = match direction {
             Direction::Ingress => &p.ingress,
             Direction::Egress => &p.egress,
@@ -109,29 +168,17 @@ pub(crate) fn pod_allows(
         if p.namespace != pod.namespace || !p.pod_selector.matches(&pod.labels) {
             continue;
         }
-        isolated = true;
-        for rule in rules {
-            allows.extend(rule_allows(
-                &p.namespace,
-                &rule.peers,
-                &rule.ports,
-                direction,
-                pod,
-            ));
+        isolating.push(i);
+        for (j, rule) in rules.iter().enumerate() {
+            let origin = Origin { policy: i, rule: j };
+            allows.extend(
+                rule_allows(&p.namespace, &rule.peers, &rule.ports, direction, pod)
+                    .into_iter()
+                    .map(|a| (origin, a)),
+            );
         }
     }
-    if !isolated {
-        return None;
-    }
-    let everything = KeyedAllow {
-        family: None,
-        peer: None,
-        ports: KeyedPorts::Any,
-    };
-    if allows.contains(&everything) {
-        allows = BTreeSet::from([everything]);
-    }
-    Some(allows)
+    (!isolating.is_empty()).then_some(SourcedPolicies { isolating, allows })
 }
 
 /// A set before any pod joined it.
@@ -187,12 +234,23 @@ pub(crate) fn pod_chain(
     pod: &Pod,
     direction: Direction,
 ) -> Option<KeyedChain> {
-    let mut chain = KeyedChain {
+    pod_rules(policies, cluster, ns_labels, pod, direction).map(SourcedChain::keyed)
+}
+
+/// [`pod_chain`] with each entry's rule: the one place that decides what judges a pod.
+pub(crate) fn pod_rules(
+    policies: &[CheckedPolicy],
+    cluster: &[CheckedClusterPolicy],
+    ns_labels: &Labels,
+    pod: &Pod,
+    direction: Direction,
+) -> Option<SourcedChain> {
+    let mut chain = SourcedChain {
         admin: Vec::new(),
         policy: pod_allows(policies, pod, direction),
         baseline: Vec::new(),
     };
-    for p in cluster {
+    for (i, p) in cluster.iter().enumerate() {
         if p.tier == Tier::Baseline && chain.policy.is_some() {
             break; // a NetworkPolicy decides: Baseline is never reached
         }
@@ -207,14 +265,15 @@ pub(crate) fn pod_chain(
             Tier::Admin => &mut chain.admin,
             Tier::Baseline => &mut chain.baseline,
         };
-        for rule in rules {
+        for (j, rule) in rules.iter().enumerate() {
             // the namespace only matters to a peer without a namespace selector: none here;
             // one rule's matches have no order among themselves (the same action)
             let allows: BTreeSet<KeyedAllow> =
                 rule_allows("", &rule.peers, &rule.ports, direction, pod)
                     .into_iter()
                     .collect();
-            tier.extend(allows.into_iter().map(|a| (rule.action, a)));
+            let origin = Origin { policy: i, rule: j };
+            tier.extend(allows.into_iter().map(|a| (origin, rule.action, a)));
         }
     }
     let judged = !chain.admin.is_empty() || chain.policy.is_some() || !chain.baseline.is_empty();

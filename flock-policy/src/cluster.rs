@@ -231,6 +231,7 @@ impl ClusterRule {
             }
         }
         Ok(CheckedClusterRule {
+            name: self.name.clone(),
             action: self.action,
             peers,
             ports,
@@ -313,6 +314,8 @@ pub(crate) struct CheckedClusterPolicy {
 
 #[derive(Debug, Clone)]
 pub(crate) struct CheckedClusterRule {
+    /// Only for explanations: the rules never depend on it.
+    pub name: String,
     pub action: Action,
     pub peers: Vec<CheckedPeer>,
     pub ports: Vec<PortSpec>,

@@ -118,6 +118,17 @@ pub enum Error {
         /// What is wrong.
         reason: &'static str,
     },
+    /// A flow to explain that no packet could be, or whose answer depends on which of several
+    /// local pods sends or receives it.
+    #[error("cannot explain the flow: {field} {value} {reason}")]
+    Flow {
+        /// Which part of the flow (`src`, `dst`, `transport`).
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// Two local pods on the same host interface.
     #[error("pods {first} and {second} both claim host interface {host_if:?}")]
     DuplicateHostIf {

@@ -75,6 +75,7 @@ impl Policy {
         let egress = rules(&self.egress, "egress", "to")?;
         Ok(CheckedPolicy {
             namespace: self.namespace.clone(),
+            name: self.name.clone(),
             pod_selector: self.pod_selector.clone(),
             ingress: types.ingress.then_some(ingress),
             egress: types.egress.then_some(egress),
@@ -439,6 +440,8 @@ impl Pod {
 #[derive(Debug, Clone)]
 pub(crate) struct CheckedPolicy {
     pub namespace: String,
+    /// Only for explanations: the rules never depend on it.
+    pub name: String,
     pub pod_selector: LabelSelector,
     pub ingress: Option<Vec<CheckedRule>>,
     pub egress: Option<Vec<CheckedRule>>,

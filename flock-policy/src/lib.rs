@@ -11,6 +11,9 @@
 //!   transaction replaces flock's table); [`Ruleset::update_from`] writes set-element
 //!   changes only, when nothing but selector membership changed.
 //! - [`Ruleset::verdict`] evaluates a [`Packet`] exactly as the rendered table does.
+//! - [`Model::explain`] answers "what happens to this [`Flow`], and why": the verdict and, for
+//!   the sender's egress and the receiver's ingress, the policy rule that decided (an
+//!   [`Explanation`], one line for a log), from the chains the ruleset holds.
 //!
 //! # Semantics
 //!
@@ -147,6 +150,7 @@ mod addr;
 mod allows;
 mod cluster;
 mod error;
+mod explain;
 mod input;
 mod model;
 mod render;
@@ -158,12 +162,13 @@ pub use cluster::{
     Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, MAX_PRIORITY, Tier,
 };
 pub use error::{Error, Result};
+pub use explain::{Explanation, Judgement, LocalPod, PolicyRef, Reason, RuleRef};
 pub use input::{
     NamedPort, Namespace, Peer, Pod, Policy, PolicyTypes, Port, PortSpec, Protocol, Rule,
 };
 pub use model::{
-    AddrSet, Allow, Chain, Direction, Elements, Hop, Member, Packet, Ports, Ruleset, TierRule,
-    Transport, Verdict,
+    AddrSet, Allow, Chain, Direction, Elements, Flow, Hop, Member, Packet, Ports, Ruleset,
+    TierRule, Transport, Verdict,
 };
 pub use render::{Element, ElementOp, REMOVE_SCRIPT, TABLE, Update};
 pub use selector::{LabelSelector, Labels, NAMESPACE_NAME_LABEL, Operator, Requirement};

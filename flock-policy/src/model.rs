@@ -212,7 +212,7 @@ pub enum Transport {
 }
 
 impl Transport {
-    fn port(self) -> Option<(Protocol, u16)> {
+    pub(crate) fn port(self) -> Option<(Protocol, u16)> {
         match self {
             Transport::Tcp(p) => Some((Protocol::Tcp, p)),
             Transport::Udp(p) => Some((Protocol::Udp, p)),
@@ -240,6 +240,18 @@ pub(crate) const ALWAYS_ICMPV6: [(u8, &str); 5] = [
     (135, "nd-neighbor-solicit"),
     (136, "nd-neighbor-advert"),
 ];
+
+/// A new connection by its addresses and transport, as [`Model::explain`](crate::Model::explain)
+/// takes it: which pods send and receive it is found from the addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Flow {
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address (after kube-proxy's DNAT: a Service's backend, not the Service).
+    pub dst: IpAddr,
+    /// Transport (its protocol and destination port, or ICMP type and code).
+    pub transport: Transport,
+}
 
 /// The first packet of a connection (later ones and replies are conntrack's:
 /// `established,related` is accepted before any policy is looked at).
@@ -319,33 +331,28 @@ impl Ruleset {
 
     /// Whether `chain` lets `packet` pass, as its rendered chain does.
     fn passes(&self, chain: &Chain, direction: Direction, packet: &Packet) -> bool {
-        for rule in &chain.admin {
-            if self.allows(&rule.matches, direction, packet) {
-                match rule.action {
-                    Action::Accept => return true,
-                    Action::Deny => return false,
-                    Action::Pass => break,
-                }
-            }
-        }
-        if let Some(allows) = &chain.policy {
-            return allows.iter().any(|a| self.allows(a, direction, packet));
-        }
-        for rule in &chain.baseline {
-            if self.allows(&rule.matches, direction, packet) {
-                return rule.action != Action::Deny;
-            }
-        }
-        true
+        let flow = Flow {
+            src: packet.src,
+            dst: packet.dst,
+            transport: packet.transport,
+        };
+        walk(
+            chain.admin.iter().map(|r| (&r.matches, r.action)),
+            chain.policy.as_ref(),
+            chain.baseline.iter().map(|r| (&r.matches, r.action)),
+            |a| self.allows(a, direction, &flow),
+        )
+        .passes()
     }
 
-    fn allows(&self, allow: &Allow, direction: Direction, packet: &Packet) -> bool {
-        if allow.family.is_some_and(|f| f != Family::of(&packet.src)) {
+    /// Whether `allow` matches `flow` in a chain of `direction`, as its rendered rule does.
+    pub(crate) fn allows(&self, allow: &Allow, direction: Direction, flow: &Flow) -> bool {
+        if allow.family.is_some_and(|f| f != Family::of(&flow.src)) {
             return false;
         }
         let peer = match direction {
-            Direction::Ingress => packet.src,
-            Direction::Egress => packet.dst,
+            Direction::Ingress => flow.src,
+            Direction::Egress => flow.dst,
         };
         if let Some(set) = &allow.peer
             && !self.sets.get(set).is_some_and(|s| s.contains(peer))
@@ -354,18 +361,87 @@ impl Ruleset {
         }
         match &allow.ports {
             Ports::Any => true,
-            Ports::Listed { protocol, ranges } => packet.transport.port().is_some_and(|(p, n)| {
+            Ports::Listed { protocol, ranges } => flow.transport.port().is_some_and(|(p, n)| {
                 p == *protocol && ranges.iter().any(|(lo, hi)| (*lo..=*hi).contains(&n))
             }),
-            Ports::Named { protocol, set } => packet.transport.port().is_some_and(|(p, n)| {
+            Ports::Named { protocol, set } => flow.transport.port().is_some_and(|(p, n)| {
                 p == *protocol
                     && self.sets.get(set).is_some_and(|s| match &s.elements {
-                        Elements::AddrPorts(e) => e.contains(&(packet.dst, n)),
+                        Elements::AddrPorts(e) => e.contains(&(flow.dst, n)),
                         _ => false,
                     })
             }),
         }
     }
+}
+
+/// What decided a chain's verdict on a packet (`T`: a chain entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decider<T> {
+    /// An Admin Accept or Deny, or a Baseline Accept, Deny or Pass, matched first.
+    Tier(T, Action),
+    /// A NetworkPolicy isolates the pod and this allow matches.
+    Allowed(T),
+    /// A NetworkPolicy isolates the pod and no allow matches: dropped.
+    NotAllowed,
+    /// No rule matched and no NetworkPolicy isolates the pod: passes.
+    NoMatch,
+}
+
+/// A chain walked for one packet: what decided, and the Admin Pass that skipped to the
+/// NetworkPolicy tier on the way, if one did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Walk<T> {
+    pub(crate) decider: Decider<T>,
+    pub(crate) passed: Option<T>,
+}
+
+impl<T> Walk<T> {
+    /// Whether the chain lets the packet pass.
+    pub(crate) fn passes(&self) -> bool {
+        match self.decider {
+            Decider::Tier(_, action) => action != Action::Deny,
+            Decider::Allowed(_) | Decider::NoMatch => true,
+            Decider::NotAllowed => false,
+        }
+    }
+}
+
+/// Walks a chain as the rendered one runs: the Admin rules in order (the first match
+/// decides; Pass skips to the next tier), then the NetworkPolicy allows when `policy` is
+/// `Some` (one must match), else the Baseline rules in order (the first match decides; Pass
+/// allows); what nothing matched passes. [`Ruleset::verdict`] and
+/// [`Model::explain`](crate::Model::explain) both walk chains with it.
+pub(crate) fn walk<T: Copy>(
+    admin: impl IntoIterator<Item = (T, Action)>,
+    policy: Option<impl IntoIterator<Item = T>>,
+    baseline: impl IntoIterator<Item = (T, Action)>,
+    matches: impl Fn(T) -> bool,
+) -> Walk<T> {
+    let mut passed = None;
+    for (entry, action) in admin {
+        if matches(entry) {
+            if action == Action::Pass {
+                passed = Some(entry);
+                break;
+            }
+            return Walk {
+                decider: Decider::Tier(entry, action),
+                passed,
+            };
+        }
+    }
+    let decider = match policy {
+        Some(allows) => match allows.into_iter().find(|a| matches(*a)) {
+            Some(a) => Decider::Allowed(a),
+            None => Decider::NotAllowed,
+        },
+        None => match baseline.into_iter().find(|(entry, _)| matches(*entry)) {
+            Some((entry, action)) => Decider::Tier(entry, action),
+            None => Decider::NoMatch,
+        },
+    };
+    Walk { decider, passed }
 }
 
 pub(crate) fn family_suffix(f: Family) -> &'static str {

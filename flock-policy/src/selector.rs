@@ -11,7 +11,8 @@ use crate::error::{Error, Result};
 pub type Labels = BTreeMap<String, String>;
 
 /// The label Kubernetes puts on every namespace, with the namespace's name as its value.
-/// [`Namespace::effective_labels`] adds it when the caller's labels lack it.
+/// [`Namespace::effective_labels`](crate::Namespace::effective_labels) adds it when the
+/// caller's labels lack it.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// A `LabelSelector`: all of `match_labels` and all of `match_expressions` must hold; an

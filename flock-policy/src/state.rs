@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::addr::Family;
 use crate::allows::{
-    KeyedAllow, KeyedChain, KeyedPorts, NsScope, PodsKey, SetKey, empty_set, pod_chain, referenced,
+    KeyedAllow, KeyedChain, KeyedPorts, NsScope, PodsKey, SetKey, SourcedChain, empty_set,
+    pod_chain, pod_rules, referenced,
 };
 use crate::cluster::{CheckedClusterPolicy, ClusterPolicy};
 use crate::error::{Error, Result};
@@ -97,8 +98,8 @@ pub struct Model {
     extra: BTreeMap<String, BTreeMap<Member, u32>>,
     /// Per set, how many local chains name it.
     set_users: BTreeMap<String, usize>,
-    /// Local pods by host veth: their `namespace/name`.
-    local: BTreeMap<String, String>,
+    /// Local pods by host veth (a node's hundred or so: what explanations find by address).
+    local: BTreeMap<String, Pod>,
     ruleset: Ruleset,
     journal: Journal,
 }
@@ -123,15 +124,15 @@ impl Model {
         namespaces: &[Namespace],
         pods: &[Pod],
     ) -> Result<Model> {
-        let mut local: BTreeMap<String, String> = BTreeMap::new();
+        let mut local: BTreeMap<String, Pod> = BTreeMap::new();
         for pod in pods {
             pod.validate()?;
             if let Some(h) = &pod.host_if
-                && let Some(first) = local.insert(h.clone(), pod.id())
+                && let Some(first) = local.insert(h.clone(), pod.clone())
             {
                 return Err(Error::DuplicateHostIf {
                     host_if: h.clone(),
-                    first,
+                    first: first.id(),
                     second: pod.id(),
                 });
             }
@@ -253,7 +254,7 @@ impl Model {
             if let Some(first) = self.local.get(h) {
                 return Err(Error::DuplicateHostIf {
                     host_if: h.clone(),
-                    first: first.clone(),
+                    first: first.id(),
                     second: pod.id(),
                 });
             }
@@ -266,7 +267,7 @@ impl Model {
                     }
                 }
             }
-            self.local.insert(h.clone(), pod.id());
+            self.local.insert(h.clone(), pod.clone());
             for (direction, chain) in chains {
                 for set in referenced(&chain) {
                     *self.set_users.entry(set.to_owned()).or_default() += 1;
@@ -284,7 +285,7 @@ impl Model {
     /// one is then in no defined state.
     pub fn remove_pod(&mut self, pod: &Pod) -> bool {
         if let Some(h) = &pod.host_if {
-            if self.local.get(h) != Some(&pod.id()) {
+            if self.local.get(h).map(Pod::id) != Some(pod.id()) {
                 return false;
             }
             self.local.remove(h);
@@ -364,8 +365,30 @@ impl Model {
         pod_chain(&self.policies, &self.cluster, &ns_labels, pod, direction)
     }
 
+    /// [`pod_chain`](Self::pod_chain) with each entry's rule (indexes into
+    /// [`policies`](Self::policies) and [`cluster_policies`](Self::cluster_policies)).
+    pub(crate) fn pod_rules(&self, pod: &Pod, direction: Direction) -> Option<SourcedChain> {
+        let ns_labels = self.ns_labels(&pod.namespace);
+        pod_rules(&self.policies, &self.cluster, &ns_labels, pod, direction)
+    }
+
+    /// The local pods by host veth.
+    pub(crate) fn local_pods(&self) -> &BTreeMap<String, Pod> {
+        &self.local
+    }
+
+    /// The NetworkPolicies, in the order given.
+    pub(crate) fn policies(&self) -> &[CheckedPolicy] {
+        &self.policies
+    }
+
+    /// The cluster policies in precedence order.
+    pub(crate) fn cluster_policies(&self) -> &[CheckedClusterPolicy] {
+        &self.cluster
+    }
+
     /// The chain with its sets named; `None` when a set is not in the model.
-    fn name_chain(&self, chain: &KeyedChain) -> Option<Chain> {
+    pub(crate) fn name_chain(&self, chain: &KeyedChain) -> Option<Chain> {
         let tier = |rules: &[(crate::Action, KeyedAllow)]| -> Option<Vec<TierRule>> {
             rules
                 .iter()
@@ -395,7 +418,7 @@ impl Model {
     }
 
     /// An allow with its sets named; `None` when a set is not in the model.
-    fn name_allow(&self, a: &KeyedAllow) -> Option<Allow> {
+    pub(crate) fn name_allow(&self, a: &KeyedAllow) -> Option<Allow> {
         let name = |k: &SetKey| self.names.get(k).cloned();
         Some(Allow {
             family: a.family,

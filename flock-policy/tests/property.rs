@@ -3,15 +3,17 @@
 //! the verdict of the rendered nftables script, parsed and run by `nft_eval` as the kernel
 //! would, equal a reference evaluator written straight from the Kubernetes NetworkPolicy and
 //! network-policy-api ClusterNetworkPolicy documentation over the input types — it shares no
-//! code with the crate beyond the input structs.
+//! code with the crate beyond the input structs. `Model::explain` is checked against it too:
+//! its verdict, and the rule it names as deciding each side.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use flock_policy::{
-    Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Hop, LabelSelector, Model,
-    NamedPort, Namespace, Operator, Packet, Peer, Pod, Policy, PolicyTypes, Port, PortSpec,
-    Protocol, Requirement, Rule, Tier, Transport, Verdict,
+    Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Error, Explanation, Flow, Hop,
+    LabelSelector, Model, NamedPort, Namespace, Operator, Packet, Peer, Pod, Policy, PolicyRef,
+    PolicyTypes, Port, PortSpec, Protocol, Reason, Requirement, Rule, RuleRef, Tier, Transport,
+    Verdict,
 };
 use ipnet::IpNet;
 use proptest::prelude::*;
@@ -186,6 +188,42 @@ fn cluster_ports_admit(ports: &[ClusterPort], t: Transport, destinations: &[&Pod
     })
 }
 
+/// What decided one side in the reference, and the Admin Pass rule (policy, index) that
+/// handed the decision on, if one did.
+#[derive(Debug)]
+struct Decided {
+    by: By,
+    passed: Option<(String, usize)>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum By {
+    /// A cluster policy's rule.
+    Cluster {
+        policy: String,
+        tier: Tier,
+        rule: usize,
+        action: Action,
+    },
+    /// The NetworkPolicies selecting the pod (`namespace/name`, sorted).
+    NetworkPolicies {
+        allowed: bool,
+        selecting: Vec<String>,
+    },
+    /// Nothing: allowed.
+    Default,
+}
+
+impl Decided {
+    fn allows(&self) -> bool {
+        match &self.by {
+            By::Cluster { action, .. } => *action != Action::Deny,
+            By::NetworkPolicies { allowed, .. } => *allowed,
+            By::Default => true,
+        }
+    }
+}
+
 struct Cluster {
     namespaces: Vec<Namespace>,
     pods: Vec<Pod>,
@@ -201,10 +239,16 @@ impl Cluster {
         }
     }
 
-    /// The action of the first rule of `tier` that matches, the tier's policies taken by
-    /// priority ("lower value means higher precedence"; flock breaks ties by name), each
-    /// one's rules in order.
-    fn tier_action(&self, tier: Tier, pod: &Pod, egress: bool, pkt: &Packet) -> Option<Action> {
+    /// The first rule of `tier` that matches — its policy, its index and its action — the
+    /// tier's policies taken by priority ("lower value means higher precedence"; flock breaks
+    /// ties by name), each one's rules in order.
+    fn tier_rule(
+        &self,
+        tier: Tier,
+        pod: &Pod,
+        egress: bool,
+        pkt: &Packet,
+    ) -> Option<(&ClusterPolicy, usize, Action)> {
         let mut policies: Vec<&ClusterPolicy> = self
             .cluster_policies
             .iter()
@@ -218,7 +262,7 @@ impl Cluster {
             .collect();
         for p in policies {
             let rules = if egress { &p.egress } else { &p.ingress };
-            for r in rules {
+            for (i, r) in rules.iter().enumerate() {
                 let (peer, destinations) = if egress {
                     (pkt.dst, dst_pods.clone())
                 } else {
@@ -227,69 +271,100 @@ impl Cluster {
                 if cluster_peers_admit(&r.peers, peer, self)
                     && cluster_ports_admit(&r.ports, pkt.transport, &destinations)
                 {
-                    return Some(r.action);
+                    return Some((p, i, r.action));
                 }
             }
         }
         None
     }
 
-    /// Whether the pod's side allows the packet in one direction: "Admin → NetworkPolicy →
-    /// Baseline → default allow"; Accept and Deny decide, Pass goes to the next tier, and "a
-    /// v1.NetworkPolicy always makes a final decision for selected pods".
+    /// Whether the pod's side allows the packet in one direction.
     fn side(&self, pod: &Pod, egress: bool, pkt: &Packet) -> bool {
-        match self.tier_action(Tier::Admin, pod, egress, pkt) {
-            Some(Action::Accept) => return true,
-            Some(Action::Deny) => return false,
-            Some(Action::Pass) | None => {}
-        }
-        if let Some(allowed) = self.network_policies(pod, egress, pkt) {
-            return allowed;
-        }
-        self.tier_action(Tier::Baseline, pod, egress, pkt) != Some(Action::Deny)
+        self.decide(pod, egress, pkt).allows()
     }
 
-    /// Whether the NetworkPolicies selecting the pod allow the packet in one direction
-    /// (`None`: none isolates it).
-    fn network_policies(&self, pod: &Pod, egress: bool, pkt: &Packet) -> Option<bool> {
-        let selecting: Vec<&Policy> = self
-            .policies
+    /// What decides the pod's side in one direction: "Admin → NetworkPolicy → Baseline →
+    /// default allow"; Accept and Deny decide, Pass goes to the next tier, and "a
+    /// v1.NetworkPolicy always makes a final decision for selected pods".
+    fn decide(&self, pod: &Pod, egress: bool, pkt: &Packet) -> Decided {
+        let cluster = |p: &ClusterPolicy, rule, action| By::Cluster {
+            policy: p.name.clone(),
+            tier: p.tier,
+            rule,
+            action,
+        };
+        let mut passed = None;
+        match self.tier_rule(Tier::Admin, pod, egress, pkt) {
+            Some((p, i, Action::Pass)) => passed = Some((p.name.clone(), i)),
+            Some((p, i, action)) => {
+                return Decided {
+                    by: cluster(p, i, action),
+                    passed,
+                };
+            }
+            None => {}
+        }
+        let selecting = self.selecting(pod, egress);
+        if !selecting.is_empty() {
+            let allowed = selecting.iter().any(|p| {
+                let rules = if egress { &p.egress } else { &p.ingress };
+                rules
+                    .iter()
+                    .any(|r| self.rule_admits(p, r, pod, egress, pkt))
+            });
+            let mut selecting: Vec<String> = selecting.iter().map(|p| p.id()).collect();
+            selecting.sort();
+            return Decided {
+                by: By::NetworkPolicies { allowed, selecting },
+                passed,
+            };
+        }
+        let by = match self.tier_rule(Tier::Baseline, pod, egress, pkt) {
+            Some((p, i, action)) => cluster(p, i, action),
+            None => By::Default,
+        };
+        Decided { by, passed }
+    }
+
+    /// The NetworkPolicies that select the pod for one direction.
+    fn selecting(&self, pod: &Pod, egress: bool) -> Vec<&Policy> {
+        self.policies
             .iter()
             .filter(|p| p.namespace == pod.namespace && selects(&p.pod_selector, &pod.labels))
             .filter(|p| applies(p, egress))
-            .collect();
-        if selecting.is_empty() {
-            return None;
+            .collect()
+    }
+
+    /// Whether rule `r` of NetworkPolicy `p`, which selects `pod`, admits the packet.
+    fn rule_admits(&self, p: &Policy, r: &Rule, pod: &Pod, egress: bool, pkt: &Packet) -> bool {
+        if egress {
+            let dst_pods: Vec<&Pod> = self
+                .pods
+                .iter()
+                .filter(|q| q.addresses.contains(&pkt.dst))
+                .collect();
+            peers_admit(&r.peers, pkt.dst, p, self)
+                && ports_admit(&r.ports, pkt.transport, &dst_pods)
+        } else {
+            peers_admit(&r.peers, pkt.src, p, self) && ports_admit(&r.ports, pkt.transport, &[pod])
         }
-        Some(selecting.iter().any(|p| {
-            let rules = if egress { &p.egress } else { &p.ingress };
-            rules.iter().any(|r| {
-                if egress {
-                    let dst_pods: Vec<&Pod> = self
-                        .pods
-                        .iter()
-                        .filter(|q| q.addresses.contains(&pkt.dst))
-                        .collect();
-                    peers_admit(&r.peers, pkt.dst, p, self)
-                        && ports_admit(&r.ports, pkt.transport, &dst_pods)
-                } else {
-                    peers_admit(&r.peers, pkt.src, p, self)
-                        && ports_admit(&r.ports, pkt.transport, &[pod])
-                }
-            })
-        }))
+    }
+
+    /// Whether the API calls `t` ICMP that must pass whatever the policies.
+    fn always_allowed(t: Transport) -> bool {
+        match t {
+            Transport::Icmpv6 { kind, .. } => [2, 133, 134, 135, 136].contains(&kind),
+            Transport::Icmp { kind: 3, code: 4 } => true,
+            _ => false,
+        }
     }
 
     fn reference(&self, pkt: &Packet) -> bool {
         if pkt.from == Hop::Node || pkt.to == Hop::Node {
             return true; // a pod and its own node
         }
-        match pkt.transport {
-            Transport::Icmpv6 { kind, .. } if [2, 133, 134, 135, 136].contains(&kind) => {
-                return true;
-            }
-            Transport::Icmp { kind: 3, code: 4 } => return true,
-            _ => {}
+        if Cluster::always_allowed(pkt.transport) {
+            return true;
         }
         self.local(&pkt.from)
             .is_none_or(|s| self.side(s, true, pkt))
@@ -324,6 +399,176 @@ fn applies_as_a_full_render(
         old.render(),
         new.render()
     );
+}
+
+/// The packet a flow from `src` to `dst` is on this node: it enters from the veth of the
+/// local pod with `src` (else an uplink) and leaves through that of the local pod with `dst`;
+/// `None` when several local pods share an address (`explain` refuses those).
+fn as_this_node_sees_it(cluster: &Cluster, pkt: &Packet) -> Option<Packet> {
+    let hop = |a: IpAddr| -> Option<Hop> {
+        let local: Vec<&Pod> = cluster
+            .pods
+            .iter()
+            .filter(|p| p.host_if.is_some() && p.addresses.contains(&a))
+            .collect();
+        match local.as_slice() {
+            [] => Some(Hop::Link(UPLINK.into())),
+            [one] => one.host_if.clone().map(Hop::Link),
+            _ => None,
+        }
+    };
+    Some(Packet {
+        from: hop(pkt.src)?,
+        to: hop(pkt.dst)?,
+        ..pkt.clone()
+    })
+}
+
+/// `explain`'s account of each side against the reference's: the same pod, and the rule it
+/// names is the one the reference finds deciding (a cluster policy's, exactly; a
+/// NetworkPolicy's, one that selects the pod and admits the packet), the same Admin Pass on
+/// the way, the same isolating policies.
+fn explanation_agrees(
+    cluster: &Cluster,
+    e: &Explanation,
+    pkt: &Packet,
+) -> Result<(), TestCaseError> {
+    for (side, hop, egress) in [(&e.egress, &pkt.from, true), (&e.ingress, &pkt.to, false)] {
+        let pod = cluster.local(hop);
+        prop_assert_eq!(
+            side.pod.as_ref().map(|p| &p.host_if),
+            pod.and_then(|p| p.host_if.as_ref()),
+            "the side's pod"
+        );
+        prop_assert_eq!(side.address, if egress { pkt.src } else { pkt.dst });
+        let Some(pod) = pod else {
+            prop_assert!(matches!(
+                side.reason,
+                Reason::NotLocal | Reason::AlwaysAllowed
+            ));
+            continue;
+        };
+        if Cluster::always_allowed(pkt.transport) {
+            prop_assert_eq!(&side.reason, &Reason::AlwaysAllowed);
+            continue;
+        }
+        let want = cluster.decide(pod, egress, pkt);
+        let cluster_rule = |r: &RuleRef| -> Result<(), TestCaseError> {
+            let PolicyRef::ClusterNetworkPolicy { name, tier, .. } = &r.policy else {
+                return Err(TestCaseError::fail(format!("{r} is no cluster policy's")));
+            };
+            prop_assert_eq!(
+                &want.by,
+                &By::Cluster {
+                    policy: name.clone(),
+                    tier: *tier,
+                    rule: r.index,
+                    action: r.action
+                },
+                "{}",
+                e
+            );
+            let input = cluster
+                .cluster_policies
+                .iter()
+                .find(|p| &p.name == name)
+                .unwrap();
+            let rules = if egress {
+                &input.egress
+            } else {
+                &input.ingress
+            };
+            prop_assert_eq!(
+                r.name.clone().unwrap_or_default(),
+                rules[r.index].name.clone()
+            );
+            Ok(())
+        };
+        let passed_by = match &side.reason {
+            Reason::NotSelected | Reason::NoRuleMatched { .. } => {
+                prop_assert_eq!(&want.by, &By::Default, "{}", e);
+                match &side.reason {
+                    Reason::NoRuleMatched { passed_by } => passed_by,
+                    _ => &None,
+                }
+            }
+            Reason::Rule { rule, passed_by } => {
+                match &rule.policy {
+                    PolicyRef::ClusterNetworkPolicy { .. } => cluster_rule(rule)?,
+                    PolicyRef::NetworkPolicy { namespace, name } => {
+                        prop_assert!(
+                            matches!(want.by, By::NetworkPolicies { allowed: true, .. }),
+                            "{} but the reference: {:?}",
+                            e,
+                            want
+                        );
+                        let p = cluster
+                            .policies
+                            .iter()
+                            .find(|p| &p.namespace == namespace && &p.name == name)
+                            .unwrap();
+                        prop_assert!(
+                            cluster
+                                .selecting(pod, egress)
+                                .iter()
+                                .any(|s| s.id() == p.id())
+                        );
+                        let rules = if egress { &p.egress } else { &p.ingress };
+                        prop_assert!(
+                            cluster.rule_admits(p, &rules[rule.index], pod, egress, pkt),
+                            "{} names a rule that does not admit {:?}",
+                            e,
+                            pkt
+                        );
+                        prop_assert_eq!(rule.action, Action::Accept);
+                    }
+                }
+                prop_assert_eq!(rule.direction, side.direction);
+                passed_by
+            }
+            Reason::NotAllowed {
+                isolated_by,
+                passed_by,
+            } => {
+                let names: Vec<String> = isolated_by
+                    .iter()
+                    .map(|p| match p {
+                        PolicyRef::NetworkPolicy { namespace, name } => {
+                            format!("{namespace}/{name}")
+                        }
+                        other => other.to_string(),
+                    })
+                    .collect();
+                prop_assert_eq!(
+                    &want.by,
+                    &By::NetworkPolicies {
+                        allowed: false,
+                        selecting: names
+                    },
+                    "{}",
+                    e
+                );
+                passed_by
+            }
+            Reason::NotLocal | Reason::AlwaysAllowed => {
+                return Err(TestCaseError::fail(format!(
+                    "{e}: a local pod's side, judged"
+                )));
+            }
+        };
+        prop_assert_eq!(
+            passed_by.as_ref().map(|r| {
+                let PolicyRef::ClusterNetworkPolicy { name, .. } = &r.policy else {
+                    return (String::new(), usize::MAX);
+                };
+                (name.clone(), r.index)
+            }),
+            want.passed.clone(),
+            "{}",
+            e
+        );
+    }
+    Ok(())
 }
 
 // ---------- generators ----------
@@ -715,6 +960,9 @@ fn packet(
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
 
+    /// ... and `Model::explain` of the flow each packet's addresses make (from and to the local
+    /// pods with those addresses) gives the ruleset's verdict for the packet the flow is, and
+    /// names the rule the reference finds deciding each side.
     #[test]
     fn ruleset_verdict_equals_the_api_semantics(
         namespaces in namespaces(),
@@ -723,7 +971,22 @@ proptest! {
         policies in proptest::collection::vec(policy(), 0..5),
         packets in packets(),
     ) {
-        let ruleset = build(&cluster_policies, &policies, &namespaces, &pods);
+        // names an explanation can be checked by: each policy's own, some rules named
+        let mut policies = policies;
+        for (i, p) in policies.iter_mut().enumerate() {
+            p.name = format!("p{i}");
+        }
+        let mut cluster_policies = cluster_policies;
+        for p in &mut cluster_policies {
+            for (j, r) in p.ingress.iter_mut().chain(p.egress.iter_mut()).enumerate() {
+                if j % 2 == 0 {
+                    r.name = format!("rule-{j}");
+                }
+            }
+        }
+        let model =
+            Model::with_cluster_policies(&cluster_policies, &policies, &namespaces, &pods).unwrap();
+        let ruleset = model.ruleset();
         let script = ruleset.render();
         let text = nft_eval::Nft::parse(&script);
         let cluster = Cluster { namespaces, pods, policies, cluster_policies };
@@ -746,6 +1009,24 @@ proptest! {
                 got,
                 ruleset.render()
             );
+
+            let flow = Flow { src: pkt.src, dst: pkt.dst, transport: pkt.transport };
+            let explained = model.explain(&flow);
+            let Some(seen) = as_this_node_sees_it(&cluster, &pkt) else {
+                let err = explained.expect_err("an address of several local pods is refused");
+                prop_assert!(
+                    matches!(&err, Error::Flow { field: "src" | "dst", .. }),
+                    "{}",
+                    err
+                );
+                continue;
+            };
+            let e = explained.unwrap();
+            let verdict = ruleset.verdict(&seen);
+            prop_assert_eq!(&e.verdict, &verdict, "{}\npacket {:?}\n{}", e, seen, script);
+            prop_assert_eq!(e.verdict == Verdict::Accept, cluster.reference(&seen), "{}", e);
+            prop_assert_eq!(text.accepts(&seen), cluster.reference(&seen));
+            explanation_agrees(&cluster, &e, &seen)?;
         }
     }
 
