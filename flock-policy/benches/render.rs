@@ -24,6 +24,7 @@ fn cluster() -> (Vec<Policy>, Vec<Namespace>, Vec<Pod>) {
         .map(|n| Namespace {
             name: format!("ns{n}"),
             labels: [("team".into(), format!("t{}", n % 10))].into(),
+            log: None,
         })
         .collect();
     let pods = (0..PODS)

@@ -245,7 +245,8 @@ impl Model {
             return Reason::NotSelected;
         };
         debug_assert_eq!(
-            self.name_chain(&chain.clone().keyed()).as_ref(),
+            self.name_chain(&chain.clone().keyed(), &pod.namespace)
+                .as_ref(),
             self.ruleset().chains(direction).get(host_if),
             "explain walks the chain the ruleset holds"
         );
@@ -399,13 +400,6 @@ impl Flow {
     }
 }
 
-fn direction_word(d: Direction) -> &'static str {
-    match d {
-        Direction::Ingress => "ingress",
-        Direction::Egress => "egress",
-    }
-}
-
 /// `tcp/80`, `udp/53`, `sctp/9`, `icmp type 8 code 0`, `icmpv6 type 128 code 0`,
 /// `protocol 47`.
 impl fmt::Display for Transport {
@@ -466,7 +460,7 @@ impl fmt::Display for RuleRef {
 /// this node has it, not judged here`.
 impl fmt::Display for Judgement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let direction = direction_word(self.direction);
+        let direction = Direction::as_str(self.direction);
         match &self.pod {
             Some(p) => write!(f, "{direction} of {}/{}", p.namespace, p.name)?,
             None => write!(f, "{direction} of {}", self.address)?,
@@ -608,6 +602,7 @@ mod tests {
             .map(|n| Namespace {
                 name: n.into(),
                 labels: [("team".to_owned(), n.to_owned())].into(),
+                log: None,
             })
             .to_vec()
     }

@@ -351,6 +351,8 @@ pub struct Namespace {
     pub name: String,
     /// Its labels.
     pub labels: Labels,
+    /// Which decisions of its pods' chains are logged; `None`: none.
+    pub log: Option<crate::LogMode>,
 }
 
 impl Namespace {

@@ -167,8 +167,8 @@ pub use input::{
     NamedPort, Namespace, Peer, Pod, Policy, PolicyTypes, Port, PortSpec, Protocol, Rule,
 };
 pub use model::{
-    AddrSet, Allow, Chain, Direction, Elements, Flow, Hop, Member, Packet, Ports, Ruleset,
-    TierRule, Transport, Verdict,
+    AddrSet, Allow, Chain, Direction, Elements, Flow, Hop, LOG_GROUP, LogMode, Member, Packet,
+    Ports, Ruleset, TierRule, Transport, Verdict, log_prefix, parse_log_prefix,
 };
 pub use render::{Element, ElementOp, REMOVE_SCRIPT, TABLE, Update};
 pub use selector::{LabelSelector, Labels, NAMESPACE_NAME_LABEL, Operator, Requirement};

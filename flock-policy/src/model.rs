@@ -17,6 +17,59 @@ pub enum Direction {
     Egress,
 }
 
+/// Which decisions of a pod's chains are logged (a namespace's choice, see
+/// [`Namespace::log`](crate::Namespace::log)): each is handed to nfnetlink_log group
+/// [`LOG_GROUP`] with the prefix [`log_prefix`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LogMode {
+    /// The new connections the chain drops.
+    Deny,
+    /// Every new connection the chain decides, allowed or dropped.
+    All,
+}
+
+/// The nfnetlink_log group logged decisions go to (`log group 3650`).
+pub const LOG_GROUP: u16 = 3650;
+
+/// The `log prefix` of a decision: `flock allow ingress`, `flock deny egress`, …; the side
+/// is the pod whose chain decided (the receiver's ingress, the sender's egress).
+pub fn log_prefix(allowed: bool, direction: Direction) -> String {
+    format!(
+        "flock {} {}",
+        if allowed { "allow" } else { "deny" },
+        direction.as_str()
+    )
+}
+
+/// The decision a prefix written by [`log_prefix`] stands for; `None` for any other.
+pub fn parse_log_prefix(prefix: &str) -> Option<(bool, Direction)> {
+    let mut words = prefix.split(' ');
+    if words.next()? != "flock" {
+        return None;
+    }
+    let allowed = match words.next()? {
+        "allow" => true,
+        "deny" => false,
+        _ => return None,
+    };
+    let direction = match words.next()? {
+        "ingress" => Direction::Ingress,
+        "egress" => Direction::Egress,
+        _ => return None,
+    };
+    words.next().is_none().then_some((allowed, direction))
+}
+
+impl Direction {
+    /// `ingress` or `egress`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        }
+    }
+}
+
 /// The elements of a named set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Elements {
@@ -141,6 +194,8 @@ pub struct Chain {
     pub policy: Option<Vec<Allow>>,
     /// Baseline tier rules (empty when [`policy`](Self::policy) is `Some`).
     pub baseline: Vec<TierRule>,
+    /// Which of the chain's decisions are logged (the pod's namespace's choice).
+    pub log: Option<LogMode>,
 }
 
 impl Chain {

@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use crate::addr::{AddrRange, Family};
 use crate::cluster::Action;
 use crate::model::{
-    ALWAYS_ICMPV6, AddrSet, Allow, Chain, Direction, Elements, Member, Ports, Ruleset, TierRule,
+    ALWAYS_ICMPV6, AddrSet, Allow, Chain, Direction, Elements, LOG_GROUP, LogMode, Member, Ports,
+    Ruleset, TierRule, log_prefix,
 };
 use crate::state::{ChainChange, Delta};
 
@@ -366,25 +367,47 @@ impl Rendered {
 /// allows and `drop`; Admin rules come before them, Baseline rules in their place when no
 /// NetworkPolicy isolates the pod.
 fn render_chain(direction: Direction, chain: &Chain, sets: &BTreeMap<String, AddrSet>) -> Rendered {
-    let accept = match direction {
-        // egress returns to the forward chain, where the receiver's ingress follows
-        Direction::Egress => "return",
-        Direction::Ingress => "accept",
-    };
+    let accept = verdict(
+        match direction {
+            // egress returns to the forward chain, where the receiver's ingress follows
+            Direction::Egress => "return",
+            Direction::Ingress => "accept",
+        },
+        true,
+        direction,
+        chain.log,
+    );
+    let accept = accept.as_str();
+    let drop = verdict("drop", false, direction, chain.log);
+    let drop = drop.as_str();
     let mut tail = String::new();
     match &chain.policy {
         Some(allows) => {
             for allow in allows {
                 rule(&mut tail, allow, direction, sets, accept);
             }
-            tail.push_str("\t\tdrop\n");
+            let _ = writeln!(tail, "\t\t{drop}");
         }
-        None => tier(&mut tail, &chain.baseline, direction, sets, accept, accept),
+        None => {
+            tier(
+                &mut tail,
+                &chain.baseline,
+                direction,
+                sets,
+                accept,
+                drop,
+                accept,
+            );
+            // what no tier decided passes: logged as allowed when every decision is
+            if chain.log == Some(LogMode::All) {
+                let _ = writeln!(tail, "\t\t{accept}");
+            }
+        }
     }
     let passes = chain.admin.iter().any(|r| r.action == Action::Pass);
     if !passes {
         let mut body = String::new();
-        tier(&mut body, &chain.admin, direction, sets, accept, "");
+        tier(&mut body, &chain.admin, direction, sets, accept, drop, "");
         body.push_str(&tail);
         return Rendered {
             name: chain_name(direction, &body),
@@ -394,7 +417,15 @@ fn render_chain(direction: Direction, chain: &Chain, sets: &BTreeMap<String, Add
     }
     // Pass skips the rest of the Admin tier: the next tier is a chain of its own
     let mut whole = String::new();
-    tier(&mut whole, &chain.admin, direction, sets, accept, "pass");
+    tier(
+        &mut whole,
+        &chain.admin,
+        direction,
+        sets,
+        accept,
+        drop,
+        "pass",
+    );
     whole.push_str(&tail);
     let name = chain_name(direction, &whole);
     let target = format!("{name}_next");
@@ -405,7 +436,7 @@ fn render_chain(direction: Direction, chain: &Chain, sets: &BTreeMap<String, Add
     } else {
         goto.as_str()
     };
-    tier(&mut body, &chain.admin, direction, sets, accept, pass);
+    tier(&mut body, &chain.admin, direction, sets, accept, drop, pass);
     if !tail.is_empty() {
         let _ = writeln!(body, "\t\t{goto}");
     }
@@ -416,6 +447,23 @@ fn render_chain(direction: Direction, chain: &Chain, sets: &BTreeMap<String, Add
     }
 }
 
+/// A verdict, after the statement that logs it when the chain logs such decisions.
+fn verdict(word: &str, allowed: bool, direction: Direction, log: Option<LogMode>) -> String {
+    let logged = match log {
+        Some(LogMode::All) => true,
+        Some(LogMode::Deny) => !allowed,
+        None => false,
+    };
+    if logged {
+        format!(
+            "log prefix \"{}\" group {LOG_GROUP} {word}",
+            log_prefix(allowed, direction)
+        )
+    } else {
+        word.to_owned()
+    }
+}
+
 /// The rules of a cluster tier: Accept as `accept`, Deny as `drop`, Pass as `pass`.
 fn tier(
     out: &mut String,
@@ -423,12 +471,13 @@ fn tier(
     direction: Direction,
     sets: &BTreeMap<String, AddrSet>,
     accept: &str,
+    drop: &str,
     pass: &str,
 ) {
     for r in rules {
         let verdict = match r.action {
             Action::Accept => accept,
-            Action::Deny => "drop",
+            Action::Deny => drop,
             Action::Pass => pass,
         };
         rule(out, &r.matches, direction, sets, verdict);

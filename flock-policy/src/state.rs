@@ -11,7 +11,9 @@ use crate::allows::{
 use crate::cluster::{CheckedClusterPolicy, ClusterPolicy};
 use crate::error::{Error, Result};
 use crate::input::{CheckedPolicy, Namespace, Pod, Protocol};
-use crate::model::{Allow, Chain, Direction, Member, Ports, Ruleset, TierRule, family_suffix};
+use crate::model::{
+    Allow, Chain, Direction, LogMode, Member, Ports, Ruleset, TierRule, family_suffix,
+};
 use crate::selector::Labels;
 
 /// Builds the rule model of the node whose pods are those with a `host_if`.
@@ -86,6 +88,8 @@ pub struct Model {
     cluster: Vec<CheckedClusterPolicy>,
     /// Effective labels of the listed namespaces.
     ns_labels: BTreeMap<String, Labels>,
+    /// The namespaces whose pods' decisions are logged.
+    ns_log: BTreeMap<String, LogMode>,
     names: BTreeMap<SetKey, String>,
     /// Sets whose members are pods: `(name, key)`.
     member_sets: Vec<(String, SetKey)>,
@@ -153,6 +157,10 @@ impl Model {
                 .iter()
                 .map(|n| (n.name.clone(), n.effective_labels()))
                 .collect(),
+            ns_log: namespaces
+                .iter()
+                .filter_map(|n| Some((n.name.clone(), n.log?)))
+                .collect(),
             names: BTreeMap::new(),
             member_sets: Vec::new(),
             scoped: BTreeMap::new(),
@@ -164,18 +172,18 @@ impl Model {
             journal: Journal::default(),
         };
 
-        let mut keyed: Vec<(Direction, &str, KeyedChain)> = Vec::new();
+        let mut keyed: Vec<(Direction, &str, &str, KeyedChain)> = Vec::new();
         for pod in pods {
             let Some(h) = &pod.host_if else { continue };
             for direction in DIRECTIONS {
                 if let Some(chain) = model.pod_chain(pod, direction) {
-                    keyed.push((direction, h, chain));
+                    keyed.push((direction, h, &pod.namespace, chain));
                 }
             }
         }
         // name the sets in the order of their keys
         let mut keys = BTreeSet::new();
-        for (_, _, chain) in &keyed {
+        for (_, _, _, chain) in &keyed {
             for a in chain.allows() {
                 keys.extend(a.peer.clone());
                 if let KeyedPorts::Named(k) = &a.ports {
@@ -214,9 +222,9 @@ impl Model {
             }
             model.names.insert(key, name);
         }
-        for (direction, host_if, chain) in keyed {
+        for (direction, host_if, namespace, chain) in keyed {
             let chain = model
-                .name_chain(&chain)
+                .name_chain(&chain, namespace)
                 .expect("every set of the model is named above");
             for set in referenced(&chain) {
                 *model.set_users.entry(set.to_owned()).or_default() += 1;
@@ -261,7 +269,7 @@ impl Model {
             let mut chains = Vec::new();
             for direction in DIRECTIONS {
                 if let Some(chain) = self.pod_chain(pod, direction) {
-                    match self.name_chain(&chain) {
+                    match self.name_chain(&chain, &pod.namespace) {
                         Some(named) => chains.push((direction, named)),
                         None => return Ok(false),
                     }
@@ -353,6 +361,7 @@ impl Model {
                 Namespace {
                     name: ns.to_owned(),
                     labels: Labels::new(),
+                    log: None,
                 }
                 .effective_labels(),
             ),
@@ -387,8 +396,9 @@ impl Model {
         &self.cluster
     }
 
-    /// The chain with its sets named; `None` when a set is not in the model.
-    pub(crate) fn name_chain(&self, chain: &KeyedChain) -> Option<Chain> {
+    /// A local pod's chain with its sets named, logging as its `namespace` asks; `None` when
+    /// a set is not in the model.
+    pub(crate) fn name_chain(&self, chain: &KeyedChain, namespace: &str) -> Option<Chain> {
         let tier = |rules: &[(crate::Action, KeyedAllow)]| -> Option<Vec<TierRule>> {
             rules
                 .iter()
@@ -414,6 +424,7 @@ impl Model {
             admin: tier(&chain.admin)?,
             policy,
             baseline: tier(&chain.baseline)?,
+            log: self.ns_log.get(namespace).copied(),
         })
     }
 

@@ -3,9 +3,9 @@
 //! applies nothing) inside a namespace made for it.
 
 use flock_policy::{
-    Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, LabelSelector, Model, NamedPort,
-    Namespace, Operator, Peer, Pod, Policy, PolicyTypes, PortSpec, Protocol, REMOVE_SCRIPT,
-    Requirement, Rule, Tier, build,
+    Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, LabelSelector, LogMode, Model,
+    NamedPort, Namespace, Operator, Peer, Pod, Policy, PolicyTypes, PortSpec, Protocol,
+    REMOVE_SCRIPT, Requirement, Rule, Tier, build,
 };
 
 fn pod(
@@ -34,10 +34,12 @@ fn namespaces() -> Vec<Namespace> {
         Namespace {
             name: "shop".into(),
             labels: [("team".into(), "shop".into())].into(),
+            log: None,
         },
         Namespace {
             name: "monitoring".into(),
             labels: [("team".into(), "ops".into())].into(),
+            log: None,
         },
     ]
 }
@@ -112,7 +114,19 @@ fn render(policies: &[Policy], pods: &[Pod]) -> String {
 }
 
 fn render_cluster(cluster: &[ClusterPolicy], policies: &[Policy], pods: &[Pod]) -> String {
-    let script = Model::with_cluster_policies(cluster, policies, &namespaces(), pods)
+    render_logged(cluster, policies, pods, None)
+}
+
+/// [`render_cluster`] with `shop` logging its pods' decisions as `log` says.
+fn render_logged(
+    cluster: &[ClusterPolicy],
+    policies: &[Policy],
+    pods: &[Pod],
+    log: Option<LogMode>,
+) -> String {
+    let mut namespaces = namespaces();
+    namespaces[0].log = log;
+    let script = Model::with_cluster_policies(cluster, policies, &namespaces, pods)
         .unwrap()
         .into_ruleset()
         .render();
@@ -435,4 +449,42 @@ fn cluster_named_port() {
         vec![ClusterPort::Named("pg".into())],
     )];
     insta::assert_snapshot!(render_cluster(&[admin], &[], &pods()));
+}
+
+/// A namespace that logs what its pods' policies deny: the Admin tier's Deny and the
+/// NetworkPolicy's final drop log to flock's group, the accepts do not.
+#[test]
+fn logging_denied_connections() {
+    let mut admin = cluster_policy("metrics", Tier::Admin, 10, team("shop"));
+    admin.ingress = vec![cluster_rule(
+        Action::Deny,
+        vec![ClusterPeer::Namespaces(LabelSelector::all())],
+        vec![ClusterPort::Number(Protocol::Tcp, 9090)],
+    )];
+    let mut np = policy("web-from-clients", LabelSelector::labels([("app", "web")]));
+    np.ingress = vec![Rule {
+        peers: vec![Peer::pods(LabelSelector::labels([("role", "client")]))],
+        ports: vec![PortSpec::number(Protocol::Tcp, 8080)],
+    }];
+    insta::assert_snapshot!(render_logged(&[admin], &[np], &pods(), Some(LogMode::Deny)));
+}
+
+/// A namespace that logs every decision: each verdict of a judged pod's chain logs, the
+/// Pass target's too, and what no tier decides ends in a logged accept.
+#[test]
+fn logging_every_decision() {
+    let mut admin = cluster_policy("pass-shop", Tier::Admin, 5, team("shop"));
+    admin.egress = vec![cluster_rule(Action::Pass, vec![team("shop")], vec![])];
+    let mut baseline = cluster_policy("dns-only", Tier::Baseline, 100, team("shop"));
+    baseline.egress = vec![cluster_rule(
+        Action::Deny,
+        vec![ClusterPeer::Networks(vec!["2001:db8:bad::/48".into()])],
+        vec![],
+    )];
+    insta::assert_snapshot!(render_logged(
+        &[admin, baseline],
+        &[],
+        &pods(),
+        Some(LogMode::All)
+    ));
 }

@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use flock_policy::{
-    Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Error, Explanation, Flow, Hop,
-    LabelSelector, Model, NamedPort, Namespace, Operator, Packet, Peer, Pod, Policy, PolicyRef,
-    PolicyTypes, Port, PortSpec, Protocol, Reason, Requirement, Rule, RuleRef, Tier, Transport,
-    Verdict,
+    Action, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Direction, Error, Explanation,
+    Flow, Hop, LabelSelector, LogMode, Model, NamedPort, Namespace, Operator, Packet, Peer, Pod,
+    Policy, PolicyRef, PolicyTypes, Port, PortSpec, Protocol, Reason, Requirement, Rule, RuleRef,
+    Tier, Transport, Verdict, log_prefix,
 };
 use ipnet::IpNet;
 use proptest::prelude::*;
@@ -237,6 +237,47 @@ impl Cluster {
             Hop::Link(l) => self.pods.iter().find(|p| p.host_if.as_deref() == Some(l)),
             Hop::Node => None,
         }
+    }
+
+    /// What the table logs for a packet whose verdict is `verdict`: each side whose pod a
+    /// policy judges (it has a chain) logs once when its namespace logs that decision — the
+    /// sender's egress first; a side after a drop is never reached.
+    fn logs(
+        &self,
+        ruleset: &flock_policy::Ruleset,
+        pkt: &Packet,
+        verdict: &Verdict,
+    ) -> Vec<String> {
+        let (Hop::Link(iif), Hop::Link(oif)) = (&pkt.from, &pkt.to) else {
+            return Vec::new();
+        };
+        if pkt.transport.always_allowed() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (direction, host_if) in [(Direction::Egress, iif), (Direction::Ingress, oif)] {
+            if !ruleset.chains(direction).contains_key(host_if) {
+                continue;
+            }
+            let pod = self
+                .local(&Hop::Link(host_if.clone()))
+                .expect("a chain is a local pod's");
+            let log = self
+                .namespaces
+                .iter()
+                .find(|n| n.name == pod.namespace)
+                .and_then(|n| n.log);
+            let dropped = matches!(verdict, Verdict::Drop { direction: d, .. } if *d == direction);
+            match (log, dropped) {
+                (Some(_), true) => out.push(log_prefix(false, direction)),
+                (Some(LogMode::All), false) => out.push(log_prefix(true, direction)),
+                _ => {}
+            }
+            if dropped {
+                break;
+            }
+        }
+        out
     }
 
     /// The first rule of `tier` that matches — its policy, its index and its action — the
@@ -845,15 +886,22 @@ fn pods() -> impl Strategy<Value = Vec<Pod>> {
 }
 
 fn namespaces() -> impl Strategy<Value = Vec<Namespace>> {
-    (labels(NS_LABELS), labels(NS_LABELS), labels(NS_LABELS)).prop_map(|(a, b, c)| {
-        [("a", a), ("b", b), ("c", c)]
-            .into_iter()
-            .map(|(name, labels)| Namespace {
-                name: name.into(),
-                labels,
-            })
-            .collect()
-    })
+    let log = || select(vec![None, Some(LogMode::Deny), Some(LogMode::All)]);
+    (
+        (labels(NS_LABELS), log()),
+        (labels(NS_LABELS), log()),
+        (labels(NS_LABELS), log()),
+    )
+        .prop_map(|(a, b, c)| {
+            [("a", a), ("b", b), ("c", c)]
+                .into_iter()
+                .map(|(name, (labels, log))| Namespace {
+                    name: name.into(),
+                    labels,
+                    log,
+                })
+                .collect()
+        })
 }
 
 /// Where a packet comes from or goes to: a pod (by index), the node, or an outside address.
@@ -1009,6 +1057,15 @@ proptest! {
                 got,
                 ruleset.render()
             );
+            // the decisions the pods' namespaces log, and only those, are logged once each
+            prop_assert_eq!(
+                text.logged(),
+                cluster.logs(ruleset, &pkt, &got),
+                "the logged decisions: packet {:?}, verdict {:?}\n{}",
+                pkt,
+                got,
+                script
+            );
 
             let flow = Flow { src: pkt.src, dst: pkt.dst, transport: pkt.transport };
             let explained = model.explain(&flow);
@@ -1118,14 +1175,17 @@ fn chains_that_render_alike_are_one_kernel_chain_until_the_last_goes() {
         Namespace {
             name: "a".into(),
             labels: Default::default(),
+            log: None,
         },
         Namespace {
             name: "b".into(),
             labels: Default::default(),
+            log: None,
         },
         Namespace {
             name: "c".into(),
             labels: [("team".to_owned(), "x".to_owned())].into(),
+            log: None,
         },
     ];
     let pod = |ns: &str, name: &str, last: u8, local: bool| Pod {

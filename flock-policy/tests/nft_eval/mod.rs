@@ -1,9 +1,11 @@
 //! An evaluator of the rendered nftables *text*: it parses the script `render` writes (sets,
 //! verdict maps, chains) and runs a packet through the `forward` hook as the kernel would —
 //! first matching rule wins, `jump`, `goto` and `return`, `accept` ends the base chain, the chain
-//! policy at the end. It knows only the statements flock renders and panics on anything else,
-//! so a change of the renderer cannot slip past the property test unevaluated.
+//! policy at the end; a `log prefix "…" group N` statement of a rule that matches records its
+//! prefix ([`Nft::logged`]). It knows only the statements flock renders and panics on anything
+//! else, so a change of the renderer cannot slip past the property test unevaluated.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -20,6 +22,8 @@ pub struct Nft {
     maps: BTreeMap<String, BTreeMap<String, String>>,
     /// chain name → rules (each a list of tokens, the verdict last)
     chains: BTreeMap<String, Vec<Vec<String>>>,
+    /// the prefixes logged by the last [`Nft::accepts`], in order
+    logged: RefCell<Vec<String>>,
 }
 
 enum Outcome {
@@ -284,8 +288,14 @@ impl Nft {
         nft
     }
 
+    /// The prefixes the last [`accepts`](Self::accepts) logged, in order.
+    pub fn logged(&self) -> Vec<String> {
+        self.logged.borrow().clone()
+    }
+
     /// Whether the packet (the first of its connection) passes the table.
     pub fn accepts(&self, p: &Packet) -> bool {
+        self.logged.borrow_mut().clear();
         let (Hop::Link(iif), Hop::Link(oif)) = (&p.from, &p.to) else {
             return true; // not forwarded: the table's only hook is forward
         };
@@ -353,6 +363,27 @@ impl Nft {
         while i < t.len() {
             match (tok(i), tok(i + 1), tok(i + 2)) {
                 ("ct", "state", "established,related") => return false, // first packets only
+                ("log", "prefix", first) if first.starts_with('"') => {
+                    // a statement: the rule's matches before it matched
+                    let mut words = Vec::new();
+                    let mut j = i + 2;
+                    loop {
+                        let w = tok(j);
+                        assert!(!w.is_empty(), "an unterminated log prefix in {t:?}");
+                        words.push(w);
+                        j += 1;
+                        if w.ends_with('"') && (w.len() > 1 || words.len() > 1) {
+                            break;
+                        }
+                    }
+                    assert_eq!(tok(j), "group", "a log statement without its group: {t:?}");
+                    assert!(tok(j + 1).parse::<u16>().is_ok(), "group {:?}", tok(j + 1));
+                    let prefix = words.join(" ");
+                    self.logged
+                        .borrow_mut()
+                        .push(prefix.trim_matches('"').to_owned());
+                    i = j + 2;
+                }
                 (ip @ ("ip6" | "ip"), "daddr", ".") => {
                     // ip6 daddr . tcp dport @set
                     let (l4, set) = (tok(i + 3), tok(i + 5));
