@@ -168,6 +168,23 @@ struct RunArgs {
     /// The nft program.
     #[arg(long, env = "FLOCK_NFT", default_value = "nft")]
     nft: PathBuf,
+    /// Kubernetes mode: where the policy decisions of namespaces annotated
+    /// `flock.fritzlab.net/policy-log` are written, one JSON line each.
+    #[arg(
+        long,
+        env = "FLOCK_POLICY_LOG",
+        default_value = "/var/log/flock/policy.log"
+    )]
+    policy_log: PathBuf,
+    /// Kubernetes mode: the size at which the policy log is rotated (`policy.log.1`, …).
+    #[arg(long, env = "FLOCK_POLICY_LOG_MAX_BYTES", default_value_t = 10 << 20)]
+    policy_log_max_bytes: u64,
+    /// Kubernetes mode: rotated policy logs kept.
+    #[arg(long, env = "FLOCK_POLICY_LOG_KEEP", default_value_t = 3)]
+    policy_log_keep: u32,
+    /// Kubernetes mode: policy log lines per pod and second (bursts of twice as many).
+    #[arg(long, env = "FLOCK_POLICY_LOG_RATE", default_value_t = 10)]
+    policy_log_rate: u32,
 }
 
 fn main() -> Result<()> {
@@ -261,6 +278,13 @@ fn run(args: RunArgs) -> Result<()> {
             pod_wait: args.pod_wait,
             network_policy: args.network_policy,
             nft: args.nft,
+            policy_log: flock_agent::policy::decisions::LogOptions {
+                path: args.policy_log,
+                max_bytes: args.policy_log_max_bytes,
+                keep: args.policy_log_keep,
+                rate: args.policy_log_rate,
+                burst: args.policy_log_rate.saturating_mul(2),
+            },
             ..flock_agent::k8s::KubeOptions::default()
         };
         runtime.block_on(flock_agent::k8s::run(options, kube))?;

@@ -91,8 +91,30 @@ pub struct Metrics {
     pub policy_rules: Gauge,
     /// Local pods isolated, per direction, in the applied ruleset.
     pub policy_isolated_pods: Family<DirectionLabels, Gauge>,
-    /// NetworkPolicies left out because they are invalid.
+    /// Policies of both kinds not enforced as written (left out, or enforced fail-closed).
     pub policy_invalid: Gauge,
+    /// Logged policy decisions, per deciding policy and verdict.
+    pub policy_decisions: Family<DecisionLabels, Counter>,
+    /// Logged packets not written as a line: over a pod's rate, or dropped by the kernel
+    /// because the reader fell behind (`reason`).
+    pub policy_decisions_unwritten: Family<ReasonLabels, Counter>,
+}
+
+/// Labels of a logged policy decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// The deciding policy (`networkpolicy NS/NAME`, `clusternetworkpolicy NAME`), or `none`
+    /// when the connection was dropped because no policy selecting the pod allows it.
+    pub policy: String,
+    /// `allow` or `deny`.
+    pub verdict: String,
+}
+
+/// Labels carrying a reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Why.
+    pub reason: String,
 }
 
 impl Default for Metrics {
@@ -188,8 +210,20 @@ impl Metrics {
         let policy_invalid = Gauge::default();
         registry.register(
             "policy_invalid",
-            "NetworkPolicies left out because they are invalid (see the agent's log)",
+            "Policies not enforced as written: left out, or enforced fail-closed (see the PoliciesValid condition)",
             policy_invalid.clone(),
+        );
+        let policy_decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "policy_decisions",
+            "Logged policy decisions of new connections, per deciding policy and verdict",
+            policy_decisions.clone(),
+        );
+        let policy_decisions_unwritten = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "policy_decisions_unwritten",
+            "Logged packets not written as a line: over the pod's rate (rate), or lost by the kernel while the reader fell behind (lost)",
+            policy_decisions_unwritten.clone(),
         );
         Metrics {
             registry,
@@ -207,6 +241,8 @@ impl Metrics {
             policy_rules,
             policy_isolated_pods,
             policy_invalid,
+            policy_decisions,
+            policy_decisions_unwritten,
         }
     }
 
@@ -293,6 +329,8 @@ pub enum Component {
     NetworkPolicy,
     /// The node's NodeConfig.
     NodeConfig,
+    /// The policy decision log (nfnetlink_log).
+    PolicyLog,
     /// The guard of the announced Service ranges (`inet flock_services`).
     Services,
     /// The allocation store.
@@ -308,6 +346,7 @@ impl Component {
             Component::Kernel => "kernel",
             Component::NetworkPolicy => "networkpolicy",
             Component::NodeConfig => "nodeconfig",
+            Component::PolicyLog => "policy-log",
             Component::Services => "services",
             Component::Store => "store",
         }
@@ -320,11 +359,13 @@ impl std::fmt::Display for Component {
     }
 }
 
-/// What `/readyz` reports: each component's problem, if any.
+/// What `/readyz` reports: each component's problem, if any, and notes that do not make the
+/// agent unready (a policy enforced other than written).
 #[derive(Debug, Default)]
 pub struct Health {
     serving: AtomicBool,
     problems: Mutex<std::collections::BTreeMap<Component, String>>,
+    notes: Mutex<std::collections::BTreeMap<Component, String>>,
 }
 
 impl Health {
@@ -345,6 +386,25 @@ impl Health {
             Some(text) => p.insert(component, text),
             None => p.remove(&component),
         };
+    }
+
+    /// Sets or clears (`None`) the note of a component: shown by `/readyz`, ready or not.
+    pub fn set_note(&self, component: Component, note: Option<String>) {
+        let mut n = self.notes.lock().expect("health lock");
+        match note {
+            Some(text) => n.insert(component, text),
+            None => n.remove(&component),
+        };
+    }
+
+    /// Every note, one line each (`component: note`).
+    pub fn notes(&self) -> Vec<String> {
+        self.notes
+            .lock()
+            .expect("health lock")
+            .iter()
+            .map(|(c, n)| format!("{c}: {n}"))
+            .collect()
     }
 
     /// The current problem of a component.
@@ -399,10 +459,14 @@ async fn serve_metrics(State(s): State<HttpState>) -> impl IntoResponse {
 }
 
 async fn serve_readyz(State(s): State<HttpState>) -> impl IntoResponse {
-    match s.health.readiness() {
+    let (code, mut body) = match s.health.readiness() {
         Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
         Err(problems) => (StatusCode::SERVICE_UNAVAILABLE, format!("{problems}\n")),
+    };
+    for note in s.health.notes() {
+        body.push_str(&format!("note: {note}\n"));
     }
+    (code, body)
 }
 
 #[cfg(test)]

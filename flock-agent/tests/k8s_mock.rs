@@ -278,6 +278,9 @@ async fn the_status_patch_carries_a_network_policy_condition_that_names_a_failed
                 at: Some(applied_at),
             },
             failed: None,
+            not_as_written: vec![
+                "clusternetworkpolicy lab: spec.ingress[0].from[0].nodes: unsupported (enforced fail-closed)".into(),
+            ],
         }),
         ..StatusInputs::default()
     };
@@ -295,7 +298,7 @@ async fn the_status_patch_carries_a_network_policy_condition_that_names_a_failed
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Applied"));
     assert!(
         c.message
-            .starts_with("12 policies in the cluster (1 invalid"),
+            .starts_with("12 policies in the cluster (1 not enforced as written"),
         "{}",
         c.message
     );
@@ -304,6 +307,21 @@ async fn the_status_patch_carries_a_network_policy_condition_that_names_a_failed
             .ends_with("7 isolated pods on this node, last applied at 2027-01-15T08:00:00Z"),
         "{}",
         c.message
+    );
+
+    // the policy not enforced as written, named with its field in a condition of its own
+    let valid = ok
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "PoliciesValid")
+        .expect("a PoliciesValid condition");
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "NotAsWritten")
+    );
+    assert_eq!(
+        valid.message,
+        "1 policy not enforced as written: clusternetworkpolicy lab: spec.ingress[0].from[0].nodes: unsupported (enforced fail-closed)"
     );
 
     let refused = "nft -f - in the current namespace exited with exit status: 1: Error: Could not process rule: No such file or directory";

@@ -363,3 +363,169 @@ async fn incremental_applies_leave_the_table_a_full_apply_of_the_same_model_leav
         "the element path over netlink ran: {encoded}"
     );
 }
+
+/// The lines of the policy log at `path` once there are `want` (up to 5 s).
+async fn log_lines(path: &std::path::Path, want: usize) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect();
+        if lines.len() >= want || std::time::Instant::now() > deadline {
+            return lines;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn annotated(log: &str) -> k8s_openapi::api::core::v1::Namespace {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": { "name": "shop", "annotations": { "flock.fritzlab.net/policy-log": log } }
+    }))
+    .expect("namespace fixture")
+}
+
+/// A namespace annotated `deny` has its pods' denied connections logged from the kernel
+/// (nfnetlink_log, in the node's namespace) as lines naming both pods and why; `all` adds
+/// the allowed ones with the rule that allowed them; a value flock does not know logs nothing
+/// and is shown with the policies not enforced as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_annotated_namespace_has_its_decisions_logged_with_the_rule_that_decided() {
+    let node_ns = Netns::new("node");
+    let state = tempfile::tempdir().expect("tmp");
+    let nft = NftCommand::new("nft", NsTarget::Path(node_ns.path()));
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let enforcer = PolicyEnforcer::spawn(Arc::new(nft), metrics.clone(), health.clone());
+    let options = flock_agent::policy::decisions::LogOptions {
+        path: state.path().join("log/policy.log"),
+        ..Default::default()
+    };
+    flock_agent::policy::decisions::start(
+        &enforcer,
+        &options,
+        &metrics,
+        &health,
+        &NsTarget::Path(node_ns.path()),
+    )
+    .await;
+    assert_eq!(health.notes(), Vec::<String>::new(), "the group is bound");
+    let pods = Arc::new(Directory::default());
+    let settings = serde_json::from_value::<NodeConfig>(json!({
+        "apiVersion": "flock.fritzlab.net/v1alpha1", "kind": "NodeConfig",
+        "metadata": { "name": NODE },
+        "spec": { "cidr6": "2001:db8:52::/64", "cidr4": "10.252.0.0/24" }
+    }))
+    .unwrap()
+    .settings()
+    .unwrap();
+    let (agent, _) = Agent::start(AgentParts {
+        settings: Some(settings),
+        pods: Some(pods.clone()),
+        pod_wait: Duration::from_secs(10),
+        policy: Some(enforcer.clone()),
+        metrics: metrics.clone(),
+        health: health.clone(),
+        ..AgentParts::new(
+            Arc::new(NetnsKernel::new(NodeNs::at(node_ns.path()))),
+            state.path(),
+        )
+    })
+    .await
+    .expect("agent starts");
+    list_all(
+        &enforcer,
+        vec![server_policy()],
+        vec![annotated("deny")],
+        vec![],
+    );
+    let server = add(&agent, &pods, "srv", "server", json!({ "app": "server" })).await;
+    let client = add(&agent, &pods, "cli", "client", json!({ "role": "client" })).await;
+    let other = add(&agent, &pods, "oth", "other", json!({ "role": "other" })).await;
+    let _http = server.ns.run(|| TcpListener::bind("[::]:8080").unwrap());
+
+    assert!(
+        client.ns.tcp_connects(server.v6, 8080),
+        "allowed, not logged"
+    );
+    assert!(!other.ns.tcp_connects(server.v6, 8080), "denied, logged");
+    let lines = log_lines(&options.path, 1).await;
+    assert_eq!(lines.len(), 1, "only the denied connection: {lines:#?}");
+    let line = &lines[0];
+    assert_eq!(line["verdict"], "deny");
+    assert_eq!(line["direction"], "ingress");
+    assert_eq!(line["srcPod"], "shop/other");
+    assert_eq!(line["src"], other.v6.to_string());
+    assert_eq!(line["dstPod"], "shop/server");
+    assert_eq!(
+        (line["protocol"].as_str(), line["port"].as_u64()),
+        (Some("tcp"), Some(8080))
+    );
+    assert_eq!(line["policy"], "none");
+    assert_eq!(
+        line["decidedBy"],
+        "ingress of shop/server: no NetworkPolicy selecting it allows it (shop/server)",
+        "{line}"
+    );
+    // (a SYN retransmitted within the second is one more line, or none over the rate)
+
+    // `all`: the allowed connection is logged too, with the rule that allowed it
+    enforcer.on_namespace(Event::Apply(annotated("all")));
+    let generation = enforcer.update(|_| false);
+    enforcer
+        .wait_applied(generation, Duration::from_secs(10))
+        .await
+        .expect("applied");
+    let before = log_lines(&options.path, 0).await.len();
+    assert!(client.ns.tcp_connects(server.v4, 8080));
+    let lines = log_lines(&options.path, before + 1).await;
+    let allowed: Vec<_> = lines[before..]
+        .iter()
+        .filter(|l| l["verdict"] == "allow" && l["direction"] == "ingress")
+        .collect();
+    assert_eq!(allowed.len(), 1, "{lines:#?}");
+    assert_eq!(allowed[0]["src"], client.v4.to_string());
+    assert_eq!(allowed[0]["policy"], "networkpolicy shop/server");
+    assert_eq!(
+        allowed[0]["decidedBy"],
+        "ingress of shop/server by networkpolicy shop/server (rule 0)"
+    );
+    let text = metrics.encode();
+    assert!(
+        text.contains(
+            "flock_policy_decisions_total{policy=\"networkpolicy shop/server\",verdict=\"allow\"} 1"
+        ),
+        "{text}"
+    );
+
+    // a value flock does not know: nothing logged, and said where the policies are
+    enforcer.on_namespace(Event::Apply(annotated("verbose")));
+    let generation = enforcer.update(|_| false);
+    enforcer
+        .wait_applied(generation, Duration::from_secs(10))
+        .await
+        .expect("applied");
+    assert_eq!(
+        health.notes(),
+        [
+            "networkpolicy: 1 policy not enforced as written: namespace shop: annotation flock.fritzlab.net/policy-log: \"verbose\" is neither \"deny\" nor \"all\" (nothing logged)"
+        ]
+    );
+    let before = log_lines(&options.path, 0).await.len();
+    assert!(!other.ns.tcp_connects(server.v4, 8080));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        log_lines(&options.path, 0).await.len(),
+        before,
+        "logging is off"
+    );
+    assert!(
+        !node_ns
+            .ok(["nft", "list", "ruleset"])
+            .contains("log prefix"),
+        "no log statement is left"
+    );
+}

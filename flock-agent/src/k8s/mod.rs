@@ -46,6 +46,8 @@ pub struct KubeOptions {
     pub network_policy: bool,
     /// The `nft` program.
     pub nft: PathBuf,
+    /// Where logged policy decisions go, and how many.
+    pub policy_log: crate::policy::decisions::LogOptions,
 }
 
 impl Default for KubeOptions {
@@ -58,6 +60,7 @@ impl Default for KubeOptions {
             pod_wait: DEFAULT_POD_WAIT,
             network_policy: true,
             nft: PathBuf::from("nft"),
+            policy_log: crate::policy::decisions::LogOptions::default(),
         }
     }
 }
@@ -108,6 +111,16 @@ pub async fn run(options: RunOptions, kube: KubeOptions) -> Result<()> {
         crate::policy::watches::spawn_watches(client.clone(), enforcer.clone());
         enforcer
     });
+    if let Some(enforcer) = &policy {
+        crate::policy::decisions::start(
+            enforcer,
+            &kube.policy_log,
+            &metrics,
+            &health,
+            &flock_netns::NsTarget::Current,
+        )
+        .await;
+    }
     let (agent, report) = Agent::start(AgentParts {
         pods: Some(pods.clone()),
         pod_wait: kube.pod_wait,

@@ -176,6 +176,7 @@ pub fn build_status(
     }
     if let Some(policy) = &inputs.policy {
         conditions.push(policy_condition(policy));
+        conditions.push(policies_valid_condition(policy));
     }
     let blocking: Vec<String> = [Component::Store, Component::Kernel]
         .iter()
@@ -221,9 +222,7 @@ fn policy_condition(policy: &PolicyStatus) -> Condition {
     let a = &policy.applied;
     let invalid = match a.invalid {
         0 => String::new(),
-        n => format!(
-            " ({n} invalid, left out: see the flock_policy_invalid metric and the agent's log)"
-        ),
+        n => format!(" ({n} not enforced as written: see the PoliciesValid condition)"),
     };
     let summary = format!(
         "{} policies in the cluster{invalid}, {} isolated pods on this node",
@@ -258,6 +257,25 @@ fn policy_condition(policy: &PolicyStatus) -> Condition {
             true,
             "Applied",
             &format!("{summary}, last applied at {at}"),
+        ),
+    }
+}
+
+/// `PoliciesValid`: False naming the policies (up to a few) not enforced as written — their
+/// field and value, and whether each is left out or enforced fail-closed.
+fn policies_valid_condition(policy: &PolicyStatus) -> Condition {
+    match policy.not_as_written.as_slice() {
+        [] => cond(
+            "PoliciesValid",
+            true,
+            "AsWritten",
+            "every NetworkPolicy and ClusterNetworkPolicy is enforced as written",
+        ),
+        all => cond(
+            "PoliciesValid",
+            false,
+            "NotAsWritten",
+            &crate::policy::not_as_written_summary(all),
         ),
     }
 }

@@ -145,6 +145,48 @@ pub fn namespace_labels(ns: &Namespace) -> Labels {
     ns.metadata.labels.clone().unwrap_or_default()
 }
 
+/// What the policy model keeps of a Namespace: its labels, and which of its pods' decisions
+/// are logged (the [`decisions::ANNOTATION`](super::decisions::ANNOTATION)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    /// Its labels.
+    pub labels: Labels,
+    /// What its pods log; `Err` names the annotation's value that says neither (then
+    /// nothing is logged).
+    pub log: Result<Option<flock_policy::LogMode>, String>,
+}
+
+impl Default for NamespaceInfo {
+    /// No labels, nothing logged.
+    fn default() -> NamespaceInfo {
+        NamespaceInfo {
+            labels: Labels::new(),
+            log: Ok(None),
+        }
+    }
+}
+
+/// A Namespace as the policy model keeps it.
+pub fn namespace(ns: &Namespace) -> NamespaceInfo {
+    let log = ns
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(super::decisions::ANNOTATION))
+        .map(|v| super::decisions::log_mode(v))
+        .transpose()
+        .map_err(|e| {
+            format!(
+                "namespace {}: {e} (nothing logged)",
+                ns.metadata.name.as_deref().unwrap_or_default()
+            )
+        });
+    NamespaceInfo {
+        labels: namespace_labels(ns),
+        log,
+    }
+}
+
 /// A NetworkPolicy as `flock-policy` takes it, validated.
 pub fn policy(np: &NetworkPolicy) -> Result<Policy, ConvertError> {
     let namespace = np.metadata.namespace.clone().unwrap_or_default();

@@ -22,7 +22,9 @@
 
 pub mod cluster;
 pub mod convert;
+pub mod decisions;
 pub mod netlink;
+pub mod nflog;
 pub mod nft;
 pub mod plan;
 pub mod schedule;
@@ -79,6 +81,35 @@ pub struct PolicyStatus {
     pub applied: Applied,
     /// Why the newest apply failed, when it is newer than the last success.
     pub failed: Option<String>,
+    /// The policies not enforced as written, as of now: each message names the policy, the
+    /// field and the value, and says whether it is left out or enforced fail-closed.
+    pub not_as_written: Vec<String>,
+}
+
+/// At most this many policies are named in one line about the policies not enforced as
+/// written; the agent's log and `flock_policy_invalid` have them all.
+pub const NOT_AS_WRITTEN_LISTED: usize = 5;
+
+/// One line naming the policies not enforced as written (the first
+/// [`NOT_AS_WRITTEN_LISTED`]).
+pub fn not_as_written_summary(messages: &[String]) -> String {
+    let mut line = format!(
+        "{} {} not enforced as written: {}",
+        messages.len(),
+        if messages.len() == 1 {
+            "policy"
+        } else {
+            "policies"
+        },
+        messages[..messages.len().min(NOT_AS_WRITTEN_LISTED)].join("; ")
+    );
+    if messages.len() > NOT_AS_WRITTEN_LISTED {
+        line.push_str(&format!(
+            "; and {} more (the agent's log has them all)",
+            messages.len() - NOT_AS_WRITTEN_LISTED
+        ));
+    }
+    line
 }
 
 /// The node's NetworkPolicy enforcer: the tokio shell around a [`Schedule`]. Watch events
@@ -164,7 +195,7 @@ impl PolicyEnforcer {
                     Ok(p) => (Some(p), None),
                     Err(e) => {
                         warn!(error = %e, "NetworkPolicy left out");
-                        (None, Some(e.to_string()))
+                        (None, Some(format!("{e} (left out)")))
                     }
                 }
             });
@@ -186,7 +217,7 @@ impl PolicyEnforcer {
                     Ok(c) if c.unsupported.is_empty() => (Some(c.policy), None),
                     Ok(c) => {
                         let note = format!(
-                            "clusternetworkpolicy {}: {}",
+                            "clusternetworkpolicy {}: {} (enforced fail-closed)",
                             c.policy.name,
                             c.unsupported.join("; ")
                         );
@@ -195,7 +226,7 @@ impl PolicyEnforcer {
                     }
                     Err(e) => {
                         warn!(error = %e, "ClusterNetworkPolicy left out");
-                        (None, Some(e.to_string()))
+                        (None, Some(format!("{e} (left out)")))
                     }
                 },
             );
@@ -211,18 +242,29 @@ impl PolicyEnforcer {
         self.on_cluster_policy(Event::InitDone);
     }
 
-    /// `flock_policy_invalid`: the policies of both kinds left out or enforced otherwise.
+    /// `flock_policy_invalid` and the note `/readyz` shows: the policies of both kinds left
+    /// out or enforced otherwise. A note, not a problem: another user's policy does not make
+    /// the node unready.
     fn count_invalid(&self, view: &ClusterView) {
-        self.metrics
-            .policy_invalid
-            .set((view.invalid.len() + view.cluster_invalid.len()) as i64);
+        let invalid = view.not_as_written();
+        self.metrics.policy_invalid.set(invalid.len() as i64);
+        self.health.set_note(
+            Component::NetworkPolicy,
+            (!invalid.is_empty()).then(|| not_as_written_summary(&invalid)),
+        );
     }
 
     /// A Namespace watch event.
+    /// A Namespace watch event. An annotation asking for logging in a way flock does not
+    /// know is left out (nothing is logged) and shown with the policies not enforced as
+    /// written.
     pub fn on_namespace(&self, event: Event<Namespace>) {
         self.update(|view| {
-            view.namespaces
-                .feed(event, |ns| Some(convert::namespace_labels(ns)))
+            let changed = view
+                .namespaces
+                .feed(event, |ns| Some(convert::namespace(ns)));
+            self.count_invalid(view);
+            changed
         });
     }
 
@@ -321,12 +363,56 @@ impl PolicyEnforcer {
         let schedule = self.schedule();
         let progress = schedule.progress();
         PolicyStatus {
+            not_as_written: schedule.view().not_as_written(),
             applied: schedule.last_applied().clone(),
             failed: progress
                 .failed
                 .as_ref()
                 .filter(|(generation, _)| *generation > progress.applied)
                 .map(|(_, why)| why.to_string()),
+        }
+    }
+
+    /// What the policy log says about a logged flow whose `direction` side decided: the pods
+    /// at both ends and the rule that decided, from the model of the ruleset in force.
+    pub fn describe(
+        &self,
+        src: std::net::IpAddr,
+        dst: std::net::IpAddr,
+        transport: flock_policy::Transport,
+        direction: flock_policy::Direction,
+    ) -> decisions::Described {
+        let schedule = self.schedule();
+        let view = schedule.view();
+        let (decided_by, policy) = match schedule.model() {
+            None => (
+                "not explained: the ruleset in force was being replaced".to_owned(),
+                "none".to_owned(),
+            ),
+            Some(model) => match model.explain(&flock_policy::Flow {
+                src,
+                dst,
+                transport,
+            }) {
+                Err(e) => (format!("not explained: {e}"), "none".to_owned()),
+                Ok(e) => {
+                    let side = match direction {
+                        flock_policy::Direction::Egress => &e.egress,
+                        flock_policy::Direction::Ingress => &e.ingress,
+                    };
+                    let policy = match &side.reason {
+                        flock_policy::Reason::Rule { rule, .. } => rule.policy.to_string(),
+                        _ => "none".to_owned(),
+                    };
+                    (side.to_string(), policy)
+                }
+            },
+        };
+        decisions::Described {
+            src_pod: view.pod_at(src),
+            dst_pod: view.pod_at(dst),
+            decided_by,
+            policy,
         }
     }
 
@@ -438,4 +524,31 @@ fn feed_policies<K: kube::Resource, V: PartialEq>(
         };
         kept
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_names_a_few_policies_and_counts_the_rest() {
+        let one = vec![
+            "networkpolicy a/b: spec.ingress[0].ports[0].port: \"x y\" is not a port (left out)"
+                .to_owned(),
+        ];
+        assert_eq!(
+            not_as_written_summary(&one),
+            format!("1 policy not enforced as written: {}", one[0])
+        );
+        let many: Vec<String> = (0..8)
+            .map(|i| format!("networkpolicy ns/p{i}: … (left out)"))
+            .collect();
+        let line = not_as_written_summary(&many);
+        assert!(
+            line.starts_with("8 policies not enforced as written: networkpolicy ns/p0"),
+            "{line}"
+        );
+        assert!(line.contains("ns/p4: … (left out); and 3 more"), "{line}");
+        assert!(!line.contains("ns/p5"), "{line}");
+    }
 }

@@ -14,9 +14,9 @@ use std::net::IpAddr;
 use flock_policy::{Element, ElementOp, Member, TABLE};
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
-const NLMSG_ERROR: u16 = 2;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
+pub(super) const NLMSG_ERROR: u16 = 2;
+pub(super) const NLM_F_REQUEST: u16 = 0x1;
+pub(super) const NLM_F_ACK: u16 = 0x4;
 const NLM_F_CREATE: u16 = 0x400;
 const NLA_F_NESTED: u16 = 0x8000;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -43,12 +43,12 @@ const IFNAMSIZ: usize = 16;
 pub const MAX_BATCH_ELEMENTS: usize = 256;
 
 /// A netlink message being written: attributes appended, nests closed by offset.
-struct Msg {
+pub(super) struct Msg {
     buf: Vec<u8>,
 }
 
 impl Msg {
-    fn new(kind: u16, flags: u16, seq: u32, family: u8, res_id: u16) -> Msg {
+    pub(super) fn new(kind: u16, flags: u16, seq: u32, family: u8, res_id: u16) -> Msg {
         let mut buf = Vec::with_capacity(256);
         buf.extend_from_slice(&0u32.to_ne_bytes()); // length, set in finish
         buf.extend_from_slice(&kind.to_ne_bytes());
@@ -66,7 +66,7 @@ impl Msg {
         }
     }
 
-    fn attr(&mut self, kind: u16, data: &[u8]) {
+    pub(super) fn attr(&mut self, kind: u16, data: &[u8]) {
         let len = u16::try_from(4 + data.len()).unwrap_or(u16::MAX);
         self.buf.extend_from_slice(&len.to_ne_bytes());
         self.buf.extend_from_slice(&kind.to_ne_bytes());
@@ -93,7 +93,7 @@ impl Msg {
         self.buf[at..at + 2].copy_from_slice(&len.to_ne_bytes());
     }
 
-    fn finish(mut self, out: &mut Vec<u8>) {
+    pub(super) fn finish(mut self, out: &mut Vec<u8>) {
         self.pad();
         let len = u32::try_from(self.buf.len()).unwrap_or(u32::MAX);
         self.buf[0..4].copy_from_slice(&len.to_ne_bytes());
@@ -200,35 +200,40 @@ impl ElementSocket {
             .seq
             .wrapping_add(u32::try_from(expected).unwrap_or(0) + 2);
         self.socket.send(&batch, 0)?;
-        let mut answered = 0;
-        let mut refused: Option<io::Error> = None;
-        let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
-        while answered < expected {
-            buf.clear();
-            let n = self.socket.recv(&mut buf, 0)?;
-            let mut at = 0;
-            while at + 16 <= n.min(buf.len()) {
-                let len = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap_or_default());
-                let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().unwrap_or_default());
-                let len = usize::try_from(len).unwrap_or(usize::MAX);
-                if len < 16 || at + len > buf.len() {
-                    return Err(io::Error::other("malformed netlink answer from nf_tables"));
-                }
-                if kind == NLMSG_ERROR && len >= 20 {
-                    answered += 1;
-                    let code =
-                        i32::from_ne_bytes(buf[at + 16..at + 20].try_into().unwrap_or_default());
-                    if code < 0 && refused.is_none() {
-                        refused = Some(io::Error::from_raw_os_error(-code));
-                    }
-                }
-                at += len.next_multiple_of(4);
+        read_acks(&mut self.socket, expected)
+    }
+}
+
+/// Reads `expected` acknowledgements from `socket`; the error is the kernel's for the first
+/// message it refused.
+pub(super) fn read_acks(socket: &mut Socket, expected: usize) -> io::Result<()> {
+    let mut answered = 0;
+    let mut refused: Option<io::Error> = None;
+    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+    while answered < expected {
+        buf.clear();
+        let n = socket.recv(&mut buf, 0)?;
+        let mut at = 0;
+        while at + 16 <= n.min(buf.len()) {
+            let len = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap_or_default());
+            let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().unwrap_or_default());
+            let len = usize::try_from(len).unwrap_or(usize::MAX);
+            if len < 16 || at + len > buf.len() {
+                return Err(io::Error::other("malformed netlink answer from netfilter"));
             }
+            if kind == NLMSG_ERROR && len >= 20 {
+                answered += 1;
+                let code = i32::from_ne_bytes(buf[at + 16..at + 20].try_into().unwrap_or_default());
+                if code < 0 && refused.is_none() {
+                    refused = Some(io::Error::from_raw_os_error(-code));
+                }
+            }
+            at += len.next_multiple_of(4);
         }
-        match refused {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+    }
+    match refused {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 

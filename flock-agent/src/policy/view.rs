@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use flock_policy::{ClusterPolicy, Labels, NamedPort, Namespace, Pod, Policy};
 
-use super::convert::ClusterPod;
+use super::convert::{ClusterPod, NamespaceInfo};
 use crate::cache::{ObjectKey, Relist};
 
 /// A pod of this node as the agent's allocation record and its ADD know it.
@@ -35,7 +35,7 @@ pub struct ClusterView {
     /// the resource).
     pub cluster_policies: Relist<ClusterPolicy>,
     /// Namespaces' labels.
-    pub namespaces: Relist<Labels>,
+    pub namespaces: Relist<NamespaceInfo>,
     /// Pods of the cluster.
     pub pods: Relist<ClusterPod>,
     /// NetworkPolicies left out, with why (the message names the field and value).
@@ -85,6 +85,38 @@ pub struct ModelInputs {
 }
 
 impl ClusterView {
+    /// The messages of the policies of both kinds not enforced as written, NetworkPolicies
+    /// first, each kind in key order.
+    pub fn not_as_written(&self) -> Vec<String> {
+        let namespaces = self
+            .namespaces
+            .items()
+            .values()
+            .filter_map(|n| n.log.as_ref().err());
+        self.invalid
+            .values()
+            .chain(self.cluster_invalid.values())
+            .chain(namespaces)
+            .cloned()
+            .collect()
+    }
+
+    /// The pod with `addr`, `namespace/name`: a pod of this node first, then the cache's.
+    pub fn pod_at(&self, addr: IpAddr) -> Option<String> {
+        let local = self.local.values().find(|l| l.addresses.contains(&addr));
+        let key = match local {
+            Some(l) => &l.key,
+            None => {
+                self.pods
+                    .items()
+                    .iter()
+                    .find(|(_, p)| p.addresses.contains(&addr))?
+                    .0
+            }
+        };
+        Some(format!("{}/{}", key.0, key.1))
+    }
+
     /// `pod` with its labels replaced by the equal set already cached, if there is one: 10 000
     /// pods of a few hundred Deployments hold a few hundred label maps (issue 15).
     pub fn intern_labels(&mut self, pod: Option<ClusterPod>) -> Option<ClusterPod> {
@@ -124,9 +156,10 @@ impl ClusterView {
                 .namespaces
                 .items()
                 .iter()
-                .map(|((_, name), labels)| Namespace {
+                .map(|((_, name), ns)| Namespace {
                     name: name.clone(),
-                    labels: labels.clone(),
+                    labels: ns.labels.clone(),
+                    log: ns.log.clone().ok().flatten(),
                 })
                 .collect(),
             pods,

@@ -43,6 +43,7 @@ const BINDS: &[(&str, &str)] = &[
     ("/run/containerd", "run-containerd"),
     ("/var/log/pods", "var-log-pods"),
     ("/var/log/containers", "var-log-containers"),
+    ("/var/log/flock", "var-log-flock"),
     // The kubelet's device plugin socket is here whatever its --root-dir: two nodes starting
     // at once raced for one socket ("bind: address already in use").
     (

@@ -429,6 +429,11 @@ impl Schedule {
     pub fn ruleset(&self) -> Option<&Ruleset> {
         self.model.as_ref().map(Model::ruleset)
     }
+
+    /// The model of the ruleset in the kernel, when known (`None` while a work is in flight).
+    pub fn model(&self) -> Option<&Model> {
+        self.model.as_ref()
+    }
 }
 
 /// Feeds pod changes to the model; `Ok(false)` when it cannot follow them (rebuild).
