@@ -77,6 +77,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut given_pods = None;
     let mut given_parallel = None;
     let mut features = None;
+    let mut cluster_policies = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -96,10 +97,11 @@ pub fn run(args: &[String]) -> Result<()> {
                 );
             }
             "--features" => features = Some(it.next().context("--features needs a value")?.clone()),
+            "--cluster-policies" => cluster_policies = true,
             other => bail!(
                 "unknown e2e argument {other:?} (--suite network|dns|networkpolicy|dualstack|\
                  {CNP_SUITE}, --focus REGEX, --skip REGEX, --pods ipv6|dual, --parallel N, \
-                 --features standard|all|F1,F2 with {CNP_SUITE})"
+                 --features standard|all|F1,F2 with {CNP_SUITE}, --cluster-policies)"
             ),
         }
     }
@@ -130,6 +132,9 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     if features.is_some() {
         bail!("--features is for --suite {CNP_SUITE}");
+    }
+    if cluster_policies && suite != "networkpolicy" {
+        bail!("--cluster-policies is for --suite networkpolicy");
     }
     let focus = given_focus.unwrap_or_else(|| default_focus.to_owned());
     let pods = given_pods.unwrap_or(default_pods);
@@ -196,7 +201,11 @@ pub fn run(args: &[String]) -> Result<()> {
     let sessions_before = crate::cluster::site::router_sessions();
     let stub = Stub::start(&kube, &report_dir)?;
     let families = PodFamilies::set(pods)?;
+    let background = cluster_policies
+        .then(BackgroundPolicies::apply)
+        .transpose()?;
     let status = run_suite(&kube, &report_dir, &log_path, &focus, &skip, parallel);
+    drop(background);
     drop(families);
     drop(stub);
     let status = status?;
@@ -207,9 +216,14 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut out = String::new();
     out.push_str(&format!(
         "KUBERNETES E2E ({} e2e.test, --provider=local, from {CONTROL}, {parallel} processes; \
-         {} pods; Services IPv6 unless they ask; focus {focus:?}; skipped tags {skip_tags:?})\n",
+         {} pods; Services IPv6 unless they ask; focus {focus:?}; skipped tags {skip_tags:?}{})\n",
         kube.kubernetes,
         pods.describe(),
+        if cluster_policies {
+            "; with the ClusterNetworkPolicies of flock-testbed/src/cluster/e2e/background-cnps.yaml"
+        } else {
+            ""
+        },
     ));
     let ran: Vec<&Spec> = specs
         .iter()
@@ -601,6 +615,34 @@ pub(super) fn finish_report(
     print!("{out}");
     std::fs::write(report_dir.join("summary.txt"), &*out)
         .with_context(|| format!("write {}", report_dir.join("summary.txt").display()))
+}
+
+/// The ClusterNetworkPolicies of `background-cnps.yaml`, present while the guard lives
+/// (`--cluster-policies`).
+struct BackgroundPolicies;
+
+const BACKGROUND_CNPS: &str = include_str!("background-cnps.yaml");
+
+impl BackgroundPolicies {
+    fn apply() -> Result<BackgroundPolicies> {
+        super::kubectl_stdin(&["apply", "-f", "-"], BACKGROUND_CNPS)
+            .context("apply the background ClusterNetworkPolicies (is the CRD installed?)")?;
+        eprintln!(
+            "cluster: e2e: ClusterNetworkPolicies flock-e2e-admin and flock-e2e-baseline present"
+        );
+        Ok(BackgroundPolicies)
+    }
+}
+
+impl Drop for BackgroundPolicies {
+    fn drop(&mut self) {
+        if let Err(e) = super::kubectl_stdin(
+            &["delete", "--ignore-not-found", "-f", "-"],
+            BACKGROUND_CNPS,
+        ) {
+            eprintln!("cluster: e2e: cannot delete the background ClusterNetworkPolicies: {e:#}");
+        }
+    }
 }
 
 #[cfg(test)]
