@@ -1,9 +1,13 @@
 //! The agent's memory with NetworkPolicy enforcement in a large cluster, without one: the
-//! three cluster-wide watches list, page by page, from a mocked API server serving 10 000
-//! pods (bound to other nodes) in 100 namespaces and 1 000 policies; 100 pods are on this
-//! node; once the model is built and applied (`nft` in memory) the process's VmRSS is read.
-//! Its own test binary, so the figure is this process's alone. Ignored by default (it takes
-//! a while in a debug build):
+//! four cluster-wide watches list, page by page, from a mocked API server serving 10 000
+//! pods (bound to other nodes) in 100 namespaces, 1 000 NetworkPolicies and 100
+//! ClusterNetworkPolicies (50 Admin, 50 Baseline); 100 pods are on this node; once the model
+//! is built and applied (`nft` in memory) the process's VmRSS is read. Then, in the same
+//! process, 100 policy changes (NetworkPolicies and ClusterNetworkPolicies in turn, each a
+//! watch event) are each timed from the event to the ruleset applied: the model rebuilt, the
+//! plan, the script (the kernel's `nft -f` is not in it: BENCHMARKS.md has that apart). Its
+//! own test binary, so the figure is this process's alone. Ignored by default (it takes a
+//! while in a debug build):
 //!
 //! `cargo nextest run -p flock-agent --test policy_rss --run-ignored all --no-capture`
 //!
@@ -25,6 +29,9 @@ const PODS: usize = 10_000;
 const NAMESPACES: usize = 100;
 const POLICIES: usize = 1_000;
 const LOCAL_PODS: usize = 100;
+const CLUSTER_POLICIES: usize = 100;
+/// Policy changes timed after the first apply.
+const CHANGES: usize = 100;
 /// Issue 15's budget.
 const BUDGET_MIB: u64 = 64;
 
@@ -74,6 +81,40 @@ fn policy(k: usize) -> Value {
                           "ports": [{ "port": "http" }, { "port": 443 }, { "protocol": "UDP", "port": 53 }] }],
             "egress": [{ "to": [{ "namespaceSelector": { "matchLabels": { "team": format!("t{}", k % 10) } } }],
                          "ports": [{ "port": "metrics" }] }]
+        }
+    })
+}
+
+/// Cluster policy `k`: the first half Admin, the rest Baseline; subjects by team, peers by
+/// namespace labels, pods and networks, ports by number and range.
+fn cluster_policy(k: usize) -> Value {
+    let tier = if k < CLUSTER_POLICIES / 2 {
+        "Admin"
+    } else {
+        "Baseline"
+    };
+    json!({
+        "apiVersion": "policy.networking.k8s.io/v1beta1", "kind": "ClusterNetworkPolicy",
+        "metadata": { "name": format!("cnp{k}"), "resourceVersion": "7" },
+        "spec": {
+            "tier": tier, "priority": k % 1000,
+            "subject": { "namespaces": { "matchLabels": { "team": format!("t{}", k % 10) } } },
+            "ingress": [
+                { "name": "from-ops", "action": if k.is_multiple_of(3) { "Pass" } else { "Accept" },
+                  "from": [{ "namespaces": { "matchLabels": { "team": format!("t{}", (k + 1) % 10) } } }],
+                  "protocols": [{ "tcp": { "destinationPort": { "number": 9090 } } }] },
+                { "name": "deny-app", "action": "Deny",
+                  "from": [{ "pods": { "namespaceSelector": {},
+                                       "podSelector": { "matchLabels": { "app": format!("app{}", k % 37) } } } }],
+                  "protocols": [{ "tcp": { "destinationPort": { "range": { "start": 8000, "end": 8999 } } } }] }
+            ],
+            "egress": [
+                { "name": "deny-range", "action": "Deny",
+                  "to": [{ "networks": [format!("2001:db8:{:x}::/48", 0x8000 + k)] }] },
+                { "name": "dns", "action": "Accept",
+                  "to": [{ "namespaces": { "matchLabels": { "team": "t0" } } }],
+                  "protocols": [{ "udp": { "destinationPort": { "number": 53 } } }] }
+            ]
         }
     })
 }
@@ -160,6 +201,12 @@ async fn agent_rss_with_10000_cluster_pods_and_1000_policies() {
                 match req.uri().path() {
                     "/api/v1/pods" => ("PodList", "v1", PODS, cluster_pod),
                     "/api/v1/namespaces" => ("NamespaceList", "v1", NAMESPACES, namespace),
+                    "/apis/policy.networking.k8s.io/v1beta1/clusternetworkpolicies" => (
+                        "ClusterNetworkPolicyList",
+                        "policy.networking.k8s.io/v1beta1",
+                        CLUSTER_POLICIES,
+                        cluster_policy,
+                    ),
                     _ => (
                         "NetworkPolicyList",
                         "networking.k8s.io/v1",
@@ -184,8 +231,17 @@ async fn agent_rss_with_10000_cluster_pods_and_1000_policies() {
     let (rss, hwm) = (vm("VmRSS:"), vm("VmHWM:"));
     let inputs = enforcer.inputs();
     assert_eq!(
-        (inputs.pods.len(), inputs.policies.len()),
-        (PODS + LOCAL_PODS, POLICIES)
+        (
+            inputs.pods.len(),
+            inputs.policies.len(),
+            inputs.cluster_policies.len()
+        ),
+        (PODS + LOCAL_PODS, POLICIES, CLUSTER_POLICIES)
+    );
+    assert_eq!(
+        enforcer.status().not_as_written,
+        Vec::<String>::new(),
+        "every policy is enforced as written"
     );
     let ruleset = enforcer.applied_ruleset().expect("applied");
     let elements: usize = ruleset
@@ -199,15 +255,67 @@ async fn agent_rss_with_10000_cluster_pods_and_1000_policies() {
         .sum();
     drop(inputs);
     println!(
-        "agent RSS with {PODS} cluster pods, {POLICIES} policies, {LOCAL_PODS} local pods \
-         ({} isolated for ingress, {} sets, {elements} elements): VmRSS {:.1} MiB, VmHWM {:.1} MiB",
+        "agent RSS with {PODS} cluster pods, {POLICIES} NetworkPolicies, {CLUSTER_POLICIES} \
+         ClusterNetworkPolicies, {LOCAL_PODS} local pods ({} judged for ingress, {} sets, \
+         {elements} elements): VmRSS {:.1} MiB, VmHWM {:.1} MiB",
         ruleset.ingress.len(),
         ruleset.sets.len(),
         rss as f64 / 1024.0,
         hwm as f64 / 1024.0
     );
+    drop(ruleset);
     assert!(
         rss <= BUDGET_MIB * 1024,
         "VmRSS {rss} kB is over {BUDGET_MIB} MiB"
+    );
+
+    // Policy changes, each from its watch event to the ruleset applied: NetworkPolicies and
+    // ClusterNetworkPolicies in turn, each a new port (its rules change, its sets do not) or,
+    // every fourth, a new ipBlock except (a set changes: the whole table again).
+    let mut took = Vec::with_capacity(CHANGES);
+    for i in 0..CHANGES {
+        let k = i * 7 % POLICIES;
+        let started = std::time::Instant::now();
+        if i % 2 == 0 {
+            let mut p = policy(k);
+            p["metadata"]["resourceVersion"] = json!(format!("{}", 100 + i));
+            p["spec"]["ingress"][0]["ports"][1]["port"] = json!(1000 + i);
+            if i % 4 == 0 {
+                p["spec"]["ingress"][0]["from"][2]["ipBlock"]["except"] =
+                    json!([format!("2001:db8:{:x}::/48", 0x4000 + i)]);
+            }
+            enforcer.on_policy(kube::runtime::watcher::Event::Apply(
+                serde_json::from_value(p).expect("a NetworkPolicy"),
+            ));
+        } else {
+            let mut c = cluster_policy(k % CLUSTER_POLICIES);
+            c["metadata"]["resourceVersion"] = json!(format!("{}", 100 + i));
+            c["spec"]["ingress"][0]["protocols"][0]["tcp"]["destinationPort"]["number"] =
+                json!(2000 + i);
+            if i % 4 == 1 {
+                c["spec"]["egress"][0]["to"][0]["networks"] =
+                    json!([format!("2001:db8:{:x}::/48", 0x6000 + i)]);
+            }
+            enforcer.on_cluster_policy(kube::runtime::watcher::Event::Apply(
+                serde_json::from_value(c).expect("a ClusterNetworkPolicy"),
+            ));
+        }
+        let generation = enforcer.update(|_| false);
+        enforcer
+            .wait_applied(generation, Duration::from_secs(30))
+            .await
+            .expect("the change is applied");
+        took.push(started.elapsed());
+    }
+    took.sort();
+    let at = |q: f64| took[((took.len() as f64 * q).ceil() as usize).saturating_sub(1)];
+    println!(
+        "{CHANGES} policy changes, watch event → ruleset applied (nft in memory): p50 {:.1} ms, \
+         p99 {:.1} ms, max {:.1} ms; VmRSS after them {:.1} MiB, VmHWM {:.1} MiB",
+        at(0.50).as_secs_f64() * 1e3,
+        at(0.99).as_secs_f64() * 1e3,
+        took[took.len() - 1].as_secs_f64() * 1e3,
+        vm("VmRSS:") as f64 / 1024.0,
+        vm("VmHWM:") as f64 / 1024.0
     );
 }
