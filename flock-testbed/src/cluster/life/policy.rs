@@ -301,9 +301,70 @@ fn latency(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
     let monitor = Monitor::start(&NODES[0])?;
     // Let the monitor attach before the first round.
     std::thread::sleep(Duration::from_millis(500));
+    let (rule, member) = rounds(&monitor, &client6, 1, failures)?;
+    // The same rounds with the namespace logging every decision of its pods: the chains carry
+    // a log statement before each verdict (docs/networkpolicy.md, "Seeing decisions").
+    kubectl(&[
+        "annotate",
+        "namespace",
+        NS,
+        "--overwrite",
+        "flock.fritzlab.net/policy-log=all",
+    ])?;
+    sys::wait_for(Duration::from_secs(30), || {
+        Place::Net(NODES[0].ns())
+            .run(&["nft", "list", "table", "inet", "flock_policy"])
+            .is_ok_and(|t| t.contains("log prefix"))
+    })
+    .context("the targets' chains log after the namespace is annotated")?;
+    let (rule_logged, member_logged) = rounds(&monitor, &client6, ROUNDS + 1, failures)?;
+    drop(monitor);
+    let mut rows = Vec::new();
+    for (what, mut samples) in [
+        ("policy changed (ipBlock: the rules, whole table)", rule),
+        (
+            "pod label changed (selector membership: set elements)",
+            member,
+        ),
+        (
+            "policy changed, the namespace logging all decisions",
+            rule_logged,
+        ),
+        (
+            "pod label changed, the namespace logging all decisions",
+            member_logged,
+        ),
+    ] {
+        samples.sort();
+        rows.push(vec![
+            what.to_owned(),
+            samples.len().to_string(),
+            fmt_ms(percentile(&samples, 0.5)),
+            fmt_ms(percentile(&samples, 0.99)),
+            fmt_ms(samples.last().copied().unwrap_or_default()),
+        ]);
+    }
+    let _ = writeln!(
+        out,
+        "POLICY → ENFORCEMENT ({TARGETS} isolated pods on {}; from the request to the apiserver to \
+         `nft monitor` in the node's namespace printing the change)",
+        NODES[0].name
+    );
+    sys::table(out, &["change", "rounds", "p50", "p99", "max"], &rows);
+    Ok(())
+}
+
+/// `ROUNDS` rounds from round `first` on: each changes the policy's ipBlock, then the
+/// client's label; returns the latencies of each kind.
+fn rounds(
+    monitor: &Monitor,
+    client6: &str,
+    first: usize,
+    failures: &mut Vec<String>,
+) -> Result<(Vec<Duration>, Vec<Duration>)> {
     let mut rule = Vec::new();
     let mut member = Vec::new();
-    for i in 1..=ROUNDS {
+    for i in first..first + ROUNDS {
         // The policy: its ipBlock replaced (a rule of every target's chain).
         let patch = format!(
             r#"{{"spec":{{"ingress":[{{"from":[{{"ipBlock":{{"cidr":"{}"}}}},{{"podSelector":{{"matchLabels":{{"role":"client"}}}}}}]}}]}}}}"#,
@@ -361,32 +422,7 @@ fn latency(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
             )),
         }
     }
-    drop(monitor);
-    let mut rows = Vec::new();
-    for (what, mut samples) in [
-        ("policy changed (ipBlock: the rules, whole table)", rule),
-        (
-            "pod label changed (selector membership: set elements)",
-            member,
-        ),
-    ] {
-        samples.sort();
-        rows.push(vec![
-            what.to_owned(),
-            samples.len().to_string(),
-            fmt_ms(percentile(&samples, 0.5)),
-            fmt_ms(percentile(&samples, 0.99)),
-            fmt_ms(samples.last().copied().unwrap_or_default()),
-        ]);
-    }
-    let _ = writeln!(
-        out,
-        "POLICY → ENFORCEMENT ({TARGETS} isolated pods on {}; from the request to the apiserver to \
-         `nft monitor` in the node's namespace printing the change)",
-        NODES[0].name
-    );
-    sys::table(out, &["change", "rounds", "p50", "p99", "max"], &rows);
-    Ok(())
+    Ok((rule, member))
 }
 
 fn fmt_ms(d: Duration) -> String {
@@ -646,7 +682,7 @@ mod tests {
 
     #[test]
     fn each_round_has_an_address_of_its_own() {
-        let seen: Vec<String> = (0..=ROUNDS).map(block_seen).collect();
+        let seen: Vec<String> = (0..=2 * ROUNDS).map(block_seen).collect();
         for (i, s) in seen.iter().enumerate() {
             for (j, t) in seen.iter().enumerate() {
                 assert!(
