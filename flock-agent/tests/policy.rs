@@ -14,7 +14,6 @@ use flock_agent::metrics::{Health, Metrics};
 use flock_agent::policy::PolicyEnforcer;
 use flock_agent::policy::nft::MemoryNft;
 use flock_cni_proto::ErrorCode;
-use flock_k8s_api::NodeConfig;
 use flock_policy::REMOVE_SCRIPT;
 use flock_rpc::rpc::{Op, PROTOCOL_VERSION, Request, Response};
 use kube::runtime::watcher::Event;
@@ -41,14 +40,7 @@ async fn node(pod_wait: Duration) -> Node {
     let enforcer = PolicyEnforcer::spawn(nft.clone(), metrics.clone(), health.clone());
     let pods = Arc::new(Directory::default());
     let dir = tempfile::tempdir().unwrap();
-    let settings = serde_json::from_value::<NodeConfig>(json!({
-        "apiVersion": "flock.fritzlab.net/v1alpha1", "kind": "NodeConfig",
-        "metadata": { "name": NODE },
-        "spec": { "cidr6": "2001:db8:7::/64", "cidr4": "10.77.0.0/24" }
-    }))
-    .unwrap()
-    .settings()
-    .unwrap();
+    let settings = node_settings(NODE, "2001:db8:7::/64", "10.77.0.0/24");
     let (agent, _) = Agent::start(AgentParts {
         settings: Some(settings),
         pods: Some(pods.clone()),

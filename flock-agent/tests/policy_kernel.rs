@@ -15,7 +15,6 @@ use flock_agent::kernel::NetnsKernel;
 use flock_agent::metrics::{Health, Metrics};
 use flock_agent::policy::PolicyEnforcer;
 use flock_agent::policy::nft::{Nft, NftCommand};
-use flock_k8s_api::NodeConfig;
 use flock_netns::{NodeNs, NsTarget};
 use flock_rpc::rpc::{Op, PROTOCOL_VERSION, Request};
 use flock_testkit::Netns;
@@ -24,6 +23,49 @@ use policy_support::*;
 use serde_json::json;
 
 const NODE: &str = "node-a";
+
+/// An agent whose kernel is a stand-in node namespace, enforcing with real `nft` there.
+struct KernelNode {
+    state: tempfile::TempDir,
+    agent: Arc<Agent>,
+    enforcer: Arc<PolicyEnforcer>,
+    pods: Arc<Directory>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+impl KernelNode {
+    async fn start(node_ns: &Netns, cidr6: &str, cidr4: &str) -> KernelNode {
+        let state = tempfile::tempdir().expect("tmp");
+        let nft = NftCommand::new("nft", NsTarget::Path(node_ns.path()));
+        let metrics = Arc::new(Metrics::new());
+        let health = Arc::new(Health::default());
+        let enforcer = PolicyEnforcer::spawn(Arc::new(nft), metrics.clone(), health.clone());
+        let pods = Arc::new(Directory::default());
+        let (agent, _) = Agent::start(AgentParts {
+            settings: Some(node_settings(NODE, cidr6, cidr4)),
+            pods: Some(pods.clone()),
+            pod_wait: Duration::from_secs(10),
+            policy: Some(enforcer.clone()),
+            metrics: metrics.clone(),
+            health: health.clone(),
+            ..AgentParts::new(
+                Arc::new(NetnsKernel::new(NodeNs::at(node_ns.path()))),
+                state.path(),
+            )
+        })
+        .await
+        .expect("agent starts");
+        KernelNode {
+            state,
+            agent,
+            enforcer,
+            pods,
+            metrics,
+            health,
+        }
+    }
+}
 
 struct TestPod {
     ns: Netns,
@@ -77,38 +119,19 @@ const KUBE_PROXY_STANDIN: &str = "table inet kube_proxy_standin {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_enforces_policies_over_both_families_and_cleanup_leaves_no_rule() {
     let node_ns = Netns::new("node");
-    let state = tempfile::tempdir().expect("tmp");
     // Every nft of this test runs in the node's namespace, never the machine's.
-    let nft = NftCommand::new("nft", NsTarget::Path(node_ns.path()));
-    nft.apply(KUBE_PROXY_STANDIN.to_owned())
+    NftCommand::new("nft", NsTarget::Path(node_ns.path()))
+        .apply(KUBE_PROXY_STANDIN.to_owned())
         .await
         .expect("the stand-in table");
-    let metrics = Arc::new(Metrics::new());
-    let health = Arc::new(Health::default());
-    let enforcer = PolicyEnforcer::spawn(Arc::new(nft), metrics.clone(), health.clone());
-    let pods = Arc::new(Directory::default());
-    let settings = serde_json::from_value::<NodeConfig>(json!({
-        "apiVersion": "flock.fritzlab.net/v1alpha1", "kind": "NodeConfig",
-        "metadata": { "name": NODE },
-        "spec": { "cidr6": "2001:db8:51::/64", "cidr4": "10.251.0.0/24" }
-    }))
-    .unwrap()
-    .settings()
-    .unwrap();
-    let (agent, _) = Agent::start(AgentParts {
-        settings: Some(settings),
-        pods: Some(pods.clone()),
-        pod_wait: Duration::from_secs(10),
-        policy: Some(enforcer.clone()),
-        metrics: metrics.clone(),
-        health,
-        ..AgentParts::new(
-            Arc::new(NetnsKernel::new(NodeNs::at(node_ns.path()))),
-            state.path(),
-        )
-    })
-    .await
-    .expect("agent starts");
+    let KernelNode {
+        state: _state,
+        agent,
+        enforcer,
+        pods,
+        metrics,
+        ..
+    } = KernelNode::start(&node_ns, "2001:db8:51::/64", "10.251.0.0/24").await;
     list_all(
         &enforcer,
         vec![server_policy()],
@@ -395,11 +418,14 @@ fn annotated(log: &str) -> k8s_openapi::api::core::v1::Namespace {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_annotated_namespace_has_its_decisions_logged_with_the_rule_that_decided() {
     let node_ns = Netns::new("node");
-    let state = tempfile::tempdir().expect("tmp");
-    let nft = NftCommand::new("nft", NsTarget::Path(node_ns.path()));
-    let metrics = Arc::new(Metrics::new());
-    let health = Arc::new(Health::default());
-    let enforcer = PolicyEnforcer::spawn(Arc::new(nft), metrics.clone(), health.clone());
+    let KernelNode {
+        state,
+        agent,
+        enforcer,
+        pods,
+        metrics,
+        health,
+    } = KernelNode::start(&node_ns, "2001:db8:52::/64", "10.252.0.0/24").await;
     let options = flock_agent::policy::decisions::LogOptions {
         path: state.path().join("log/policy.log"),
         ..Default::default()
@@ -413,29 +439,6 @@ async fn an_annotated_namespace_has_its_decisions_logged_with_the_rule_that_deci
     )
     .await;
     assert_eq!(health.notes(), Vec::<String>::new(), "the group is bound");
-    let pods = Arc::new(Directory::default());
-    let settings = serde_json::from_value::<NodeConfig>(json!({
-        "apiVersion": "flock.fritzlab.net/v1alpha1", "kind": "NodeConfig",
-        "metadata": { "name": NODE },
-        "spec": { "cidr6": "2001:db8:52::/64", "cidr4": "10.252.0.0/24" }
-    }))
-    .unwrap()
-    .settings()
-    .unwrap();
-    let (agent, _) = Agent::start(AgentParts {
-        settings: Some(settings),
-        pods: Some(pods.clone()),
-        pod_wait: Duration::from_secs(10),
-        policy: Some(enforcer.clone()),
-        metrics: metrics.clone(),
-        health: health.clone(),
-        ..AgentParts::new(
-            Arc::new(NetnsKernel::new(NodeNs::at(node_ns.path()))),
-            state.path(),
-        )
-    })
-    .await
-    .expect("agent starts");
     list_all(
         &enforcer,
         vec![server_policy()],

@@ -16,6 +16,18 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 
+/// The settings of node `node` with these pod ranges.
+pub fn node_settings(node: &str, cidr6: &str, cidr4: &str) -> flock_k8s_api::NodeSettings {
+    serde_json::from_value::<flock_k8s_api::NodeConfig>(json!({
+        "apiVersion": "flock.fritzlab.net/v1alpha1", "kind": "NodeConfig",
+        "metadata": { "name": node },
+        "spec": { "cidr6": cidr6, "cidr4": cidr4 }
+    }))
+    .expect("NodeConfig fixture")
+    .settings()
+    .expect("valid settings")
+}
+
 /// A NetworkPolicy of namespace `shop`.
 pub fn policy(name: &str, spec: Value) -> NetworkPolicy {
     serde_json::from_value(json!({
