@@ -180,11 +180,7 @@ async fn the_agent_enforces_policies_over_both_families_and_cleanup_leaves_no_ru
         json!({ "role": "client" }),
         &[&other.v6.to_string(), &other.v4.to_string()],
     )));
-    let generation = enforcer.update(|_| false);
-    enforcer
-        .wait_applied(generation, Duration::from_secs(10))
-        .await
-        .expect("applied");
+    applied(&enforcer).await;
     for to in [server.v6, server.v4] {
         assert!(
             other.ns.tcp_connects(to, 8080),
@@ -202,11 +198,7 @@ async fn the_agent_enforces_policies_over_both_families_and_cleanup_leaves_no_ru
 
     // The last policy goes: no flock rule is left, kube-proxy's table stays.
     enforcer.on_policy(Event::Delete(server_policy()));
-    let generation = enforcer.update(|_| false);
-    enforcer
-        .wait_applied(generation, Duration::from_secs(10))
-        .await
-        .expect("applied");
+    applied(&enforcer).await;
     let listing = node_ns.ok(["nft", "list", "ruleset"]);
     assert!(!listing.contains("flock_policy"), "{listing}");
     assert!(listing.contains("kube_proxy_standin"), "{listing}");
@@ -219,11 +211,7 @@ async fn the_agent_enforces_policies_over_both_families_and_cleanup_leaves_no_ru
 
     // A policy again, then the uninstall path: `flock-agent cleanup` on the node.
     enforcer.on_policy(Event::Apply(server_policy()));
-    let generation = enforcer.update(|_| false);
-    enforcer
-        .wait_applied(generation, Duration::from_secs(10))
-        .await
-        .expect("applied");
+    applied(&enforcer).await;
     assert!(
         node_ns
             .ok(["nft", "list", "ruleset"])
@@ -477,11 +465,7 @@ async fn an_annotated_namespace_has_its_decisions_logged_with_the_rule_that_deci
 
     // `all`: the allowed connection is logged too, with the rule that allowed it
     enforcer.on_namespace(Event::Apply(annotated("all")));
-    let generation = enforcer.update(|_| false);
-    enforcer
-        .wait_applied(generation, Duration::from_secs(10))
-        .await
-        .expect("applied");
+    applied(&enforcer).await;
     let before = log_lines(&options.path, 0).await.len();
     assert!(client.ns.tcp_connects(server.v4, 8080));
     let lines = log_lines(&options.path, before + 1).await;
@@ -506,11 +490,7 @@ async fn an_annotated_namespace_has_its_decisions_logged_with_the_rule_that_deci
 
     // a value flock does not know: nothing logged, and said where the policies are
     enforcer.on_namespace(Event::Apply(annotated("verbose")));
-    let generation = enforcer.update(|_| false);
-    enforcer
-        .wait_applied(generation, Duration::from_secs(10))
-        .await
-        .expect("applied");
+    applied(&enforcer).await;
     assert_eq!(
         health.notes(),
         [

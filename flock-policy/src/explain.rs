@@ -422,6 +422,17 @@ impl fmt::Display for Flow {
     }
 }
 
+impl PolicyRef {
+    /// `shop/web` for a NetworkPolicy (where the kind goes without saying), else as
+    /// displayed.
+    pub fn short(&self) -> String {
+        match self {
+            PolicyRef::NetworkPolicy { namespace, name } => format!("{namespace}/{name}"),
+            other => other.to_string(),
+        }
+    }
+}
+
 /// `networkpolicy shop/web`, `clusternetworkpolicy deny-all`.
 impl fmt::Display for PolicyRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -481,15 +492,7 @@ impl fmt::Display for Judgement {
                 isolated_by,
                 passed_by,
             } => {
-                let ids: Vec<String> = isolated_by
-                    .iter()
-                    .map(|p| match p {
-                        PolicyRef::NetworkPolicy { namespace, name } => {
-                            format!("{namespace}/{name}")
-                        }
-                        other => other.to_string(),
-                    })
-                    .collect();
+                let ids: Vec<String> = isolated_by.iter().map(PolicyRef::short).collect();
                 write!(
                     f,
                     ": no NetworkPolicy selecting it allows it ({})",

@@ -571,15 +571,7 @@ fn explanation_agrees(
                 isolated_by,
                 passed_by,
             } => {
-                let names: Vec<String> = isolated_by
-                    .iter()
-                    .map(|p| match p {
-                        PolicyRef::NetworkPolicy { namespace, name } => {
-                            format!("{namespace}/{name}")
-                        }
-                        other => other.to_string(),
-                    })
-                    .collect();
+                let names: Vec<String> = isolated_by.iter().map(PolicyRef::short).collect();
                 prop_assert_eq!(
                     &want.by,
                     &By::NetworkPolicies {
