@@ -22,6 +22,7 @@ const NFULNL_MSG_CONFIG: u16 = (NFNL_SUBSYS_ULOG << 8) | 1;
 const NFULA_CFG_CMD: u16 = 1;
 const NFULA_CFG_MODE: u16 = 2;
 const NFULA_CFG_TIMEOUT: u16 = 4;
+const NFULA_CFG_QTHRESH: u16 = 5;
 const NFULNL_CFG_CMD_BIND: u8 = 1;
 const NFULNL_COPY_PACKET: u8 = 2;
 const NFULA_TIMESTAMP: u16 = 3;
@@ -41,7 +42,8 @@ pub struct LoggedPacket {
 }
 
 /// The request that binds this socket to `group`, copying [`COPY_RANGE`] bytes of each
-/// packet and flushing the kernel's batch every 10 ms.
+/// packet, each packet sent as it comes (a queue threshold of 1: the kernel's default batches
+/// up to 100 and held a lone packet for its flush timeout, 10 ms here).
 pub fn encode_bind(group: u16, seq: u32) -> Vec<u8> {
     let mut out = Vec::new();
     let mut msg = Msg::new(
@@ -56,6 +58,7 @@ pub fn encode_bind(group: u16, seq: u32) -> Vec<u8> {
     mode.extend_from_slice(&[NFULNL_COPY_PACKET, 0]);
     msg.attr(NFULA_CFG_MODE, &mode);
     msg.attr(NFULA_CFG_TIMEOUT, &1u32.to_be_bytes()); // hundredths of a second
+    msg.attr(NFULA_CFG_QTHRESH, &1u32.to_be_bytes());
     msg.finish(&mut out);
     out
 }
@@ -208,15 +211,16 @@ mod tests {
     #[test]
     fn the_bind_request_is_laid_out_as_nfnetlink_log_reads_it() {
         let b = encode_bind(flock_policy::LOG_GROUP, 7);
-        // header: length 48, type 0x0401, flags request|ack, seq 7, port 0
-        assert_eq!(hex(&b[..16]), "30000000010405000700000000000000");
+        // header: length 56, type 0x0401, flags request|ack, seq 7, port 0
+        assert_eq!(hex(&b[..16]), "38000000010405000700000000000000");
         // nfgenmsg: AF_UNSPEC, version 0, group 3650 big-endian
         assert_eq!(hex(&b[16..20]), "00000e42");
-        // cmd bind; mode: range 160, copy packet; timeout 1
+        // cmd bind; mode: range 160, copy packet; timeout 1; queue threshold 1
         assert_eq!(hex(&b[20..28]), "0500010001000000");
         assert_eq!(hex(&b[28..40]), "0a000200000000a002000000");
         assert_eq!(hex(&b[40..48]), "0800040000000001");
-        assert_eq!(b.len(), 48);
+        assert_eq!(hex(&b[48..56]), "0800050000000001");
+        assert_eq!(b.len(), 56);
     }
 
     fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
