@@ -97,6 +97,11 @@ pub struct Model {
     scoped: BTreeMap<String, Vec<usize>>,
     /// Indices of the other member sets (namespace selectors, named ports).
     unscoped: Vec<usize>,
+    /// Per listed namespace, the indices of [`unscoped`](Self::unscoped) its pods may be in:
+    /// the sets whose namespace selector matches it, and the named-port sets. A pod's
+    /// memberships then match its namespace against no selector (a hundred namespaces and
+    /// hundreds of cluster policy peers made that most of a rebuild).
+    ns_unscoped: BTreeMap<String, Vec<usize>>,
     /// Per set, how many pods besides the first hold an element (an anycast address may be
     /// several pods'). The set itself says whether one does: no second copy of every element.
     extra: BTreeMap<String, BTreeMap<Member, u32>>,
@@ -165,6 +170,7 @@ impl Model {
             member_sets: Vec::new(),
             scoped: BTreeMap::new(),
             unscoped: Vec::new(),
+            ns_unscoped: BTreeMap::new(),
             extra: BTreeMap::new(),
             set_users: BTreeMap::new(),
             local,
@@ -222,6 +228,25 @@ impl Model {
             }
             model.names.insert(key, name);
         }
+        model.ns_unscoped = model
+            .ns_labels
+            .iter()
+            .map(|(ns, labels)| {
+                let sets = model
+                    .unscoped
+                    .iter()
+                    .copied()
+                    .filter(|i| match &model.member_sets[*i].1 {
+                        SetKey::Pods(k, _) => match &k.namespaces {
+                            NsScope::Selector(s) => s.matches(labels),
+                            NsScope::Named(n) => n == ns,
+                        },
+                        _ => true,
+                    })
+                    .collect();
+                (ns.clone(), sets)
+            })
+            .collect();
         for (direction, host_if, namespace, chain) in keyed {
             let chain = model
                 .name_chain(&chain, namespace)
@@ -456,20 +481,25 @@ impl Model {
 
     /// The member sets `pod` is in, and the elements it gives each.
     fn memberships(&self, pod: &Pod) -> Vec<(String, Vec<Member>)> {
-        let ns_labels = self.ns_labels(&pod.namespace);
+        // a listed namespace's sets are known; an unlisted one's are matched here
+        let (unscoped, ns_labels) = match self.ns_unscoped.get(&pod.namespace) {
+            Some(sets) => (sets, None),
+            None => (&self.unscoped, Some(self.ns_labels(&pod.namespace))),
+        };
         let mut addresses = pod.addresses.clone();
         addresses.sort();
         addresses.dedup();
         let of = |f: Family| addresses.iter().filter(move |a| Family::of(a) == f);
         let mut out = Vec::new();
         let scoped = self.scoped.get(&pod.namespace).into_iter().flatten();
-        for i in scoped.chain(&self.unscoped) {
+        for i in scoped.chain(unscoped) {
             let (name, key) = &self.member_sets[*i];
             let members: Vec<Member> = match key {
                 SetKey::Pods(k, f) => {
-                    let in_scope = match &k.namespaces {
-                        NsScope::Named(n) => *n == pod.namespace,
-                        NsScope::Selector(s) => s.matches(&ns_labels),
+                    let in_scope = match (&k.namespaces, &ns_labels) {
+                        (NsScope::Named(n), _) => *n == pod.namespace,
+                        (NsScope::Selector(s), Some(labels)) => s.matches(labels),
+                        (NsScope::Selector(_), None) => true, // ns_unscoped matched it
                     };
                     if !in_scope || !k.pods.as_ref().is_none_or(|s| s.matches(&pod.labels)) {
                         continue;
