@@ -103,15 +103,12 @@ impl AddrSet {
         }
     }
 
-    pub(crate) fn insert(&mut self, member: Member) {
+    /// Adds `member`; `false` when it was there already (or is of the other kind).
+    pub(crate) fn insert(&mut self, member: Member) -> bool {
         match (&mut self.elements, member) {
-            (Elements::Addrs(a), Member::Addr(m)) => {
-                a.insert(m);
-            }
-            (Elements::AddrPorts(a), Member::AddrPort(m, p)) => {
-                a.insert((m, p));
-            }
-            _ => {}
+            (Elements::Addrs(a), Member::Addr(m)) => a.insert(m),
+            (Elements::AddrPorts(a), Member::AddrPort(m, p)) => a.insert((m, p)),
+            _ => false,
         }
     }
 

@@ -480,7 +480,7 @@ impl Model {
     }
 
     /// The member sets `pod` is in, and the elements it gives each.
-    fn memberships(&self, pod: &Pod) -> Vec<(String, Vec<Member>)> {
+    fn memberships(&self, pod: &Pod) -> Vec<(usize, Vec<Member>)> {
         // a listed namespace's sets are known; an unlisted one's are matched here
         let (unscoped, ns_labels) = match self.ns_unscoped.get(&pod.namespace) {
             Some(sets) => (sets, None),
@@ -493,7 +493,7 @@ impl Model {
         let mut out = Vec::new();
         let scoped = self.scoped.get(&pod.namespace).into_iter().flatten();
         for i in scoped.chain(unscoped) {
-            let (name, key) = &self.member_sets[*i];
+            let (_, key) = &self.member_sets[*i];
             let members: Vec<Member> = match key {
                 SetKey::Pods(k, f) => {
                     let in_scope = match (&k.namespaces, &ns_labels) {
@@ -513,7 +513,7 @@ impl Model {
                 SetKey::Block(..) => continue,
             };
             if !members.is_empty() {
-                out.push((name.clone(), members));
+                out.push((*i, members));
             }
         }
         out
@@ -521,26 +521,24 @@ impl Model {
 
     /// Adds `pod`'s elements to the sets it is in.
     fn join(&mut self, pod: &Pod) {
-        for (set, members) in self.memberships(pod) {
-            let Some(s) = self.ruleset.sets.get_mut(&set) else {
+        for (i, members) in self.memberships(pod) {
+            let set = &self.member_sets[i].0;
+            let Some(s) = self.ruleset.sets.get_mut(set) else {
                 continue;
             };
             for m in members {
-                if s.has(m) {
+                if !s.insert(m) {
                     *self
                         .extra
                         .entry(set.clone())
                         .or_default()
                         .entry(m)
                         .or_default() += 1;
-                } else {
-                    s.insert(m);
-                    if !self.journal.off {
-                        self.journal
-                            .elements
-                            .entry((set.clone(), m))
-                            .or_insert(false);
-                    }
+                } else if !self.journal.off {
+                    self.journal
+                        .elements
+                        .entry((set.clone(), m))
+                        .or_insert(false);
                 }
             }
         }
@@ -548,19 +546,20 @@ impl Model {
 
     /// Takes `pod`'s elements out of the sets it is in; `false` when one is not there.
     fn leave(&mut self, pod: &Pod) -> bool {
-        for (set, members) in self.memberships(pod) {
-            let Some(s) = self.ruleset.sets.get_mut(&set) else {
+        for (i, members) in self.memberships(pod) {
+            let set = &self.member_sets[i].0;
+            let Some(s) = self.ruleset.sets.get_mut(set) else {
                 return false;
             };
             for m in members {
-                if let Some(extra) = self.extra.get_mut(&set)
+                if let Some(extra) = self.extra.get_mut(set)
                     && let Some(n) = extra.get_mut(&m)
                 {
                     *n -= 1;
                     if *n == 0 {
                         extra.remove(&m);
                         if extra.is_empty() {
-                            self.extra.remove(&set);
+                            self.extra.remove(set);
                         }
                     }
                 } else if s.has(m) {
