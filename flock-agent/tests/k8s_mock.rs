@@ -321,7 +321,7 @@ async fn the_status_patch_carries_a_network_policy_condition_that_names_a_failed
     );
     assert_eq!(
         valid.message,
-        "1 policy not enforced as written: clusternetworkpolicy lab: spec.ingress[0].from[0].nodes: unsupported (enforced fail-closed)"
+        "1 not enforced as written: clusternetworkpolicy lab: spec.ingress[0].from[0].nodes: unsupported (enforced fail-closed)"
     );
 
     let refused = "nft -f - in the current namespace exited with exit status: 1: Error: Could not process rule: No such file or directory";

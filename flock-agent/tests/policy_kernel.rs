@@ -494,7 +494,7 @@ async fn an_annotated_namespace_has_its_decisions_logged_with_the_rule_that_deci
     assert_eq!(
         health.notes(),
         [
-            "networkpolicy: 1 policy not enforced as written: namespace shop: annotation flock.fritzlab.net/policy-log: \"verbose\" is neither \"deny\" nor \"all\" (nothing logged)"
+            "networkpolicy: 1 not enforced as written: namespace shop: annotation flock.fritzlab.net/policy-log: \"verbose\" is neither \"deny\" nor \"all\" (nothing logged)"
         ]
     );
     let before = log_lines(&options.path, 0).await.len();

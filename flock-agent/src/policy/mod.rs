@@ -90,17 +90,12 @@ pub struct PolicyStatus {
 /// written; the agent's log and `flock_policy_invalid` have them all.
 pub const NOT_AS_WRITTEN_LISTED: usize = 5;
 
-/// One line naming the policies not enforced as written (the first
-/// [`NOT_AS_WRITTEN_LISTED`]).
+/// One line naming the policies (and log annotations) not enforced as written (the first
+/// [`NOT_AS_WRITTEN_LISTED`]); each message starts with its kind.
 pub fn not_as_written_summary(messages: &[String]) -> String {
     let mut line = format!(
-        "{} {} not enforced as written: {}",
+        "{} not enforced as written: {}",
         messages.len(),
-        if messages.len() == 1 {
-            "policy"
-        } else {
-            "policies"
-        },
         messages[..messages.len().min(NOT_AS_WRITTEN_LISTED)].join("; ")
     );
     if messages.len() > NOT_AS_WRITTEN_LISTED {
@@ -538,14 +533,14 @@ mod tests {
         ];
         assert_eq!(
             not_as_written_summary(&one),
-            format!("1 policy not enforced as written: {}", one[0])
+            format!("1 not enforced as written: {}", one[0])
         );
         let many: Vec<String> = (0..8)
             .map(|i| format!("networkpolicy ns/p{i}: … (left out)"))
             .collect();
         let line = not_as_written_summary(&many);
         assert!(
-            line.starts_with("8 policies not enforced as written: networkpolicy ns/p0"),
+            line.starts_with("8 not enforced as written: networkpolicy ns/p0"),
             "{line}"
         );
         assert!(line.contains("ns/p4: … (left out); and 3 more"), "{line}");
