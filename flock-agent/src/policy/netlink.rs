@@ -204,6 +204,29 @@ impl ElementSocket {
     }
 }
 
+/// The netlink messages of one read, each as its type and its whole bytes (header
+/// included); an `Err` ends the walk where a message's length does not fit.
+pub(super) fn messages(buf: &[u8]) -> impl Iterator<Item = io::Result<(u16, &[u8])>> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at + 16 > buf.len() {
+            return None;
+        }
+        let len = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap_or_default());
+        let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().unwrap_or_default());
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        if len < 16 || at + len > buf.len() {
+            at = buf.len();
+            return Some(Err(io::Error::other(
+                "malformed netlink message from netfilter",
+            )));
+        }
+        let message = &buf[at..at + len];
+        at += len.next_multiple_of(4);
+        Some(Ok((kind, message)))
+    })
+}
+
 /// Reads `expected` acknowledgements from `socket`; the error is the kernel's for the first
 /// message it refused.
 pub(super) fn read_acks(socket: &mut Socket, expected: usize) -> io::Result<()> {
@@ -213,22 +236,15 @@ pub(super) fn read_acks(socket: &mut Socket, expected: usize) -> io::Result<()> 
     while answered < expected {
         buf.clear();
         let n = socket.recv(&mut buf, 0)?;
-        let mut at = 0;
-        while at + 16 <= n.min(buf.len()) {
-            let len = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap_or_default());
-            let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().unwrap_or_default());
-            let len = usize::try_from(len).unwrap_or(usize::MAX);
-            if len < 16 || at + len > buf.len() {
-                return Err(io::Error::other("malformed netlink answer from netfilter"));
-            }
-            if kind == NLMSG_ERROR && len >= 20 {
+        for message in messages(&buf[..n.min(buf.len())]) {
+            let (kind, message) = message?;
+            if kind == NLMSG_ERROR && message.len() >= 20 {
                 answered += 1;
-                let code = i32::from_ne_bytes(buf[at + 16..at + 20].try_into().unwrap_or_default());
+                let code = i32::from_ne_bytes(message[16..20].try_into().unwrap_or_default());
                 if code < 0 && refused.is_none() {
                     refused = Some(io::Error::from_raw_os_error(-code));
                 }
             }
-            at += len.next_multiple_of(4);
         }
     }
     match refused {
@@ -238,10 +254,10 @@ pub(super) fn read_acks(socket: &mut Socket, expected: usize) -> io::Result<()> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn hex(bytes: &[u8]) -> String {
+    pub(in crate::policy) fn hex(bytes: &[u8]) -> String {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 

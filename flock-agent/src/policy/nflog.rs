@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use flock_policy::Transport;
 use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
 
-use super::netlink::{Msg, NLM_F_ACK, NLM_F_REQUEST, read_acks};
+use super::netlink::{Msg, NLM_F_ACK, NLM_F_REQUEST, messages, read_acks};
 
 /// Bytes of each packet copied to the reader: an IPv6 header, a few extension headers and
 /// the transport ports.
@@ -63,22 +63,15 @@ pub fn encode_bind(group: u16, seq: u32) -> Vec<u8> {
     out
 }
 
-/// The packets in one read from the socket; messages of other kinds are skipped.
+/// The packets in one read from the socket; messages of other kinds are skipped, and a
+/// malformed one ends the read.
 pub fn decode(buf: &[u8]) -> Vec<LoggedPacket> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at + 20 <= buf.len() {
-        let len = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap_or_default()) as usize;
-        let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().unwrap_or_default());
-        if len < 20 || at + len > buf.len() {
-            break;
-        }
-        if kind == NFULNL_MSG_PACKET {
-            out.push(packet(&buf[at + 20..at + len]));
-        }
-        at += len.next_multiple_of(4);
-    }
-    out
+    messages(buf)
+        .map_while(Result::ok)
+        // past the netlink header (16 bytes) and nfgenmsg (4)
+        .filter(|(kind, m)| *kind == NFULNL_MSG_PACKET && m.len() >= 20)
+        .map(|(_, m)| packet(&m[20..]))
+        .collect()
 }
 
 fn packet(mut attrs: &[u8]) -> LoggedPacket {
@@ -203,10 +196,7 @@ impl NflogSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hex(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
+    use crate::policy::netlink::tests::hex;
 
     #[test]
     fn the_bind_request_is_laid_out_as_nfnetlink_log_reads_it() {
