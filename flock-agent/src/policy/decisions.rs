@@ -221,23 +221,22 @@ impl LogFile {
     }
 }
 
-/// What the policy model says about a logged flow: the pods at both ends and the rule that
-/// decided (the enforcer answers it from the ruleset in force).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Described {
-    /// The source pod, `namespace/name`.
-    pub src_pod: Option<String>,
-    /// The destination pod.
-    pub dst_pod: Option<String>,
-    /// The rule that decided, or why nothing allowed the connection.
-    pub decided_by: String,
-    /// The deciding policy, or `none`.
-    pub policy: String,
+/// What the policy model says about a logged flow (the enforcer answers from the ruleset in
+/// force). Two questions, so that a packet over its pod's rate costs one pod lookup and no
+/// explanation.
+pub trait Describe: Send + Sync {
+    /// The pod with `addr`, `namespace/name`.
+    fn pod_at(&self, addr: IpAddr) -> Option<String>;
+    /// The rule that decided `direction`'s side of the flow (or why nothing allowed it), and
+    /// the deciding policy, or `none`.
+    fn decided_by(
+        &self,
+        src: IpAddr,
+        dst: IpAddr,
+        transport: Transport,
+        direction: Direction,
+    ) -> (String, String);
 }
-
-/// Answers [`Described`] for a flow judged on `direction`'s side.
-pub type Describe =
-    Arc<dyn Fn(IpAddr, IpAddr, Transport, Direction) -> Described + Send + Sync + 'static>;
 
 /// Where decision lines go and how many.
 #[derive(Debug, Clone)]
@@ -270,13 +269,17 @@ impl Default for LogOptions {
 pub struct DecisionLog {
     limiter: Limiter,
     file: LogFile,
-    describe: Describe,
+    describe: Arc<dyn Describe>,
     metrics: Arc<Metrics>,
 }
 
 impl DecisionLog {
     /// A decision log with `options`, describing flows with `describe`.
-    pub fn new(options: &LogOptions, describe: Describe, metrics: Arc<Metrics>) -> DecisionLog {
+    pub fn new(
+        options: &LogOptions,
+        describe: Arc<dyn Describe>,
+        metrics: Arc<Metrics>,
+    ) -> DecisionLog {
         DecisionLog {
             limiter: Limiter::new(options.rate, options.burst),
             file: LogFile::new(&options.path, options.max_bytes, options.keep),
@@ -290,17 +293,23 @@ impl DecisionLog {
     pub fn take(&mut self, packet: &LoggedPacket, now: Instant) -> Option<Decision> {
         let (allowed, direction) = parse_log_prefix(&packet.prefix)?;
         let (src, dst, transport) = nflog::flow(&packet.payload)?;
-        let described = (self.describe)(src, dst, transport, direction);
         // the pod whose chain decided: its lines are limited together
-        let (side, side_addr) = match direction {
-            Direction::Ingress => (&described.dst_pod, dst),
-            Direction::Egress => (&described.src_pod, src),
+        let (side_addr, other_addr) = match direction {
+            Direction::Ingress => (dst, src),
+            Direction::Egress => (src, dst),
         };
-        let key = side.clone().unwrap_or_else(|| side_addr.to_string());
+        let side_pod = self.describe.pod_at(side_addr);
+        let key = side_pod.clone().unwrap_or_else(|| side_addr.to_string());
         let Some(left_out) = self.limiter.admit(&key, now) else {
             self.unwritten("rate");
             return None;
         };
+        let other_pod = self.describe.pod_at(other_addr);
+        let (src_pod, dst_pod) = match direction {
+            Direction::Ingress => (other_pod, side_pod),
+            Direction::Egress => (side_pod, other_pod),
+        };
+        let (decided_by, policy) = self.describe.decided_by(src, dst, transport, direction);
         let verdict = if allowed { "allow" } else { "deny" };
         let (protocol, port) = protocol_and_port(transport);
         let rfc3339 = |t: SystemTime| {
@@ -314,13 +323,13 @@ impl DecisionLog {
             verdict,
             direction: direction.as_str(),
             src,
-            src_pod: described.src_pod,
+            src_pod,
             dst,
-            dst_pod: described.dst_pod,
+            dst_pod,
             protocol,
             port,
-            decided_by: described.decided_by,
-            policy: described.policy,
+            decided_by,
+            policy,
             left_out,
         };
         self.metrics
@@ -409,10 +418,7 @@ pub async fn start(
     };
     match socket {
         Ok(socket) => {
-            let e = enforcer.clone();
-            let describe: Describe = Arc::new(move |src, dst, transport, direction| {
-                e.describe(src, dst, transport, direction)
-            });
+            let describe: Arc<dyn Describe> = enforcer.clone();
             spawn(socket, DecisionLog::new(options, describe, metrics.clone()));
             info!(path = %options.path.display(), group = flock_policy::LOG_GROUP, "policy decision log ready");
         }
@@ -526,17 +532,33 @@ mod tests {
             burst: 1,
             ..LogOptions::default()
         };
-        let describe: Describe = Arc::new(|src, dst, _, direction| {
-            assert_eq!(direction, Direction::Ingress);
-            Described {
-                src_pod: Some(format!("a/{src}")),
-                dst_pod: Some(format!("b/{dst}")),
-                decided_by: "no NetworkPolicy selecting b/web allows it".into(),
-                policy: "none".into(),
+        /// Pods `a/ADDR` (the source) and `b/ADDR`.
+        struct Fake;
+        impl Describe for Fake {
+            fn pod_at(&self, addr: IpAddr) -> Option<String> {
+                let ns = if addr == "2001:db8::1".parse::<IpAddr>().unwrap() {
+                    "a"
+                } else {
+                    "b"
+                };
+                Some(format!("{ns}/{addr}"))
             }
-        });
+            fn decided_by(
+                &self,
+                _: IpAddr,
+                _: IpAddr,
+                _: Transport,
+                direction: Direction,
+            ) -> (String, String) {
+                assert_eq!(direction, Direction::Ingress);
+                (
+                    "no NetworkPolicy selecting b/web allows it".into(),
+                    "none".into(),
+                )
+            }
+        }
         let metrics = Arc::new(Metrics::new());
-        let mut log = DecisionLog::new(&options, describe, metrics.clone());
+        let mut log = DecisionLog::new(&options, Arc::new(Fake), metrics.clone());
         let now = Instant::now();
         assert_eq!(
             log.take(&packet("kube-router deny"), now),

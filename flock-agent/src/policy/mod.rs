@@ -368,49 +368,6 @@ impl PolicyEnforcer {
         }
     }
 
-    /// What the policy log says about a logged flow whose `direction` side decided: the pods
-    /// at both ends and the rule that decided, from the model of the ruleset in force.
-    pub fn describe(
-        &self,
-        src: std::net::IpAddr,
-        dst: std::net::IpAddr,
-        transport: flock_policy::Transport,
-        direction: flock_policy::Direction,
-    ) -> decisions::Described {
-        let schedule = self.schedule();
-        let view = schedule.view();
-        let (decided_by, policy) = match schedule.model() {
-            None => (
-                "not explained: the ruleset in force was being replaced".to_owned(),
-                "none".to_owned(),
-            ),
-            Some(model) => match model.explain(&flock_policy::Flow {
-                src,
-                dst,
-                transport,
-            }) {
-                Err(e) => (format!("not explained: {e}"), "none".to_owned()),
-                Ok(e) => {
-                    let side = match direction {
-                        flock_policy::Direction::Egress => &e.egress,
-                        flock_policy::Direction::Ingress => &e.ingress,
-                    };
-                    let policy = match &side.reason {
-                        flock_policy::Reason::Rule { rule, .. } => rule.policy.to_string(),
-                        _ => "none".to_owned(),
-                    };
-                    (side.to_string(), policy)
-                }
-            },
-        };
-        decisions::Described {
-            src_pod: view.pod_at(src),
-            dst_pod: view.pod_at(dst),
-            decided_by,
-            policy,
-        }
-    }
-
     /// The model's inputs as of now (for tests and debugging).
     pub fn inputs(&self) -> view::ModelInputs {
         self.schedule().view().inputs()
@@ -492,6 +449,47 @@ impl PolicyEnforcer {
         warn!(generation, %error, retry_ms = retry.as_millis() as u64,
             "applying the NetworkPolicy ruleset failed; retrying");
         self.progress.send_replace(progress);
+    }
+}
+
+/// The policy log's questions, answered from the model of the ruleset in force.
+impl decisions::Describe for PolicyEnforcer {
+    fn pod_at(&self, addr: std::net::IpAddr) -> Option<String> {
+        self.schedule().view().pod_at(addr)
+    }
+
+    fn decided_by(
+        &self,
+        src: std::net::IpAddr,
+        dst: std::net::IpAddr,
+        transport: flock_policy::Transport,
+        direction: flock_policy::Direction,
+    ) -> (String, String) {
+        let schedule = self.schedule();
+        let Some(model) = schedule.model() else {
+            return (
+                "not explained: the ruleset in force was being replaced".to_owned(),
+                "none".to_owned(),
+            );
+        };
+        match model.explain(&flock_policy::Flow {
+            src,
+            dst,
+            transport,
+        }) {
+            Err(e) => (format!("not explained: {e}"), "none".to_owned()),
+            Ok(e) => {
+                let side = match direction {
+                    flock_policy::Direction::Egress => &e.egress,
+                    flock_policy::Direction::Ingress => &e.ingress,
+                };
+                let policy = match &side.reason {
+                    flock_policy::Reason::Rule { rule, .. } => rule.policy.to_string(),
+                    _ => "none".to_owned(),
+                };
+                (side.to_string(), policy)
+            }
+        }
     }
 }
 
