@@ -381,20 +381,12 @@ impl Health {
 
     /// Sets or clears (`None`) the problem of a component.
     pub fn set_problem(&self, component: Component, problem: Option<String>) {
-        let mut p = self.problems.lock().expect("health lock");
-        match problem {
-            Some(text) => p.insert(component, text),
-            None => p.remove(&component),
-        };
+        set_or_clear(&self.problems, component, problem);
     }
 
     /// Sets or clears (`None`) the note of a component: shown by `/readyz`, ready or not.
     pub fn set_note(&self, component: Component, note: Option<String>) {
-        let mut n = self.notes.lock().expect("health lock");
-        match note {
-            Some(text) => n.insert(component, text),
-            None => n.remove(&component),
-        };
+        set_or_clear(&self.notes, component, note);
     }
 
     /// Every note, one line each (`component: note`).
@@ -431,6 +423,18 @@ impl Health {
             Err(lines.join("\n"))
         }
     }
+}
+
+fn set_or_clear(
+    map: &Mutex<std::collections::BTreeMap<Component, String>>,
+    component: Component,
+    text: Option<String>,
+) {
+    let mut m = map.lock().expect("health lock");
+    match text {
+        Some(text) => m.insert(component, text),
+        None => m.remove(&component),
+    };
 }
 
 #[derive(Clone)]

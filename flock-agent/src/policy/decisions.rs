@@ -386,7 +386,9 @@ pub fn spawn(mut socket: nflog::NflogSocket, mut log: DecisionLog) -> std::threa
                             pruned = now;
                         }
                     }
-                    Err(e) if e.raw_os_error() == Some(libc_enobufs()) => log.lost(),
+                    Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ENOBUFS as i32) => {
+                        log.lost()
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => {
                         warn!(error = %e, "the policy decision log stopped reading");
@@ -431,10 +433,6 @@ pub async fn start(
             health.set_note(Component::PolicyLog, Some(why));
         }
     }
-}
-
-fn libc_enobufs() -> i32 {
-    nix::errno::Errno::ENOBUFS as i32
 }
 
 #[cfg(test)]
