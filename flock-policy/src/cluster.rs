@@ -34,6 +34,16 @@ pub enum Action {
     Pass,
 }
 
+impl Tier {
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Admin => "Admin",
+            Tier::Baseline => "Baseline",
+        }
+    }
+}
+
 impl Action {
     /// The API's spelling.
     pub fn as_str(self) -> &'static str {

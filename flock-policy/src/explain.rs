@@ -295,13 +295,7 @@ impl Model {
                 Reason::NotAllowed {
                     isolated_by: isolating
                         .into_iter()
-                        .map(|i| {
-                            let p = &self.policies()[i];
-                            PolicyRef::NetworkPolicy {
-                                namespace: p.namespace.clone(),
-                                name: p.name.clone(),
-                            }
-                        })
+                        .map(|i| self.network_policy(i))
                         .collect(),
                     passed_by,
                 }
@@ -316,13 +310,17 @@ impl Model {
         (&p.namespace, &p.name, o.rule, o.policy)
     }
 
+    fn network_policy(&self, i: usize) -> PolicyRef {
+        let p = &self.policies()[i];
+        PolicyRef::NetworkPolicy {
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+        }
+    }
+
     fn network_rule(&self, o: Origin, direction: Direction) -> RuleRef {
-        let p = &self.policies()[o.policy];
         RuleRef {
-            policy: PolicyRef::NetworkPolicy {
-                namespace: p.namespace.clone(),
-                name: p.name.clone(),
-            },
+            policy: self.network_policy(o.policy),
             direction,
             index: o.rule,
             name: None,
@@ -453,11 +451,7 @@ impl fmt::Display for RuleRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} (", self.policy)?;
         if let PolicyRef::ClusterNetworkPolicy { tier, .. } = &self.policy {
-            let tier = match tier {
-                Tier::Admin => "Admin",
-                Tier::Baseline => "Baseline",
-            };
-            write!(f, "{tier}, ")?;
+            write!(f, "{}, ", tier.as_str())?;
         }
         write!(f, "rule {}", self.index)?;
         if let Some(name) = &self.name {
