@@ -2,14 +2,15 @@
 //! four cluster-wide watches list, page by page, from a mocked API server serving 10 000
 //! pods (bound to other nodes) in 100 namespaces, 1 000 NetworkPolicies and 100
 //! ClusterNetworkPolicies (50 Admin, 50 Baseline); 100 pods are on this node; once the model
-//! is built and applied (`nft` in memory) the process's VmRSS is read. Then, in the same
-//! process, 100 policy changes (NetworkPolicies and ClusterNetworkPolicies in turn, each a
-//! watch event) are each timed from the event to the ruleset applied: the model rebuilt, the
-//! plan, the script (the kernel's `nft -f` is not in it: BENCHMARKS.md has that apart). Its
-//! own test binary, so the figure is this process's alone. Ignored by default (it takes a
-//! while in a debug build):
+//! is built and applied the process's VmRSS is read. Then, in the same process, 100 policy
+//! changes (NetworkPolicies and ClusterNetworkPolicies in turn, each a watch event) are each
+//! timed from the event to the ruleset enforced: the model changed, the plan, the
+//! transaction applied by real `nft` (and netlink) to the table in a namespace the test
+//! makes, as the agent applies it to its node's. Its own test binary, so the figure is this
+//! process's alone (`nft` runs as a child process, as in the agent). Root; ignored by default
+//! (it takes a while in a debug build):
 //!
-//! `cargo nextest run -p flock-agent --test policy_rss --run-ignored all --no-capture`
+//! `cargo nextest run --release -p flock-agent --features root-tests --test policy_rss --run-ignored all --no-capture`
 //!
 //! The agent runs with `MALLOC_ARENA_MAX=1` (`deploy/daemonset.yaml`); glibc reads it at the
 //! first allocation, so the test re-runs itself with it set when it is not.
@@ -19,9 +20,11 @@ use std::time::Duration;
 
 use flock_agent::metrics::{Health, Metrics};
 use flock_agent::policy::PolicyEnforcer;
-use flock_agent::policy::nft::MemoryNft;
+use flock_agent::policy::nft::NftCommand;
 use flock_agent::policy::view::LocalPod;
 use flock_agent::policy::watches::spawn_watches;
+use flock_netns::NsTarget;
+use flock_testkit::Netns;
 use flock_testkit::kube_mock::*;
 use serde_json::{Value, json};
 
@@ -152,9 +155,11 @@ async fn agent_rss_with_10000_cluster_pods_and_1000_policies() {
         return;
     }
     let (client, mut api) = mock_client();
+    let node = Netns::new("rss");
+    let metrics = Arc::new(Metrics::new());
     let enforcer = PolicyEnforcer::spawn(
-        Arc::new(MemoryNft::default()),
-        Arc::new(Metrics::new()),
+        Arc::new(NftCommand::new("nft", NsTarget::Path(node.path()))),
+        metrics.clone(),
         Arc::new(Health::default()),
     );
     for i in 0..LOCAL_PODS {
@@ -310,12 +315,24 @@ async fn agent_rss_with_10000_cluster_pods_and_1000_policies() {
     took.sort();
     let at = |q: f64| took[((took.len() as f64 * q).ceil() as usize).saturating_sub(1)];
     println!(
-        "{CHANGES} policy changes, watch event → ruleset applied (nft in memory): p50 {:.1} ms, \
-         p99 {:.1} ms, max {:.1} ms; VmRSS after them {:.1} MiB, VmHWM {:.1} MiB",
+        "{CHANGES} policy changes, watch event → ruleset in the kernel: p50 {:.1} ms, \
+         p99 {:.1} ms, max {:.1} ms; VmRSS after them {:.1} MiB, VmHWM {:.1} MiB; \
+         transactions by kind: {}",
         at(0.50).as_secs_f64() * 1e3,
         at(0.99).as_secs_f64() * 1e3,
         took[took.len() - 1].as_secs_f64() * 1e3,
         vm("VmRSS:") as f64 / 1024.0,
-        vm("VmHWM:") as f64 / 1024.0
+        vm("VmHWM:") as f64 / 1024.0,
+        metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("flock_policy_applies_total{"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let listing = node.ok(["nft", "list", "table", "inet", "flock_policy"]);
+    assert!(
+        listing.contains("chain forward"),
+        "the table is in the kernel"
     );
 }

@@ -91,12 +91,16 @@
 //!
 //! # Applying it (the agent's part)
 //!
-//! Rebuild the [`Ruleset`] on every change of a policy, a namespace's labels or a pod
-//! (labels, addresses, named ports, phase); feed `nft -f -` in the node's namespace
-//! [`update_from`](Ruleset::update_from)'s commands when it has them (membership changes
-//! only), else [`render`](Ruleset::render)'s script. At start-up, whatever the kernel holds
-//! is unknown: apply the full script once. Do not apply anything before the pods and
-//! policies are known (an empty model removes the table, which opens everything).
+//! The simplest way: rebuild the [`Ruleset`] on every change of a policy, a namespace's
+//! labels or a pod (labels, addresses, named ports, phase); feed `nft -f -` in the node's
+//! namespace [`update_from`](Ruleset::update_from)'s commands when it has them (membership
+//! changes only), else [`render`](Ruleset::render)'s script. The way that scales: keep a
+//! [`Model`], hand it pods joining and leaving ([`Model::add_pod`], [`Model::remove_pod`])
+//! and new policies and namespaces ([`Model::update_policies`], which keeps the sets that
+//! stay), and apply [`Ruleset::update`] of its [`Model::take_delta`]: sets and chains come
+//! and go in place, in one transaction. At start-up, whatever the kernel holds is unknown:
+//! apply the full script once. Do not apply anything before the pods and policies are known
+//! (an empty model removes the table, which opens everything).
 //!
 //! # Example
 //!
@@ -172,7 +176,7 @@ pub use model::{
 };
 pub use render::{Element, ElementOp, REMOVE_SCRIPT, TABLE, Update};
 pub use selector::{LabelSelector, Labels, NAMESPACE_NAME_LABEL, Operator, Requirement};
-pub use state::{ChainChange, Delta, Model, build};
+pub use state::{ChainChange, Delta, Model, SetChange, build};
 
 #[cfg(test)]
 mod tests;

@@ -351,6 +351,81 @@ impl Ruleset {
         }
     }
 
+    /// The ruleset with its sets named by what they hold (`set0`, `set1`, … in the order of
+    /// family, description and elements; two sets alike get one name): two rulesets whose
+    /// canonical forms are equal make the same table but for the sets' names. A model that
+    /// took new policies in place ([`Model::update_policies`](crate::Model::update_policies))
+    /// keeps the names its sets had; one built afresh numbers them anew.
+    pub fn canonical(&self) -> Ruleset {
+        let content = |s: &AddrSet| (s.family, s.about.clone(), format!("{:?}", s.elements));
+        let distinct: Vec<_> = self
+            .sets
+            .values()
+            .map(content)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let rename: BTreeMap<&str, String> = self
+            .sets
+            .iter()
+            .map(|(name, s)| {
+                let i = distinct.binary_search(&content(s)).unwrap_or_default();
+                (name.as_str(), format!("set{i}"))
+            })
+            .collect();
+        let name = |n: &String| rename.get(n.as_str()).cloned().unwrap_or_else(|| n.clone());
+        let allow = |a: &Allow| Allow {
+            family: a.family,
+            peer: a.peer.as_ref().map(name),
+            ports: match &a.ports {
+                Ports::Named { protocol, set } => Ports::Named {
+                    protocol: *protocol,
+                    set: name(set),
+                },
+                other => other.clone(),
+            },
+        };
+        let tier = |rules: &[TierRule]| -> Vec<TierRule> {
+            rules
+                .iter()
+                .map(|r| TierRule {
+                    action: r.action,
+                    matches: allow(&r.matches),
+                })
+                .collect()
+        };
+        let chains = |chains: &BTreeMap<String, Chain>| -> BTreeMap<String, Chain> {
+            chains
+                .iter()
+                .map(|(h, c)| {
+                    // the NetworkPolicy tier is a set of allows, in the order of their names
+                    let policy = c.policy.as_ref().map(|p| {
+                        let mut p: Vec<Allow> = p.iter().map(allow).collect();
+                        p.sort();
+                        p.dedup();
+                        p
+                    });
+                    let chain = Chain {
+                        admin: tier(&c.admin),
+                        policy,
+                        baseline: tier(&c.baseline),
+                        log: c.log,
+                    };
+                    (h.clone(), chain)
+                })
+                .collect()
+        };
+        Ruleset {
+            sets: self
+                .sets
+                .iter()
+                .map(|(n, s)| (name(n), s.clone()))
+                .collect(),
+            ingress: chains(&self.ingress),
+            egress: chains(&self.egress),
+        }
+    }
+
     /// Whether no policy judges a local pod: the table is not needed at all.
     pub fn is_empty(&self) -> bool {
         self.ingress.is_empty() && self.egress.is_empty()

@@ -134,13 +134,34 @@ impl Ruleset {
                 }
             }
         }
-        Some(Delta { elements, chains })
+        Some(Delta {
+            elements,
+            chains,
+            sets: Vec::new(),
+        })
     }
 
     /// The [`Update`] that brings the table of the ruleset `delta` was taken from (before
     /// it) to this one: chains that come, elements, chains that go.
     pub fn update(&self, delta: &Delta) -> Update {
         let mut update = Update::default();
+        let gone: BTreeMap<&str, Family> = delta
+            .sets
+            .iter()
+            .filter(|s| !s.came)
+            .map(|s| (s.name.as_str(), s.family))
+            .collect();
+        // a chain of before the change is named as it was rendered then, sets that went
+        // included
+        let before = |set: &str| gone.get(set).copied().or_else(|| self.family(set));
+        for s in delta.sets.iter().filter(|s| s.came) {
+            let mut body = String::new();
+            render_set(&mut body, &s.name, &self.sets[&s.name]);
+            update.new_sets.push((s.name.clone(), body));
+        }
+        update
+            .gone_sets
+            .extend(gone.keys().map(|name| (*name).to_owned()));
         for direction in [Direction::Ingress, Direction::Egress] {
             let changes: Vec<&ChainChange> = delta
                 .chains
@@ -159,7 +180,7 @@ impl Ruleset {
             for c in &changes {
                 for chain in [&c.before, &c.after].into_iter().flatten() {
                     if !current.contains_key(chain) && !rendered.contains_key(chain) {
-                        rendered.insert(chain, render_chain(direction, chain, &self.sets));
+                        rendered.insert(chain, render_chain(direction, chain, &before));
                     }
                 }
             }
@@ -239,12 +260,17 @@ impl Ruleset {
         update
     }
 
+    /// The family of set `name`, if the ruleset has it.
+    fn family(&self, name: &str) -> Option<Family> {
+        self.sets.get(name).map(|s| s.family)
+    }
+
     /// The rendered chains of each distinct [`Chain`] of `direction`.
     fn classes(&self, direction: Direction) -> BTreeMap<&Chain, Rendered> {
         let mut out = BTreeMap::new();
         for chain in self.chains(direction).values() {
             if !out.contains_key(chain) {
-                out.insert(chain, render_chain(direction, chain, &self.sets));
+                out.insert(chain, render_chain(direction, chain, &|s| self.family(s)));
             }
         }
         out
@@ -288,33 +314,47 @@ impl Element {
     }
 }
 
-/// A change of flock's table that leaves its sets in place: chains that come (name and
-/// body), set and map elements deleted and added (deletes first), chains that go. Applied
-/// as one transaction, it leaves the same table as [`Ruleset::render`] of the new ruleset.
+/// The family of a set by its name, as a chain's rules are rendered with it.
+type Families<'a> = &'a dyn Fn(&str) -> Option<Family>;
+
+/// A change of flock's table in place: sets that come (name and definition), chains that
+/// come (name and body), set and map elements deleted and added (deletes first), chains
+/// that go, sets that go. Applied as one transaction, it leaves the same table as
+/// [`Ruleset::render`] of the new ruleset.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Update {
+    /// Sets to create before any chain names them: `(name, definition)`.
+    pub new_sets: Vec<(String, String)>,
     /// Chains to create before anything jumps to them: `(name, rules)`.
     pub new_chains: Vec<(String, String)>,
     /// Elements, deletes first.
     pub elements: Vec<ElementOp>,
     /// Chains nothing jumps to any more.
     pub gone_chains: Vec<String>,
+    /// Sets no chain names any more (deleted after the chains).
+    pub gone_sets: Vec<String>,
 }
 
 impl Update {
     /// Whether it changes nothing.
     pub fn is_empty(&self) -> bool {
-        self.new_chains.is_empty() && self.elements.is_empty() && self.gone_chains.is_empty()
+        self.elements.is_empty() && self.elements_only()
     }
 
-    /// Whether it only adds and deletes elements (no chain comes or goes).
+    /// Whether it only adds and deletes elements (no set or chain comes or goes).
     pub fn elements_only(&self) -> bool {
-        self.new_chains.is_empty() && self.gone_chains.is_empty()
+        self.new_sets.is_empty()
+            && self.new_chains.is_empty()
+            && self.gone_chains.is_empty()
+            && self.gone_sets.is_empty()
     }
 
     /// The update as an `nft -f` script (one transaction); empty when it changes nothing.
     pub fn script(&self) -> String {
         let mut out = String::new();
+        for (_, definition) in &self.new_sets {
+            let _ = write!(out, "table inet {TABLE} {{\n{definition}}}\n");
+        }
         for (name, body) in &self.new_chains {
             let _ = writeln!(
                 out,
@@ -343,6 +383,9 @@ impl Update {
         for name in &self.gone_chains {
             let _ = writeln!(out, "delete chain inet {TABLE} {name}");
         }
+        for name in &self.gone_sets {
+            let _ = writeln!(out, "delete set inet {TABLE} {name}");
+        }
         out
     }
 }
@@ -366,7 +409,7 @@ impl Rendered {
 /// same whoever computes it) and its rules. A chain of NetworkPolicy allows only is those
 /// allows and `drop`; Admin rules come before them, Baseline rules in their place when no
 /// NetworkPolicy isolates the pod.
-fn render_chain(direction: Direction, chain: &Chain, sets: &BTreeMap<String, AddrSet>) -> Rendered {
+fn render_chain(direction: Direction, chain: &Chain, sets: Families<'_>) -> Rendered {
     let accept = verdict(
         match direction {
             // egress returns to the forward chain, where the receiver's ingress follows
@@ -469,7 +512,7 @@ fn tier(
     out: &mut String,
     rules: &[TierRule],
     direction: Direction,
-    sets: &BTreeMap<String, AddrSet>,
+    sets: Families<'_>,
     accept: &str,
     drop: &str,
     pass: &str,
@@ -485,13 +528,7 @@ fn tier(
 }
 
 /// One rule: the match of `allow` and `verdict`; nothing for a match that can match nothing.
-fn rule(
-    out: &mut String,
-    allow: &Allow,
-    direction: Direction,
-    sets: &BTreeMap<String, AddrSet>,
-    verdict: &str,
-) {
+fn rule(out: &mut String, allow: &Allow, direction: Direction, sets: Families<'_>, verdict: &str) {
     let Some(m) = matches(allow, direction, sets) else {
         return;
     };
@@ -579,22 +616,14 @@ fn range(r: &AddrRange) -> String {
 /// The match part of an allow rule (empty: everything), `None` for a rule that can match
 /// nothing (its family differs from a set's). A set is matched by its own family; one the
 /// model lacks is still named, so nft refuses the script rather than allowing more.
-fn matches(
-    allow: &Allow,
-    direction: Direction,
-    sets: &BTreeMap<String, AddrSet>,
-) -> Option<String> {
+fn matches(allow: &Allow, direction: Direction, sets: Families<'_>) -> Option<String> {
     let mut parts = Vec::new();
     let dir = match direction {
         Direction::Ingress => "saddr",
         Direction::Egress => "daddr",
     };
     let family_of = |set: &str| {
-        let f = sets
-            .get(set)
-            .map(|s| s.family)
-            .or(allow.family)
-            .unwrap_or(Family::V6);
+        let f = sets(set).or(allow.family).unwrap_or(Family::V6);
         (allow.family.is_none_or(|a| a == f)).then_some(f)
     };
     if let Some(set) = &allow.peer {

@@ -12,7 +12,8 @@ use crate::cluster::{CheckedClusterPolicy, ClusterPolicy};
 use crate::error::{Error, Result};
 use crate::input::{CheckedPolicy, Namespace, Pod, Protocol};
 use crate::model::{
-    Allow, Chain, Direction, LogMode, Member, Ports, Ruleset, TierRule, family_suffix,
+    AddrSet, Allow, Chain, Direction, Elements, LogMode, Member, Ports, Ruleset, TierRule,
+    family_suffix,
 };
 use crate::selector::Labels;
 
@@ -46,41 +47,120 @@ pub struct ChainChange {
     pub after: Option<Chain>,
 }
 
-/// What changed in a [`Model`] since the last [`Model::take_delta`]: set elements that came
-/// (`true`) or went (`false`), and local pods' chains. Sets themselves never change in a
-/// delta: a change that would add or remove a set makes [`Model::add_pod`] or
-/// [`Model::remove_pod`] ask for a rebuild.
+/// What changed in a [`Model`] since the last [`Model::take_delta`]: sets that came or went
+/// (after [`Model::update_policies`]), elements that came (`true`) or went (`false`) in the
+/// sets that stayed, and local pods' chains. Pods joining and leaving never add or remove a
+/// set: a change that would makes [`Model::add_pod`] or [`Model::remove_pod`] ask for a
+/// rebuild.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Delta {
-    /// `(set, element, added)`, sorted by set and element.
+    /// `(set, element, added)`, sorted by set and element; none of a set that came or went.
     pub elements: Vec<(String, Member, bool)>,
     /// Chains that differ, sorted by direction and host veth.
     pub chains: Vec<ChainChange>,
+    /// Sets that came (with the elements the ruleset holds) or went, sorted by name.
+    pub sets: Vec<SetChange>,
 }
 
 impl Delta {
     /// Whether nothing changed.
     pub fn is_empty(&self) -> bool {
-        self.elements.is_empty() && self.chains.is_empty()
+        self.elements.is_empty() && self.chains.is_empty() && self.sets.is_empty()
     }
 }
 
-/// What a [`Model`] changed since the last delta: each touched element's and chain's state
-/// before.
+/// A set that came or went in a [`Delta`]. A model never gives a name to a second set, so
+/// one name never both comes and goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetChange {
+    /// Its name.
+    pub name: String,
+    /// Its family (for a set that went: what the rules naming it were rendered with).
+    pub family: Family,
+    /// Whether it came (else it went).
+    pub came: bool,
+}
+
+/// What a [`Model`] changed since the last delta: each touched set's, element's and chain's
+/// state before.
 #[derive(Debug, Clone, Default)]
 struct Journal {
-    /// Off while [`Model::new`] joins every pod: a fresh model has no delta, and recording
-    /// each element (a copy of its set's name) would double the memory a build peaks at.
+    /// Off while sets are filled from every pod: a new set comes whole, and recording each
+    /// element (a copy of its set's name) would double the memory a build peaks at.
     off: bool,
+    /// Sets that came or went: whether each existed before, and its family.
+    sets: BTreeMap<String, (bool, Family)>,
     elements: BTreeMap<(String, Member), bool>,
     chains: BTreeMap<(Direction, String), Option<Chain>>,
 }
 
-/// The rule model of a node, kept up to date pod by pod: [`add_pod`](Model::add_pod) and
-/// [`remove_pod`](Model::remove_pod) change set members and local pods' chains in time
-/// proportional to the pod (not the cluster), and leave the model equal to what
-/// [`Model::new`] would build from the new inputs. A change of policies or namespace labels
-/// needs a new model.
+/// Which member sets a pod may be in, by its namespace: an index over some or all of a
+/// model's member sets.
+#[derive(Debug, Clone, Default)]
+struct SetIndex {
+    /// Indices into the model's `member_sets` of the sets of pods of one named namespace.
+    scoped: BTreeMap<String, Vec<usize>>,
+    /// Indices of the other member sets (namespace selectors, named ports).
+    unscoped: Vec<usize>,
+    /// Per listed namespace, the indices of [`unscoped`](Self::unscoped) its pods may be in:
+    /// the sets whose namespace selector matches it, and the named-port sets. A pod's
+    /// memberships then match its namespace against no selector (a hundred namespaces and
+    /// hundreds of cluster policy peers made that most of a rebuild).
+    ns_unscoped: BTreeMap<String, Vec<usize>>,
+}
+
+impl SetIndex {
+    /// The index of the member sets `which` (indices into `member_sets`).
+    fn new(
+        member_sets: &[(String, SetKey)],
+        which: impl IntoIterator<Item = usize>,
+        ns_labels: &BTreeMap<String, Labels>,
+    ) -> SetIndex {
+        let mut index = SetIndex::default();
+        for i in which {
+            match &member_sets[i].1 {
+                SetKey::Pods(
+                    PodsKey {
+                        namespaces: NsScope::Named(ns),
+                        ..
+                    },
+                    _,
+                ) => index.scoped.entry(ns.clone()).or_default().push(i),
+                _ => index.unscoped.push(i),
+            }
+        }
+        index.ns_unscoped = ns_labels
+            .iter()
+            .map(|(ns, labels)| {
+                let sets = index
+                    .unscoped
+                    .iter()
+                    .copied()
+                    .filter(|i| match &member_sets[*i].1 {
+                        SetKey::Pods(k, _) => match &k.namespaces {
+                            NsScope::Selector(s) => s.matches(labels),
+                            NsScope::Named(n) => n == ns,
+                        },
+                        _ => true,
+                    })
+                    .collect();
+                (ns.clone(), sets)
+            })
+            .collect();
+        index
+    }
+
+    fn is_empty(&self) -> bool {
+        self.scoped.is_empty() && self.unscoped.is_empty()
+    }
+}
+
+/// The rule model of a node, kept up to date change by change: [`add_pod`](Model::add_pod)
+/// and [`remove_pod`](Model::remove_pod) change set members and local pods' chains in time
+/// proportional to the pod (not the cluster); [`update_policies`](Model::update_policies)
+/// takes new policies and namespace labels, keeping the sets that stay. Each leaves the
+/// model equal to what [`Model::new`] would build from the new inputs, but for the sets'
+/// names.
 #[derive(Debug, Clone)]
 pub struct Model {
     policies: Vec<CheckedPolicy>,
@@ -91,17 +171,13 @@ pub struct Model {
     /// The namespaces whose pods' decisions are logged.
     ns_log: BTreeMap<String, LogMode>,
     names: BTreeMap<SetKey, String>,
+    /// The next number of each kind and family of set: a model never names two sets alike,
+    /// so a set that goes and one that comes are never confused in the kernel.
+    numbers: BTreeMap<(&'static str, Family), usize>,
     /// Sets whose members are pods: `(name, key)`.
     member_sets: Vec<(String, SetKey)>,
-    /// Indices into `member_sets` of the sets of pods of one named namespace.
-    scoped: BTreeMap<String, Vec<usize>>,
-    /// Indices of the other member sets (namespace selectors, named ports).
-    unscoped: Vec<usize>,
-    /// Per listed namespace, the indices of [`unscoped`](Self::unscoped) its pods may be in:
-    /// the sets whose namespace selector matches it, and the named-port sets. A pod's
-    /// memberships then match its namespace against no selector (a hundred namespaces and
-    /// hundreds of cluster policy peers made that most of a rebuild).
-    ns_unscoped: BTreeMap<String, Vec<usize>>,
+    /// Which of them a pod may be in.
+    index: SetIndex,
     /// Per set, how many pods besides the first hold an element (an anycast address may be
     /// several pods'). The set itself says whether one does: no second copy of every element.
     extra: BTreeMap<String, BTreeMap<Member, u32>>,
@@ -114,6 +190,23 @@ pub struct Model {
 }
 
 const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
+
+/// Policies checked and cluster policies in precedence order, or the first error.
+fn checked(
+    cluster: &[ClusterPolicy],
+    policies: &[crate::Policy],
+) -> Result<(Vec<CheckedClusterPolicy>, Vec<CheckedPolicy>)> {
+    let policies = policies
+        .iter()
+        .map(crate::Policy::checked)
+        .collect::<Result<Vec<_>>>()?;
+    let mut cluster = cluster
+        .iter()
+        .map(ClusterPolicy::checked)
+        .collect::<Result<Vec<_>>>()?;
+    cluster.sort_by(|a, b| (a.tier, a.priority, &a.name).cmp(&(b.tier, b.priority, &b.name)));
+    Ok((cluster, policies))
+}
 
 impl Model {
     /// Builds the model (see [`build`]).
@@ -146,50 +239,93 @@ impl Model {
                 });
             }
         }
-        let policies = policies
-            .iter()
-            .map(crate::Policy::checked)
-            .collect::<Result<Vec<_>>>()?;
-        let mut cluster = cluster
-            .iter()
-            .map(ClusterPolicy::checked)
-            .collect::<Result<Vec<_>>>()?;
-        cluster.sort_by(|a, b| (a.tier, a.priority, &a.name).cmp(&(b.tier, b.priority, &b.name)));
+        let (cluster, policies) = checked(cluster, policies)?;
         let mut model = Model {
-            policies,
-            cluster,
-            ns_labels: namespaces
-                .iter()
-                .map(|n| (n.name.clone(), n.effective_labels()))
-                .collect(),
-            ns_log: namespaces
-                .iter()
-                .filter_map(|n| Some((n.name.clone(), n.log?)))
-                .collect(),
+            policies: Vec::new(),
+            cluster: Vec::new(),
+            ns_labels: BTreeMap::new(),
+            ns_log: BTreeMap::new(),
             names: BTreeMap::new(),
+            numbers: BTreeMap::new(),
             member_sets: Vec::new(),
-            scoped: BTreeMap::new(),
-            unscoped: Vec::new(),
-            ns_unscoped: BTreeMap::new(),
+            index: SetIndex::default(),
             extra: BTreeMap::new(),
             set_users: BTreeMap::new(),
             local,
             ruleset: Ruleset::default(),
             journal: Journal::default(),
         };
+        model.install(cluster, policies, namespaces, pods);
+        model.journal = Journal::default();
+        Ok(model)
+    }
 
-        let mut keyed: Vec<(Direction, &str, &str, KeyedChain)> = Vec::new();
-        for pod in pods {
-            let Some(h) = &pod.host_if else { continue };
+    /// Takes new policies and namespaces (their labels, their logging): the local pods'
+    /// chains are judged anew; a set no chain names any more goes, a new one comes filled
+    /// from `pods`, and a set that stays keeps its name and elements (those of namespace
+    /// selectors are filled again when a namespace's labels changed, and differ by
+    /// elements). `pods` must be the pods the model holds: those it was built from, with the
+    /// pods added and removed since. [`take_delta`](Self::take_delta) then has the change.
+    /// An invalid policy is an error, as for [`build`], and leaves the model as it was.
+    pub fn update_policies(
+        &mut self,
+        cluster: &[ClusterPolicy],
+        policies: &[crate::Policy],
+        namespaces: &[Namespace],
+        pods: &[Pod],
+    ) -> Result<()> {
+        let (cluster, policies) = checked(cluster, policies)?;
+        self.install(cluster, policies, namespaces, pods);
+        Ok(())
+    }
+
+    /// Installs checked policies and namespaces: local chains, sets named (old names kept,
+    /// new ones numbered on), filled, journalled.
+    fn install(
+        &mut self,
+        cluster: Vec<CheckedClusterPolicy>,
+        policies: Vec<CheckedPolicy>,
+        namespaces: &[Namespace],
+        pods: &[Pod],
+    ) {
+        let ns_labels: BTreeMap<String, Labels> = namespaces
+            .iter()
+            .map(|n| (n.name.clone(), n.effective_labels()))
+            .collect();
+        // the namespaces whose effective labels change: (before, after)
+        let relabelled: Vec<(Labels, Labels)> = self
+            .ns_labels
+            .keys()
+            .chain(ns_labels.keys())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter_map(|ns| {
+                let before = self.ns_labels(ns).into_owned();
+                let after = match ns_labels.get(ns) {
+                    Some(l) => l.clone(),
+                    None => unlisted_labels(ns),
+                };
+                (before != after).then_some((before, after))
+            })
+            .collect();
+        self.policies = policies;
+        self.cluster = cluster;
+        self.ns_labels = ns_labels;
+        self.ns_log = namespaces
+            .iter()
+            .filter_map(|n| Some((n.name.clone(), n.log?)))
+            .collect();
+
+        let mut keyed: Vec<(Direction, String, KeyedChain)> = Vec::new();
+        for (h, pod) in &self.local {
             for direction in DIRECTIONS {
-                if let Some(chain) = model.pod_chain(pod, direction) {
-                    keyed.push((direction, h, &pod.namespace, chain));
+                if let Some(chain) = self.pod_chain(pod, direction) {
+                    keyed.push((direction, h.clone(), chain));
                 }
             }
         }
-        // name the sets in the order of their keys
         let mut keys = BTreeSet::new();
-        for (_, _, _, chain) in &keyed {
+        for (_, _, chain) in &keyed {
             for a in chain.allows() {
                 keys.extend(a.peer.clone());
                 if let KeyedPorts::Named(k) = &a.ports {
@@ -197,74 +333,124 @@ impl Model {
                 }
             }
         }
-        let mut counters: BTreeMap<(&str, Family), usize> = BTreeMap::new();
+
+        // names: a set that stays keeps its own, new ones are numbered on in key order
+        let mut old = std::mem::take(&mut self.names);
+        let mut fill: BTreeSet<String> = BTreeSet::new();
+        let mut refill: Vec<(String, AddrSet)> = Vec::new();
         for key in keys {
-            let (kind, family) = match &key {
-                SetKey::Pods(_, f) => ("pods", *f),
-                SetKey::Block(f, _) => ("block", *f),
-                SetKey::NamedPort(_, _, f) => ("port", *f),
+            let name = match old.remove(&key) {
+                Some(name) => {
+                    if relabelled.iter().any(|(b, a)| depends_on(&key, b, a)) {
+                        let fresh = empty_set(&key);
+                        if let Some(was) = self.ruleset.sets.insert(name.clone(), fresh) {
+                            refill.push((name.clone(), was));
+                        }
+                        self.extra.remove(&name);
+                        fill.insert(name.clone());
+                    }
+                    name
+                }
+                None => {
+                    let (kind, family) = kind(&key);
+                    let n = self.numbers.entry((kind, family)).or_default();
+                    let name = format!("{kind}{n}_{}", family_suffix(family));
+                    *n += 1;
+                    let set = empty_set(&key);
+                    self.note_set(&name, false, set.family);
+                    self.ruleset.sets.insert(name.clone(), set);
+                    fill.insert(name.clone());
+                    name
+                }
             };
-            let n = counters.entry((kind, family)).or_default();
-            let name = format!("{kind}{n}_{}", family_suffix(family));
-            *n += 1;
-            model.ruleset.sets.insert(name.clone(), empty_set(&key));
-            match &key {
-                SetKey::Pods(
-                    PodsKey {
-                        namespaces: NsScope::Named(ns),
-                        ..
-                    },
-                    _,
-                ) => model
-                    .scoped
-                    .entry(ns.clone())
-                    .or_default()
-                    .push(model.member_sets.len()),
-                SetKey::Block(..) => {}
-                _ => model.unscoped.push(model.member_sets.len()),
-            }
-            if !matches!(key, SetKey::Block(..)) {
-                model.member_sets.push((name.clone(), key.clone()));
-            }
-            model.names.insert(key, name);
+            self.names.insert(key, name);
         }
-        model.ns_unscoped = model
-            .ns_labels
+        for name in old.into_values() {
+            if let Some(set) = self.ruleset.sets.remove(&name) {
+                self.note_set(&name, true, set.family);
+            }
+            self.extra.remove(&name);
+        }
+        self.member_sets = self
+            .names
             .iter()
-            .map(|(ns, labels)| {
-                let sets = model
-                    .unscoped
-                    .iter()
-                    .copied()
-                    .filter(|i| match &model.member_sets[*i].1 {
-                        SetKey::Pods(k, _) => match &k.namespaces {
-                            NsScope::Selector(s) => s.matches(labels),
-                            NsScope::Named(n) => n == ns,
-                        },
-                        _ => true,
-                    })
-                    .collect();
-                (ns.clone(), sets)
-            })
+            .filter(|(key, _)| !matches!(key, SetKey::Block(..)))
+            .map(|(key, name)| (name.clone(), key.clone()))
             .collect();
-        for (direction, host_if, namespace, chain) in keyed {
-            let chain = model
+        self.index = SetIndex::new(
+            &self.member_sets,
+            0..self.member_sets.len(),
+            &self.ns_labels,
+        );
+
+        // chains
+        let mut chains: [BTreeMap<String, Chain>; 2] = Default::default();
+        for (direction, host_if, chain) in keyed {
+            let namespace = &self.local[&host_if].namespace;
+            let chain = self
                 .name_chain(&chain, namespace)
                 .expect("every set of the model is named above");
-            for set in referenced(&chain) {
-                *model.set_users.entry(set.to_owned()).or_default() += 1;
-            }
-            model
+            chains[direction as usize].insert(host_if, chain);
+        }
+        for (direction, chains) in DIRECTIONS.into_iter().zip(chains) {
+            let hosts: BTreeSet<String> = self
                 .ruleset
-                .chains_mut(direction)
-                .insert(host_if.to_owned(), chain);
+                .chains(direction)
+                .keys()
+                .chain(chains.keys())
+                .cloned()
+                .collect();
+            for h in hosts {
+                self.note_chain(direction, &h);
+            }
+            *self.ruleset.chains_mut(direction) = chains;
         }
-        model.journal.off = true;
-        for pod in pods {
-            model.join(pod);
+        self.set_users.clear();
+        for chain in self
+            .ruleset
+            .ingress
+            .values()
+            .chain(self.ruleset.egress.values())
+        {
+            for set in referenced(chain) {
+                *self.set_users.entry(set.to_owned()).or_default() += 1;
+            }
         }
-        model.journal = Journal::default();
-        Ok(model)
+
+        // fill the new sets and those of relabelled namespaces from every pod
+        let which = self
+            .member_sets
+            .iter()
+            .enumerate()
+            .filter(|(_, (name, _))| fill.contains(name))
+            .map(|(i, _)| i);
+        let index = SetIndex::new(&self.member_sets, which, &self.ns_labels);
+        if !index.is_empty() {
+            let off = std::mem::replace(&mut self.journal.off, true);
+            for pod in pods {
+                self.join(&index, pod);
+            }
+            self.journal.off = off;
+        }
+        for (name, was) in refill {
+            let now = &self.ruleset.sets[&name];
+            let members = |s: &AddrSet| -> BTreeSet<Member> {
+                match &s.elements {
+                    Elements::Addrs(a) => a.iter().map(|a| Member::Addr(*a)).collect(),
+                    Elements::AddrPorts(a) => {
+                        a.iter().map(|(a, p)| Member::AddrPort(*a, *p)).collect()
+                    }
+                    Elements::Ranges(_) => BTreeSet::new(),
+                }
+            };
+            let (before, after) = (members(&was), members(now));
+            for m in before.symmetric_difference(&after) {
+                self.journal
+                    .elements
+                    .entry((name.clone(), *m))
+                    .or_insert(before.contains(m));
+            }
+        }
     }
 
     /// The model as a ruleset.
@@ -309,7 +495,9 @@ impl Model {
                 self.ruleset.chains_mut(direction).insert(h.clone(), chain);
             }
         }
-        self.join(pod);
+        let index = std::mem::take(&mut self.index);
+        self.join(&index, pod);
+        self.index = index;
         Ok(true)
     }
 
@@ -341,9 +529,23 @@ impl Model {
     /// What changed since the last call (or since the model was built).
     pub fn take_delta(&mut self) -> Delta {
         let journal = std::mem::take(&mut self.journal);
+        let sets: Vec<SetChange> = journal
+            .sets
+            .into_iter()
+            .filter_map(|(name, (before, family))| {
+                let now = self.ruleset.sets.contains_key(&name);
+                (now != before).then_some(SetChange {
+                    name,
+                    family,
+                    came: now,
+                })
+            })
+            .collect();
+        let whole: BTreeSet<&str> = sets.iter().map(|s| s.name.as_str()).collect();
         let elements = journal
             .elements
             .into_iter()
+            .filter(|((set, _), _)| !whole.contains(set.as_str()))
             .filter_map(|((set, member), before)| {
                 let now = self.ruleset.sets.get(&set).is_some_and(|s| s.has(member));
                 (now != before).then_some((set, member, now))
@@ -362,7 +564,11 @@ impl Model {
                 })
             })
             .collect();
-        Delta { elements, chains }
+        Delta {
+            elements,
+            chains,
+            sets,
+        }
     }
 
     fn note_chain(&mut self, direction: Direction, host_if: &str) {
@@ -382,15 +588,16 @@ impl Model {
     fn ns_labels(&self, ns: &str) -> std::borrow::Cow<'_, Labels> {
         match self.ns_labels.get(ns) {
             Some(l) => std::borrow::Cow::Borrowed(l),
-            None => std::borrow::Cow::Owned(
-                Namespace {
-                    name: ns.to_owned(),
-                    labels: Labels::new(),
-                    log: None,
-                }
-                .effective_labels(),
-            ),
+            None => std::borrow::Cow::Owned(unlisted_labels(ns)),
         }
+    }
+
+    /// Notes that set `name` (of `family`) existed (`true`) or not before the change.
+    fn note_set(&mut self, name: &str, existed: bool, family: Family) {
+        self.journal
+            .sets
+            .entry(name.to_owned())
+            .or_insert((existed, family));
     }
 
     /// What judges local `pod`'s traffic of `direction`, before its sets are named.
@@ -479,19 +686,19 @@ impl Model {
         })
     }
 
-    /// The member sets `pod` is in, and the elements it gives each.
-    fn memberships(&self, pod: &Pod) -> Vec<(usize, Vec<Member>)> {
+    /// The member sets of `index` that `pod` is in, and the elements it gives each.
+    fn memberships(&self, index: &SetIndex, pod: &Pod) -> Vec<(usize, Vec<Member>)> {
         // a listed namespace's sets are known; an unlisted one's are matched here
-        let (unscoped, ns_labels) = match self.ns_unscoped.get(&pod.namespace) {
+        let (unscoped, ns_labels) = match index.ns_unscoped.get(&pod.namespace) {
             Some(sets) => (sets, None),
-            None => (&self.unscoped, Some(self.ns_labels(&pod.namespace))),
+            None => (&index.unscoped, Some(self.ns_labels(&pod.namespace))),
         };
         let mut addresses = pod.addresses.clone();
         addresses.sort();
         addresses.dedup();
         let of = |f: Family| addresses.iter().filter(move |a| Family::of(a) == f);
         let mut out = Vec::new();
-        let scoped = self.scoped.get(&pod.namespace).into_iter().flatten();
+        let scoped = index.scoped.get(&pod.namespace).into_iter().flatten();
         for i in scoped.chain(unscoped) {
             let (_, key) = &self.member_sets[*i];
             let members: Vec<Member> = match key {
@@ -519,9 +726,9 @@ impl Model {
         out
     }
 
-    /// Adds `pod`'s elements to the sets it is in.
-    fn join(&mut self, pod: &Pod) {
-        for (i, members) in self.memberships(pod) {
+    /// Adds `pod`'s elements to the sets of `index` it is in.
+    fn join(&mut self, index: &SetIndex, pod: &Pod) {
+        for (i, members) in self.memberships(index, pod) {
             let set = &self.member_sets[i].0;
             let Some(s) = self.ruleset.sets.get_mut(set) else {
                 continue;
@@ -546,7 +753,7 @@ impl Model {
 
     /// Takes `pod`'s elements out of the sets it is in; `false` when one is not there.
     fn leave(&mut self, pod: &Pod) -> bool {
-        for (i, members) in self.memberships(pod) {
+        for (i, members) in self.memberships(&self.index, pod) {
             let set = &self.member_sets[i].0;
             let Some(s) = self.ruleset.sets.get_mut(set) else {
                 return false;
@@ -574,5 +781,39 @@ impl Model {
             }
         }
         true
+    }
+}
+
+/// The effective labels of a namespace the model is not told of: its name label only.
+fn unlisted_labels(ns: &str) -> Labels {
+    Namespace {
+        name: ns.to_owned(),
+        labels: Labels::new(),
+        log: None,
+    }
+    .effective_labels()
+}
+
+/// Whether the members of `key`'s set change when a namespace's labels go from `before` to
+/// `after`: a namespace selector that matches one and not the other.
+fn depends_on(key: &SetKey, before: &Labels, after: &Labels) -> bool {
+    match key {
+        SetKey::Pods(
+            PodsKey {
+                namespaces: NsScope::Selector(s),
+                ..
+            },
+            _,
+        ) => s.matches(before) != s.matches(after),
+        _ => false,
+    }
+}
+
+/// The kind of a set's name (`pods`, `block`, `port`) and its family.
+fn kind(key: &SetKey) -> (&'static str, Family) {
+    match key {
+        SetKey::Pods(_, f) => ("pods", *f),
+        SetKey::Block(f, _) => ("block", *f),
+        SetKey::NamedPort(_, _, f) => ("port", *f),
     }
 }

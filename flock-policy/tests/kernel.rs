@@ -216,7 +216,7 @@ async fn allowed_flows_pass_and_denied_ones_do_not_over_both_families() {
     let moved = build(
         &policies,
         &namespaces,
-        &[a_moved, b.pod.clone(), c.pod.clone()],
+        &[a_moved.clone(), b.pod.clone(), c.pod.clone()],
     )
     .unwrap();
     let update = moved.update_from(&ruleset).expect("only elements changed");
@@ -229,6 +229,49 @@ async fn allowed_flows_pass_and_denied_ones_do_not_over_both_families() {
         !a.ns.tcp_connects(b.v6, 8080) && !a.ns.tcp_connects(b.v4, 8080),
         "a is no client any more"
     );
+
+    // the server's policy changes its peer: a set comes, one goes, the chain is replaced, in
+    // one transaction on the table in place
+    let moved_pods = [a_moved, b.pod.clone(), c.pod.clone()];
+    let mut model = Model::new(&policies, &namespaces, &moved_pods).unwrap();
+    let mut server = policies[0].clone();
+    server.ingress[0].peers = vec![Peer::pods(LabelSelector::labels([("role", "former")]))];
+    let mut other = policies[1].clone();
+    other.egress[0].peers = server.ingress[0].peers.clone();
+    let changed = [server, other];
+    let before = model.ruleset().clone();
+    model
+        .update_policies(&[], &changed, &namespaces, &moved_pods)
+        .unwrap();
+    let delta = model.take_delta();
+    assert_eq!(
+        delta.sets.iter().map(|s| s.came).collect::<Vec<_>>(),
+        [false, false, true, true],
+        "role=client's sets go, role=former's come: {delta:?}"
+    );
+    let update = model.ruleset().update(&delta);
+    assert!(
+        !update.elements_only() && !update.gone_sets.is_empty(),
+        "{update:?}"
+    );
+    apply(&node_ns, &before.render());
+    apply(&node_ns, &update.script());
+    assert!(
+        a.ns.tcp_connects(b.v6, 8080) && a.ns.tcp_connects(b.v4, 8080),
+        "a, role=former now, is the server's peer"
+    );
+    assert!(
+        !c.ns.tcp_connects(b.v6, 8080),
+        "other is not, and the old set's rule is gone"
+    );
+    assert!(
+        udp_passes(&c.ns, &a_udp, a.v6, 53),
+        "other's egress follows a to its new set"
+    );
+    let listing = node_ns.ok(["nft", "list", "table", "inet", "flock_policy"]);
+    for gone in &update.gone_sets {
+        assert!(!listing.contains(&format!("set {gone} ")), "{listing}");
+    }
 
     // removing the last policy leaves no rule behind
     let empty = build(&[], &namespaces, &pods).unwrap();

@@ -1157,6 +1157,70 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    /// The policy path: a model that takes other policies and namespaces equals the model
+    /// built from them but for its sets' names (a set that stays keeps its name); its delta,
+    /// applied to the old table as the kernel would (sets and chains created before they are
+    /// used, deleted after), leaves the table its full render makes; and it follows pods
+    /// joining and leaving afterwards as a rebuild would.
+    #[test]
+    fn a_model_takes_new_policies_and_namespaces_as_a_rebuild_would(
+        pods in pods(),
+        before in (namespaces(), cluster_policies(), proptest::collection::vec(policy(), 0..4)),
+        after in (namespaces(), cluster_policies(), proptest::collection::vec(policy(), 0..4)),
+        keep in (any::<bool>(), any::<bool>(), any::<bool>()),
+        which in any::<proptest::sample::Index>(),
+    ) {
+        // often keep a part as it was, so that sets stay as well as come and go
+        let (namespaces, cluster_policies, mut policies) = after;
+        let namespaces = if keep.0 { before.0.clone() } else { namespaces };
+        let cluster_policies = if keep.1 { before.1.clone() } else { cluster_policies };
+        if keep.2 {
+            policies.extend(before.2.iter().cloned());
+        }
+        let mut model =
+            Model::with_cluster_policies(&before.1, &before.2, &before.0, &pods).unwrap();
+        let old = model.ruleset().clone();
+        model
+            .update_policies(&cluster_policies, &policies, &namespaces, &pods)
+            .unwrap();
+        let fresh = build(&cluster_policies, &policies, &namespaces, &pods);
+        prop_assert_eq!(model.ruleset().canonical(), fresh.canonical());
+        for (name, set) in &model.ruleset().sets {
+            if let Some(was) = old.sets.get(name) {
+                prop_assert_eq!(
+                    (&was.about, was.family),
+                    (&set.about, set.family),
+                    "a name stands for one set"
+                );
+            }
+        }
+        let delta = model.take_delta();
+        if !old.is_empty() && !model.ruleset().is_empty() {
+            applies_as_a_full_render(&old, model.ruleset(), &delta);
+        }
+        prop_assert!(model.take_delta().is_empty(), "a delta is taken once");
+
+        // pods still come and go as in a rebuild
+        prop_assume!(!pods.is_empty());
+        let pod = &pods[which.index(pods.len())];
+        let mut left = model.clone();
+        if left.remove_pod(pod) {
+            let rest: Vec<Pod> = pods.iter().filter(|p| *p != pod).cloned().collect();
+            prop_assert_eq!(
+                left.ruleset().canonical(),
+                build(&cluster_policies, &policies, &namespaces, &rest).canonical()
+            );
+            let delta = left.take_delta();
+            if !left.ruleset().is_empty() {
+                applies_as_a_full_render(model.ruleset(), left.ruleset(), &delta);
+            }
+        }
+    }
+}
+
 /// Two different chains that render alike share one kernel chain: an Admin Accept before a
 /// default deny, and a NetworkPolicy allowing the same peers. When one of their pods goes,
 /// the chain stays for the other (it was deleted while in use, and nft refused the update).

@@ -14,7 +14,9 @@
 //! followed incrementally: the [`flock_policy::Model`] of the applied ruleset takes the pods
 //! that changed, in time proportional to them, and its delta becomes elements (sent over
 //! netlink, [`netlink`]) or a small `nft -f` with the chains that come or go. A change of
-//! policies or namespaces, or a relist, rebuilds the model from the caches. An ADD
+//! policies or namespaces is taken by the same model in place (the sets that stay are kept;
+//! new ones are filled from the pods; the transaction adds and deletes sets and chains); a
+//! relist of pods rebuilds the model from the caches. An ADD
 //! waits until its pod's generation is applied: the pod's rules are in the kernel before the
 //! runtime starts its containers. Nothing is applied before all three caches have finished
 //! their first listing (an empty model would remove every rule); the first apply replaces
@@ -172,6 +174,15 @@ impl PolicyEnforcer {
         self.woken(before, generation)
     }
 
+    /// [`update`](Self::update) for a change of policies or namespaces only: the model takes
+    /// it in place, keeping its sets.
+    fn update_rules(&self, change: impl FnOnce(&mut ClusterView) -> bool) -> u64 {
+        let mut schedule = self.schedule();
+        let before = schedule.generation();
+        let generation = schedule.change_rules(change);
+        self.woken(before, generation)
+    }
+
     /// Changes the schedule's view through `change` (which returns the generation that holds
     /// it); wakes the task when that is a new one.
     fn update_pods(&self, change: impl FnOnce(&mut Schedule) -> u64) -> u64 {
@@ -184,7 +195,7 @@ impl PolicyEnforcer {
     /// A NetworkPolicy watch event. An invalid policy is left out, logged with the field and
     /// value at fault, and counted (`flock_policy_invalid`).
     pub fn on_policy(&self, event: Event<NetworkPolicy>) {
-        self.update(|view| {
+        self.update_rules(|view| {
             let changed = feed_policies(&mut view.policies, &mut view.invalid, event, |np| {
                 match convert::policy(np) {
                     Ok(p) => (Some(p), None),
@@ -203,7 +214,7 @@ impl PolicyEnforcer {
     /// flock does not support is enforced fail-closed ([`cluster`]); both are logged with the
     /// field and value and counted (`flock_policy_invalid`).
     pub fn on_cluster_policy(&self, event: Event<kube::api::DynamicObject>) {
-        self.update(|view| {
+        self.update_rules(|view| {
             let changed = feed_policies(
                 &mut view.cluster_policies,
                 &mut view.cluster_invalid,
@@ -249,12 +260,11 @@ impl PolicyEnforcer {
         );
     }
 
-    /// A Namespace watch event.
     /// A Namespace watch event. An annotation asking for logging in a way flock does not
     /// know is left out (nothing is logged) and shown with the policies not enforced as
     /// written.
     pub fn on_namespace(&self, event: Event<Namespace>) {
-        self.update(|view| {
+        self.update_rules(|view| {
             let changed = view
                 .namespaces
                 .feed(event, |ns| Some(convert::namespace(ns)));

@@ -91,7 +91,16 @@ impl Nft {
         let mut lines = script.lines();
         while let Some(line) = lines.next() {
             if line == "table inet flock_policy {" {
-                let head = lines.next().expect("a chain").trim();
+                let mut head = lines.next().expect("a set or a chain").trim();
+                if head.starts_with('#') {
+                    head = lines.next().expect("a set after its comment").trim();
+                }
+                if let Some(name) = head.strip_prefix("set ").and_then(|h| h.strip_suffix(" {")) {
+                    assert!(!self.has_set(name), "set {name} declared again\n{script}");
+                    self.read_set(name, &mut lines);
+                    assert_eq!(lines.next(), Some("}"), "one set per table block");
+                    continue;
+                }
                 let name = head
                     .strip_prefix("chain ")
                     .and_then(|h| h.strip_suffix(" {"))
@@ -109,7 +118,28 @@ impl Nft {
                     rules.push(tokens(l));
                 }
                 assert_eq!(lines.next(), Some("}"), "one chain per table block");
+                for set in rules.iter().flatten().filter_map(|t| t.strip_prefix('@')) {
+                    assert!(
+                        self.has_set(set),
+                        "chain {name} names a missing set {set}\n{script}"
+                    );
+                }
                 self.chains.insert(name.to_owned(), rules);
+            } else if let Some(name) = line.strip_prefix("delete set inet flock_policy ") {
+                let at = format!("@{name}");
+                let used = self
+                    .chains
+                    .values()
+                    .flatten()
+                    .any(|rule| rule.contains(&at));
+                assert!(
+                    !used,
+                    "set {name} deleted while a rule names it: busy\n{script}"
+                );
+                assert!(
+                    self.addr_sets.remove(name).is_some() || self.pair_sets.remove(name).is_some(),
+                    "no set {name} to delete"
+                );
             } else if let Some(name) = line.strip_prefix("delete chain inet flock_policy ") {
                 let jumped = self.maps.values().any(|m| m.values().any(|c| c == name))
                     || self.chains.values().flatten().any(|rule| {
@@ -196,6 +226,47 @@ impl Nft {
         sorted(self) == sorted(other) && self.maps == other.maps && self.chains == other.chains
     }
 
+    /// Reads the body of set `name` (after its `set NAME {` line, through its `}`).
+    fn read_set<'a>(&mut self, name: &str, lines: &mut impl Iterator<Item = &'a str>) {
+        let mut concat = false;
+        let mut elements = Vec::new();
+        loop {
+            match lines.next().expect("set ends").trim() {
+                "}" => break,
+                "flags interval" | "type ipv6_addr" | "type ipv4_addr" => {}
+                "type ipv6_addr . inet_service" | "type ipv4_addr . inet_service" => {
+                    concat = true;
+                }
+                "elements = {" => loop {
+                    let e = lines.next().expect("elements end").trim();
+                    if e == "}" {
+                        break;
+                    }
+                    elements.push(e.trim_end_matches(',').to_owned());
+                },
+                other => panic!("unknown set line {other:?}"),
+            }
+        }
+        if concat {
+            let pairs = elements
+                .iter()
+                .map(|e| {
+                    let (a, p) = e.split_once(" . ").expect("addr . port");
+                    (a.parse().unwrap(), p.parse().unwrap())
+                })
+                .collect();
+            self.pair_sets.insert(name.to_owned(), pairs);
+        } else {
+            let ranges = elements.iter().map(|e| addr_range(e)).collect();
+            self.addr_sets.insert(name.to_owned(), ranges);
+        }
+    }
+
+    /// Whether set `name` exists.
+    fn has_set(&self, name: &str) -> bool {
+        self.addr_sets.contains_key(name) || self.pair_sets.contains_key(name)
+    }
+
     pub fn parse(script: &str) -> Nft {
         let mut nft = Nft::default();
         let mut lines = script.lines().map(str::trim);
@@ -211,40 +282,7 @@ impl Nft {
             }
             let words: Vec<&str> = line.split_whitespace().collect();
             match words.as_slice() {
-                ["set", name, "{"] => {
-                    let mut concat = false;
-                    let mut elements = Vec::new();
-                    loop {
-                        match lines.next().expect("set ends") {
-                            "}" => break,
-                            "flags interval" | "type ipv6_addr" | "type ipv4_addr" => {}
-                            "type ipv6_addr . inet_service" | "type ipv4_addr . inet_service" => {
-                                concat = true;
-                            }
-                            "elements = {" => loop {
-                                let e = lines.next().expect("elements end");
-                                if e == "}" {
-                                    break;
-                                }
-                                elements.push(e.trim_end_matches(',').to_owned());
-                            },
-                            other => panic!("unknown set line {other:?}"),
-                        }
-                    }
-                    if concat {
-                        let pairs = elements
-                            .iter()
-                            .map(|e| {
-                                let (a, p) = e.split_once(" . ").expect("addr . port");
-                                (a.parse().unwrap(), p.parse().unwrap())
-                            })
-                            .collect();
-                        nft.pair_sets.insert((*name).to_owned(), pairs);
-                    } else {
-                        let ranges = elements.iter().map(|e| addr_range(e)).collect();
-                        nft.addr_sets.insert((*name).to_owned(), ranges);
-                    }
-                }
+                ["set", name, "{"] => nft.read_set(name, &mut lines),
                 ["map", name, "{"] => {
                     let mut m = BTreeMap::new();
                     loop {

@@ -4,9 +4,11 @@
 //! the tokio shell around a [`Schedule`].
 //!
 //! - Every change bumps a generation. A change of pods only keeps the model's pods of each
-//!   changed key before and after, to be followed incrementally; any other change (policies,
-//!   namespaces, a relist), or more than [`MAX_PENDING_PODS`] pod changes between two applies,
-//!   asks for a rebuild from the view.
+//!   changed key before and after, to be followed incrementally. A change of policies or
+//!   namespaces keeps them too: the model follows the pods, then takes the new policies and
+//!   namespaces in place ([`Model::update_policies`]: the sets that stay are kept, not
+//!   filled again from every pod). A relist of pods, or more than [`MAX_PENDING_PODS`] pod
+//!   changes between two applies, asks for a rebuild from the view.
 //! - Nothing is handed out before every cache has finished its first listing (an empty model
 //!   would remove every rule), and one work at a time. A work covers every change up to its
 //!   generation, so a burst of changes is one transaction.
@@ -89,16 +91,19 @@ pub struct Applied {
 /// Changes not handed out yet.
 #[derive(Debug, Default)]
 struct Pending {
+    /// A rebuild from the view: pod changes are moot.
     rebuild: bool,
+    /// Policies or namespaces changed: the model takes them after following `pods`.
+    rules: bool,
     pods: Vec<PodChange>,
 }
 
 impl Pending {
-    /// A rebuild, which makes any pod change moot.
+    /// A rebuild, which makes any other change moot.
     fn rebuild() -> Pending {
         Pending {
             rebuild: true,
-            pods: Vec::new(),
+            ..Pending::default()
         }
     }
 }
@@ -155,6 +160,13 @@ enum WorkKind {
         model: Model,
         changes: Vec<PodChange>,
     },
+    /// The model in the kernel, to take the pod changes, then the policies and namespaces
+    /// of `inputs` (whose pods are the model's after the changes).
+    Rules {
+        model: Model,
+        changes: Vec<PodChange>,
+        inputs: ModelInputs,
+    },
 }
 
 /// Why a work has no step to apply.
@@ -208,6 +220,38 @@ impl Work {
                 let step = plan::delta_step(was_empty, model.ruleset(), &delta);
                 (model, step)
             }
+            WorkKind::Rules {
+                mut model,
+                changes,
+                inputs,
+            } => {
+                let was_empty = model.ruleset().is_empty();
+                let failed = |e: flock_policy::Error| PlanError::Failed(e.into());
+                if follow(&mut model, &changes).map_err(failed)? {
+                    model
+                        .update_policies(
+                            &inputs.cluster_policies,
+                            &inputs.policies,
+                            &inputs.namespaces,
+                            &inputs.pods,
+                        )
+                        .map_err(failed)?;
+                    let delta = model.take_delta();
+                    let step = plan::delta_step(was_empty, model.ruleset(), &delta);
+                    (model, step)
+                } else {
+                    // the model is in no defined state: the whole table, from the inputs
+                    let model = Model::with_cluster_policies(
+                        &inputs.cluster_policies,
+                        &inputs.policies,
+                        &inputs.namespaces,
+                        &inputs.pods,
+                    )
+                    .map_err(failed)?;
+                    let step = plan::next_step(None, model.ruleset());
+                    (model, step)
+                }
+            }
         };
         Ok(Planned {
             generation: self.generation,
@@ -251,6 +295,17 @@ impl Schedule {
     pub fn change(&mut self, change: impl FnOnce(&mut ClusterView) -> bool) -> u64 {
         if change(&mut self.view) {
             self.pending = Pending::rebuild();
+            self.generation += 1;
+        }
+        self.generation
+    }
+
+    /// Changes policies or namespaces in the view (not pods); when `change` says it changed
+    /// something, bumps the generation: the next work has the model take them in place.
+    /// Returns the generation that holds the change.
+    pub fn change_rules(&mut self, change: impl FnOnce(&mut ClusterView) -> bool) -> u64 {
+        if change(&mut self.view) {
+            self.pending.rules = true;
             self.generation += 1;
         }
         self.generation
@@ -335,6 +390,17 @@ impl Schedule {
             return None;
         }
         let (kind, counts) = match self.model.take() {
+            Some(model) if !self.pending.rebuild && self.pending.rules => {
+                let changes = std::mem::take(&mut self.pending).pods;
+                (
+                    WorkKind::Rules {
+                        model,
+                        changes,
+                        inputs: self.view.inputs(),
+                    },
+                    (self.view.policies.len(), self.view.invalid.len()),
+                )
+            }
             Some(model) if !self.pending.rebuild => (
                 WorkKind::Follow {
                     model,
