@@ -14,6 +14,7 @@
 //!
 //! The agent runs with `MALLOC_ARENA_MAX=1` (`deploy/daemonset.yaml`); glibc reads it at the
 //! first allocation, so the test re-runs itself with it set when it is not.
+#![cfg(feature = "root-tests")]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -329,6 +330,11 @@ async fn agent_rss_with_10000_cluster_pods_and_1000_policies() {
             .filter(|l| l.starts_with("flock_policy_applies_total{"))
             .collect::<Vec<_>>()
             .join(", ")
+    );
+    let rss = vm("VmRSS:");
+    assert!(
+        rss <= BUDGET_MIB * 1024,
+        "VmRSS {rss} kB after the changes is over {BUDGET_MIB} MiB"
     );
     let listing = node.ok(["nft", "list", "table", "inet", "flock_policy"]);
     assert!(

@@ -129,6 +129,12 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// The same pod (namespace, name and host interface) given twice.
+    #[error("pod {pod} is given twice (on the same host interface, if any)")]
+    DuplicatePod {
+        /// `namespace/name`.
+        pod: String,
+    },
     /// Two local pods on the same host interface.
     #[error("pods {first} and {second} both claim host interface {host_if:?}")]
     DuplicateHostIf {

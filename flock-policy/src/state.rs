@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::addr::Family;
 use crate::allows::{
     KeyedAllow, KeyedChain, KeyedPorts, NsScope, PodsKey, SetKey, SourcedChain, empty_set,
-    pod_chain, pod_rules, referenced,
+    pod_chain, pod_rules, referenced, selects,
 };
 use crate::cluster::{CheckedClusterPolicy, ClusterPolicy};
 use crate::error::{Error, Result};
@@ -164,8 +164,12 @@ impl SetIndex {
 #[derive(Debug, Clone)]
 pub struct Model {
     policies: Vec<CheckedPolicy>,
+    /// What `policies` were checked from (the same order).
+    policy_sources: Vec<crate::Policy>,
     /// In precedence order: Admin before Baseline, then priority, then name.
     cluster: Vec<CheckedClusterPolicy>,
+    /// What `cluster` was checked from (the same order).
+    cluster_sources: Vec<ClusterPolicy>,
     /// Effective labels of the listed namespaces.
     ns_labels: BTreeMap<String, Labels>,
     /// The namespaces whose pods' decisions are logged.
@@ -185,27 +189,74 @@ pub struct Model {
     set_users: BTreeMap<String, usize>,
     /// Local pods by host veth (a node's hundred or so: what explanations find by address).
     local: BTreeMap<String, Pod>,
+    /// Every pod the model holds, by namespace, name and host veth: what a new set is filled
+    /// from when policies change.
+    pods: BTreeMap<PodKey, Pod>,
     ruleset: Ruleset,
     journal: Journal,
 }
 
 const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
 
-/// Policies checked and cluster policies in precedence order, or the first error.
-fn checked(
-    cluster: &[ClusterPolicy],
-    policies: &[crate::Policy],
-) -> Result<(Vec<CheckedClusterPolicy>, Vec<CheckedPolicy>)> {
-    let policies = policies
-        .iter()
-        .map(crate::Policy::checked)
-        .collect::<Result<Vec<_>>>()?;
-    let mut cluster = cluster
-        .iter()
-        .map(ClusterPolicy::checked)
-        .collect::<Result<Vec<_>>>()?;
-    cluster.sort_by(|a, b| (a.tier, a.priority, &a.name).cmp(&(b.tier, b.priority, &b.name)));
-    Ok((cluster, policies))
+/// A policy of new inputs: the same as one the model holds (its index there), or changed
+/// (checked anew).
+enum Slot<C> {
+    Same(usize),
+    New(C),
+}
+
+/// Each of `new` against `old` (the sources the model holds), by `key`: unchanged ones
+/// reuse their checked form, the others are checked; the first error fails it all.
+fn recheck<S: PartialEq, C>(
+    old: &[S],
+    new: &[S],
+    key: impl Fn(&S) -> (String, String),
+    check: impl Fn(&S) -> Result<C>,
+) -> Result<Vec<Slot<C>>> {
+    let by_key: BTreeMap<(String, String), usize> =
+        old.iter().enumerate().map(|(i, s)| (key(s), i)).collect();
+    // two policies of one key (no API server allows it; the model does) reuse one at most
+    let mut used = vec![false; old.len()];
+    new.iter()
+        .map(|s| match by_key.get(&key(s)) {
+            Some(&i) if !used[i] && old[i] == *s => {
+                used[i] = true;
+                Ok(Slot::Same(i))
+            }
+            _ => check(s).map(Slot::New),
+        })
+        .collect()
+}
+
+/// Policies of one kind, the model's and what changed in them.
+struct Rechecked<S, C> {
+    /// The new sources and their checked forms, in the order given.
+    policies: Vec<(S, C)>,
+    /// The checked forms of the policies that came or changed (their new version) and of
+    /// those that went or changed (their old one): what decides whose chain may change.
+    changed: Vec<C>,
+}
+
+/// Assembles [`recheck`]'s slots: unchanged policies move from `old`, changed ones are
+/// cloned from `new`.
+fn assemble<S: Clone, C>(old: Vec<(S, C)>, new: &[S], slots: Vec<Slot<C>>) -> Rechecked<S, C>
+where
+    C: Clone,
+{
+    let mut old: Vec<Option<(S, C)>> = old.into_iter().map(Some).collect();
+    let mut policies = Vec::with_capacity(new.len());
+    let mut changed = Vec::new();
+    for (s, slot) in new.iter().zip(slots) {
+        match slot {
+            Slot::Same(i) => policies.push(old[i].take().expect("each old policy once")),
+            Slot::New(c) => {
+                changed.push(c.clone());
+                policies.push((s.clone(), c));
+            }
+        }
+    }
+    changed.extend(old.into_iter().flatten().map(|(_, c)| c));
+    Rechecked { policies, changed }
 }
 
 impl Model {
@@ -239,10 +290,17 @@ impl Model {
                 });
             }
         }
-        let (cluster, policies) = checked(cluster, policies)?;
+        let mut held = BTreeMap::new();
+        for pod in pods {
+            if held.insert(pod_key(pod), pod.clone()).is_some() {
+                return Err(Error::DuplicatePod { pod: pod.id() });
+            }
+        }
         let mut model = Model {
             policies: Vec::new(),
+            policy_sources: Vec::new(),
             cluster: Vec::new(),
+            cluster_sources: Vec::new(),
             ns_labels: BTreeMap::new(),
             ns_log: BTreeMap::new(),
             names: BTreeMap::new(),
@@ -252,45 +310,75 @@ impl Model {
             extra: BTreeMap::new(),
             set_users: BTreeMap::new(),
             local,
+            pods: held,
             ruleset: Ruleset::default(),
             journal: Journal::default(),
         };
-        model.install(cluster, policies, namespaces, pods);
+        model.update_policies(cluster, policies, namespaces)?;
         model.journal = Journal::default();
         Ok(model)
     }
 
-    /// Takes new policies and namespaces (their labels, their logging): the local pods'
-    /// chains are judged anew; a set no chain names any more goes, a new one comes filled
-    /// from `pods`, and a set that stays keeps its name and elements (those of namespace
-    /// selectors are filled again when a namespace's labels changed, and differ by
-    /// elements). `pods` must be the pods the model holds: those it was built from, with the
-    /// pods added and removed since. [`take_delta`](Self::take_delta) then has the change.
-    /// An invalid policy is an error, as for [`build`], and leaves the model as it was.
+    /// Takes new policies and namespaces (their labels, their logging). Policies are told
+    /// apart by namespace and name: one equal to what the model holds is not checked again,
+    /// and only the local pods a policy that came, went or changed selects (every local pod,
+    /// when a namespace changed) have their chains judged anew. A set no chain names any more
+    /// goes, a new one comes filled from the pods the model holds, and a set that stays keeps
+    /// its name and elements (those of namespace selectors are filled again when a
+    /// namespace's labels changed, and differ by elements). [`take_delta`](Self::take_delta)
+    /// then has the change. An invalid policy is an error, as for [`build`], and leaves the
+    /// model as it was.
     pub fn update_policies(
         &mut self,
         cluster: &[ClusterPolicy],
         policies: &[crate::Policy],
         namespaces: &[Namespace],
-        pods: &[Pod],
     ) -> Result<()> {
-        let (cluster, policies) = checked(cluster, policies)?;
-        self.install(cluster, policies, namespaces, pods);
+        let policy_slots = recheck(
+            &self.policy_sources,
+            policies,
+            |p| (p.namespace.clone(), p.name.clone()),
+            crate::Policy::checked,
+        )?;
+        let cluster_slots = recheck(
+            &self.cluster_sources,
+            cluster,
+            |c| (String::new(), c.name.clone()),
+            ClusterPolicy::checked,
+        )?;
+        let old_policies = std::mem::take(&mut self.policy_sources)
+            .into_iter()
+            .zip(std::mem::take(&mut self.policies))
+            .collect();
+        let policies = assemble(old_policies, policies, policy_slots);
+        let old_cluster = std::mem::take(&mut self.cluster_sources)
+            .into_iter()
+            .zip(std::mem::take(&mut self.cluster))
+            .collect();
+        let mut cluster = assemble(old_cluster, cluster, cluster_slots);
+        cluster.policies.sort_by(|(_, a), (_, b)| {
+            (a.tier, a.priority, &a.name).cmp(&(b.tier, b.priority, &b.name))
+        });
+        self.install(cluster, policies, namespaces);
         Ok(())
     }
 
-    /// Installs checked policies and namespaces: local chains, sets named (old names kept,
-    /// new ones numbered on), filled, journalled.
+    /// Installs policies and namespaces: the chains of the local pods they may change judged
+    /// anew, sets named (old names kept, new ones numbered on), sets no chain names dropped,
+    /// new ones filled, all journalled.
     fn install(
         &mut self,
-        cluster: Vec<CheckedClusterPolicy>,
-        policies: Vec<CheckedPolicy>,
+        cluster: Rechecked<ClusterPolicy, CheckedClusterPolicy>,
+        policies: Rechecked<crate::Policy, CheckedPolicy>,
         namespaces: &[Namespace],
-        pods: &[Pod],
     ) {
         let ns_labels: BTreeMap<String, Labels> = namespaces
             .iter()
             .map(|n| (n.name.clone(), n.effective_labels()))
+            .collect();
+        let ns_log: BTreeMap<String, LogMode> = namespaces
+            .iter()
+            .filter_map(|n| Some((n.name.clone(), n.log?)))
             .collect();
         // the namespaces whose effective labels change: (before, after)
         let relabelled: Vec<(Labels, Labels)> = self
@@ -308,102 +396,75 @@ impl Model {
                 (before != after).then_some((before, after))
             })
             .collect();
-        self.policies = policies;
-        self.cluster = cluster;
+        // whose chains may change: every local pod when a namespace changed, else the pods a
+        // policy that came, went or changed selects (in either version)
+        let ns_changed = self.ns_labels != ns_labels || self.ns_log != ns_log;
         self.ns_labels = ns_labels;
-        self.ns_log = namespaces
+        self.ns_log = ns_log;
+        let affected: Vec<String> = self
+            .local
             .iter()
-            .filter_map(|n| Some((n.name.clone(), n.log?)))
+            .filter(|(_, pod)| {
+                let ns_labels = self.ns_labels(&pod.namespace);
+                ns_changed
+                    || policies.changed.iter().any(|p| {
+                        p.namespace == pod.namespace && p.pod_selector.matches(&pod.labels)
+                    })
+                    || cluster
+                        .changed
+                        .iter()
+                        .any(|c| selects(&c.subject, &ns_labels, pod))
+            })
+            .map(|(h, _)| h.clone())
             .collect();
+        (self.policy_sources, self.policies) = policies.policies.into_iter().unzip();
+        (self.cluster_sources, self.cluster) = cluster.policies.into_iter().unzip();
 
-        let mut keyed: Vec<(Direction, String, KeyedChain)> = Vec::new();
-        for (h, pod) in &self.local {
+        let mut keyed: Vec<(Direction, String, Option<KeyedChain>)> = Vec::new();
+        for h in affected {
             for direction in DIRECTIONS {
-                if let Some(chain) = self.pod_chain(pod, direction) {
-                    keyed.push((direction, h.clone(), chain));
-                }
+                let chain = self.pod_chain(&self.local[&h], direction);
+                keyed.push((direction, h.clone(), chain));
             }
         }
+        // new sets: numbered on in the order of their keys, filled below
         let mut keys = BTreeSet::new();
         for (_, _, chain) in &keyed {
-            for a in chain.allows() {
-                keys.extend(a.peer.clone());
-                if let KeyedPorts::Named(k) = &a.ports {
-                    keys.insert(k.clone());
+            for a in chain.iter().flat_map(KeyedChain::allows) {
+                keys.extend(a.peer.as_ref().filter(|k| !self.names.contains_key(*k)));
+                if let KeyedPorts::Named(k) = &a.ports
+                    && !self.names.contains_key(k)
+                {
+                    keys.insert(k);
                 }
             }
         }
-
-        // names: a set that stays keeps its own, new ones are numbered on in key order
-        let mut old = std::mem::take(&mut self.names);
         let mut fill: BTreeSet<String> = BTreeSet::new();
-        let mut refill: Vec<(String, AddrSet)> = Vec::new();
-        for key in keys {
-            let name = match old.remove(&key) {
-                Some(name) => {
-                    if relabelled.iter().any(|(b, a)| depends_on(&key, b, a)) {
-                        let fresh = empty_set(&key);
-                        if let Some(was) = self.ruleset.sets.insert(name.clone(), fresh) {
-                            refill.push((name.clone(), was));
-                        }
-                        self.extra.remove(&name);
-                        fill.insert(name.clone());
-                    }
-                    name
-                }
-                None => {
-                    let (kind, family) = kind(&key);
-                    let n = self.numbers.entry((kind, family)).or_default();
-                    let name = format!("{kind}{n}_{}", family_suffix(family));
-                    *n += 1;
-                    let set = empty_set(&key);
-                    self.note_set(&name, false, set.family);
-                    self.ruleset.sets.insert(name.clone(), set);
-                    fill.insert(name.clone());
-                    name
-                }
-            };
+        for key in keys.into_iter().cloned().collect::<Vec<_>>() {
+            let (kind, family) = kind(&key);
+            let n = self.numbers.entry((kind, family)).or_default();
+            let name = format!("{kind}{n}_{}", family_suffix(family));
+            *n += 1;
+            let set = empty_set(&key);
+            self.note_set(&name, false, set.family);
+            self.ruleset.sets.insert(name.clone(), set);
+            fill.insert(name.clone());
             self.names.insert(key, name);
         }
-        for name in old.into_values() {
-            if let Some(set) = self.ruleset.sets.remove(&name) {
-                self.note_set(&name, true, set.family);
-            }
-            self.extra.remove(&name);
-        }
-        self.member_sets = self
-            .names
-            .iter()
-            .filter(|(key, _)| !matches!(key, SetKey::Block(..)))
-            .map(|(key, name)| (name.clone(), key.clone()))
-            .collect();
-        self.index = SetIndex::new(
-            &self.member_sets,
-            0..self.member_sets.len(),
-            &self.ns_labels,
-        );
 
         // chains
-        let mut chains: [BTreeMap<String, Chain>; 2] = Default::default();
         for (direction, host_if, chain) in keyed {
-            let namespace = &self.local[&host_if].namespace;
-            let chain = self
-                .name_chain(&chain, namespace)
-                .expect("every set of the model is named above");
-            chains[direction as usize].insert(host_if, chain);
-        }
-        for (direction, chains) in DIRECTIONS.into_iter().zip(chains) {
-            let hosts: BTreeSet<String> = self
-                .ruleset
-                .chains(direction)
-                .keys()
-                .chain(chains.keys())
-                .cloned()
-                .collect();
-            for h in hosts {
-                self.note_chain(direction, &h);
-            }
-            *self.ruleset.chains_mut(direction) = chains;
+            self.note_chain(direction, &host_if);
+            let named = chain.map(|chain| {
+                let namespace = &self.local[&host_if].namespace;
+                self.name_chain(&chain, namespace)
+                    .expect("every set of the model is named above")
+            });
+            let chains = self.ruleset.chains_mut(direction);
+            match named {
+                Some(chain) => chains.insert(host_if, chain),
+                None => chains.remove(&host_if),
+            };
         }
         self.set_users.clear();
         for chain in self
@@ -417,6 +478,39 @@ impl Model {
             }
         }
 
+        // sets no chain names any more go; those of relabelled namespaces are filled again
+        let mut refill: Vec<(String, AddrSet)> = Vec::new();
+        let mut gone = Vec::new();
+        for (key, name) in &self.names {
+            if !self.set_users.contains_key(name) {
+                gone.push(key.clone());
+            } else if !fill.contains(name) && relabelled.iter().any(|(b, a)| depends_on(key, b, a))
+            {
+                let was = self.ruleset.sets.insert(name.clone(), empty_set(key));
+                refill.extend(was.map(|was| (name.clone(), was)));
+                self.extra.remove(name);
+                fill.insert(name.clone());
+            }
+        }
+        for key in gone {
+            let name = self.names.remove(&key).expect("listed above");
+            if let Some(set) = self.ruleset.sets.remove(&name) {
+                self.note_set(&name, true, set.family);
+            }
+            self.extra.remove(&name);
+        }
+        let member_sets: Vec<(String, SetKey)> = self
+            .names
+            .iter()
+            .filter(|(key, _)| !matches!(key, SetKey::Block(..)))
+            .map(|(key, name)| (name.clone(), key.clone()))
+            .collect();
+        // the index matches every namespace against every selector: only when either changed
+        if member_sets != self.member_sets || ns_changed {
+            self.index = SetIndex::new(&member_sets, 0..member_sets.len(), &self.ns_labels);
+        }
+        self.member_sets = member_sets;
+
         // fill the new sets and those of relabelled namespaces from every pod
         let which = self
             .member_sets
@@ -427,9 +521,11 @@ impl Model {
         let index = SetIndex::new(&self.member_sets, which, &self.ns_labels);
         if !index.is_empty() {
             let off = std::mem::replace(&mut self.journal.off, true);
-            for pod in pods {
+            let pods = std::mem::take(&mut self.pods);
+            for pod in pods.values() {
                 self.join(&index, pod);
             }
+            self.pods = pods;
             self.journal.off = off;
         }
         for (name, was) in refill {
@@ -469,6 +565,9 @@ impl Model {
     /// host veth, is an error, as for [`build`].
     pub fn add_pod(&mut self, pod: &Pod) -> Result<bool> {
         pod.validate()?;
+        if self.pods.contains_key(&pod_key(pod)) {
+            return Err(Error::DuplicatePod { pod: pod.id() });
+        }
         if let Some(h) = &pod.host_if {
             if let Some(first) = self.local.get(h) {
                 return Err(Error::DuplicateHostIf {
@@ -498,6 +597,7 @@ impl Model {
         let index = std::mem::take(&mut self.index);
         self.join(&index, pod);
         self.index = index;
+        self.pods.insert(pod_key(pod), pod.clone());
         Ok(true)
     }
 
@@ -505,6 +605,11 @@ impl Model {
     /// follow (a set would go unused, or `pod` is not what joined); build a new one — this
     /// one is then in no defined state.
     pub fn remove_pod(&mut self, pod: &Pod) -> bool {
+        let key = pod_key(pod);
+        if self.pods.get(&key) != Some(pod) {
+            return false;
+        }
+        self.pods.remove(&key);
         if let Some(h) = &pod.host_if {
             if self.local.get(h).map(Pod::id) != Some(pod.id()) {
                 return false;
@@ -816,4 +921,12 @@ fn kind(key: &SetKey) -> (&'static str, Family) {
         SetKey::Block(f, _) => ("block", *f),
         SetKey::NamedPort(_, _, f) => ("port", *f),
     }
+}
+
+/// A pod's place in a model: namespace, name and host veth (a local pod's veth is its own;
+/// a pod of another node has none).
+type PodKey = (String, String, Option<String>);
+
+fn pod_key(pod: &Pod) -> PodKey {
+    (pod.namespace.clone(), pod.name.clone(), pod.host_if.clone())
 }

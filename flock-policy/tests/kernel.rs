@@ -240,9 +240,7 @@ async fn allowed_flows_pass_and_denied_ones_do_not_over_both_families() {
     other.egress[0].peers = server.ingress[0].peers.clone();
     let changed = [server, other];
     let before = model.ruleset().clone();
-    model
-        .update_policies(&[], &changed, &namespaces, &moved_pods)
-        .unwrap();
+    model.update_policies(&[], &changed, &namespaces).unwrap();
     let delta = model.take_delta();
     assert_eq!(
         delta.sets.iter().map(|s| s.came).collect::<Vec<_>>(),

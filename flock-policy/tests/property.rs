@@ -1184,7 +1184,7 @@ proptest! {
             Model::with_cluster_policies(&before.1, &before.2, &before.0, &pods).unwrap();
         let old = model.ruleset().clone();
         model
-            .update_policies(&cluster_policies, &policies, &namespaces, &pods)
+            .update_policies(&cluster_policies, &policies, &namespaces)
             .unwrap();
         let fresh = build(&cluster_policies, &policies, &namespaces, &pods);
         prop_assert_eq!(model.ruleset().canonical(), fresh.canonical());

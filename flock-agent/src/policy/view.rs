@@ -71,6 +71,18 @@ impl LabelInterner {
     }
 }
 
+/// The policies and namespaces of [`ModelInputs`]: what a model that holds its pods takes
+/// when they change ([`flock_policy::Model::update_policies`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuleInputs {
+    /// ClusterNetworkPolicies.
+    pub cluster_policies: Vec<ClusterPolicy>,
+    /// Policies.
+    pub policies: Vec<Policy>,
+    /// Namespaces.
+    pub namespaces: Vec<Namespace>,
+}
+
 /// `flock-policy`'s inputs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelInputs {
@@ -149,7 +161,22 @@ impl ClusterView {
         for (host_if, local) in &self.local {
             pods.push(self.local_pod(host_if, local));
         }
+        let RuleInputs {
+            cluster_policies,
+            policies,
+            namespaces,
+        } = self.rules();
         ModelInputs {
+            cluster_policies,
+            policies,
+            namespaces,
+            pods,
+        }
+    }
+
+    /// The model's policies and namespaces (the inputs but the pods).
+    pub fn rules(&self) -> RuleInputs {
+        RuleInputs {
             cluster_policies: self.cluster_policies.items().values().cloned().collect(),
             policies: self.policies.items().values().cloned().collect(),
             namespaces: self
@@ -162,7 +189,6 @@ impl ClusterView {
                     log: ns.log.clone().ok().flatten(),
                 })
                 .collect(),
-            pods,
         }
     }
 

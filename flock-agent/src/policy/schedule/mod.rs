@@ -30,7 +30,7 @@ use flock_policy::{Model, Pod, Ruleset};
 use super::convert::ClusterPod;
 use super::nft::NftError;
 use super::plan::{self, Step};
-use super::view::{ClusterView, LocalPod, ModelInputs};
+use super::view::{ClusterView, LocalPod, ModelInputs, RuleInputs};
 use crate::cache::ObjectKey;
 
 /// How long the task waits before retrying a failed apply (doubling up to [`MAX_RETRY`]).
@@ -161,11 +161,11 @@ enum WorkKind {
         changes: Vec<PodChange>,
     },
     /// The model in the kernel, to take the pod changes, then the policies and namespaces
-    /// of `inputs` (whose pods are the model's after the changes).
+    /// of `rules`.
     Rules {
         model: Model,
         changes: Vec<PodChange>,
-        inputs: ModelInputs,
+        rules: RuleInputs,
     },
 }
 
@@ -223,34 +223,19 @@ impl Work {
             WorkKind::Rules {
                 mut model,
                 changes,
-                inputs,
+                rules,
             } => {
                 let was_empty = model.ruleset().is_empty();
                 let failed = |e: flock_policy::Error| PlanError::Failed(e.into());
-                if follow(&mut model, &changes).map_err(failed)? {
-                    model
-                        .update_policies(
-                            &inputs.cluster_policies,
-                            &inputs.policies,
-                            &inputs.namespaces,
-                            &inputs.pods,
-                        )
-                        .map_err(failed)?;
-                    let delta = model.take_delta();
-                    let step = plan::delta_step(was_empty, model.ruleset(), &delta);
-                    (model, step)
-                } else {
-                    // the model is in no defined state: the whole table, from the inputs
-                    let model = Model::with_cluster_policies(
-                        &inputs.cluster_policies,
-                        &inputs.policies,
-                        &inputs.namespaces,
-                        &inputs.pods,
-                    )
-                    .map_err(failed)?;
-                    let step = plan::next_step(None, model.ruleset());
-                    (model, step)
+                if !follow(&mut model, &changes).map_err(failed)? {
+                    return Err(PlanError::CannotFollow);
                 }
+                model
+                    .update_policies(&rules.cluster_policies, &rules.policies, &rules.namespaces)
+                    .map_err(failed)?;
+                let delta = model.take_delta();
+                let step = plan::delta_step(was_empty, model.ruleset(), &delta);
+                (model, step)
             }
         };
         Ok(Planned {
@@ -392,11 +377,12 @@ impl Schedule {
         let (kind, counts) = match self.model.take() {
             Some(model) if !self.pending.rebuild && self.pending.rules => {
                 let changes = std::mem::take(&mut self.pending).pods;
+                let rules = self.view.rules();
                 (
                     WorkKind::Rules {
                         model,
                         changes,
-                        inputs: self.view.inputs(),
+                        rules,
                     },
                     (self.view.policies.len(), self.view.invalid.len()),
                 )
