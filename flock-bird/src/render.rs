@@ -86,11 +86,52 @@ pub fn render(model: &ValidModel) -> String {
              protocol bfd flock_bfd {\n}\n",
         );
     }
+    render_radv(&mut out, model);
     for neighbor in &model.neighbors {
         render_neighbor(&mut out, model, neighbor, &families);
     }
     out
 }
+
+/// Router advertisements on the link of each unnumbered neighbor (one given by interface).
+/// FRR's `neighbor IFACE interface` (SONiC, Cumulus) learns the peer's link-local address
+/// only from them, and stays idle without. Router lifetime 0 and every prefix skipped: no
+/// host on the link takes the node as its default router or an address from its prefixes.
+/// An advertisement every 3 to 10 s (BIRD's default is up to 600 s), so that a router that
+/// restarts finds the node within seconds.
+fn render_radv(out: &mut String, model: &ValidModel) {
+    let links: std::collections::BTreeSet<&str> = model
+        .neighbors
+        .iter()
+        .filter_map(|n| n.interface.as_deref())
+        .collect();
+    if links.is_empty() {
+        return;
+    }
+    out.push_str(
+        "\n# Router advertisements on the links of unnumbered neighbors: a peer that learns\n\
+         # this node's link-local address from them (FRR's `neighbor IFACE interface`) can\n\
+         # connect. Router lifetime 0, no prefixes: nobody takes the node as its router.\n\
+         protocol radv flock_radv {\n",
+    );
+    for link in links {
+        let _ = write!(
+            out,
+            "  interface \"{link}\" {{\n\
+             \x20   min ra interval {RA_MIN};\n\
+             \x20   max ra interval {RA_MAX};\n\
+             \x20   default lifetime 0;\n\
+             \x20   prefix ::/0 {{ skip yes; }};\n\
+             \x20 }};\n"
+        );
+    }
+    out.push_str("}\n");
+}
+
+/// The interval between two router advertisements of [`render_radv`], in seconds: BIRD's
+/// smallest minimum, and a maximum that lets a restarted router find the node in seconds.
+const RA_MIN: u32 = 3;
+const RA_MAX: u32 = 10;
 
 /// BIRD's `error wait time` for every neighbor: the first and the longest wait, in seconds.
 const ERROR_WAIT_MIN: u32 = 5;

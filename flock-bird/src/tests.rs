@@ -627,3 +627,50 @@ proptest! {
         prop_assert_eq!(a, b);
     }
 }
+
+/// Router advertisements go on the links of unnumbered neighbors only, one block per link
+/// whatever the neighbors on it, never making the node a default router or announcing a
+/// prefix.
+#[test]
+fn unnumbered_links_get_router_advertisements_and_numbered_ones_none() {
+    let numbered = render(&base().validate().unwrap());
+    assert!(!numbered.contains("protocol radv"), "{numbered}");
+
+    let mut m = base();
+    m.neighbors = vec![
+        NeighborSpec {
+            interface: Some("eth1".into()),
+            ..neighbor("fe80::1", 65000)
+        },
+        NeighborSpec {
+            interface: Some("eth0".into()),
+            ..neighbor("", 65000)
+        },
+        NeighborSpec {
+            interface: Some("eth1".into()),
+            ..neighbor("fe80::2", 65001)
+        },
+        neighbor("2001:db8::fe", 65000),
+    ];
+    let conf = render(&m.validate().unwrap());
+    let radv = conf
+        .split("protocol radv flock_radv {\n")
+        .nth(1)
+        .and_then(|r| r.split("\n}\n").next())
+        .expect("a radv protocol");
+    let links: Vec<&str> = radv
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("interface \""))
+        .collect();
+    assert_eq!(
+        links,
+        ["eth0\" {", "eth1\" {"],
+        "each link once, sorted:\n{radv}"
+    );
+    assert_eq!(radv.matches("default lifetime 0;").count(), 2, "{radv}");
+    assert_eq!(
+        radv.matches("prefix ::/0 { skip yes; };").count(),
+        2,
+        "{radv}"
+    );
+}
