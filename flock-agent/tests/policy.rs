@@ -551,3 +551,60 @@ async fn without_the_cluster_policy_crd_enforcement_goes_on() {
     assert!(enforcer.inputs().cluster_policies.is_empty());
     server.abort();
 }
+
+/// As `cargo xtask cluster life policy` drives it: the policy's ipBlock changes (taken in
+/// place), then a remote client's label moves it in and out of the policy's selector —
+/// each time one element, never a rebuild.
+#[tokio::test]
+async fn after_policy_changes_in_place_a_relabelled_client_is_an_element() {
+    let n = node(Duration::from_secs(10)).await;
+    let client = |role: Option<&str>| {
+        let labels = match role {
+            Some(r) => json!({ "app": "client", "role": r }),
+            None => json!({ "app": "client" }),
+        };
+        pod("shop", "client", "node-b", labels, &["2001:db8:8::1"])
+    };
+    list_all(
+        &n.enforcer,
+        vec![],
+        vec![namespace("shop", json!({}))],
+        vec![client(None)],
+    );
+    let response = n.add("c1", "server", json!({ "app": "server" })).await;
+    assert!(response.error.is_none(), "{:?}", response.error);
+    for round in 1..=4 {
+        let bench = policy(
+            "server",
+            json!({
+                "podSelector": { "matchLabels": { "app": "server" } },
+                "ingress": [{ "from": [
+                    { "ipBlock": { "cidr": format!("2001:db8:{round:x}::/48") } },
+                    { "podSelector": { "matchLabels": { "role": "client" } } }
+                ] }]
+            }),
+        );
+        n.enforcer.on_policy(Event::Apply(bench));
+        n.settled().await;
+        assert!(
+            n.last_script()
+                .contains(&format!("2001:db8:{round:x}::/48")),
+            "round {round}: {}",
+            n.last_script()
+        );
+        let joins = round % 2 == 1;
+        n.enforcer
+            .on_pod(Event::Apply(client(joins.then_some("client"))));
+        n.settled().await;
+        let verb = if joins {
+            "add element"
+        } else {
+            "delete element"
+        };
+        assert!(
+            n.last_script().starts_with(verb) && n.last_script().contains("2001:db8:8::1 "),
+            "round {round}: {}",
+            n.last_script()
+        );
+    }
+}

@@ -355,6 +355,28 @@ async fn incremental_applies_leave_the_table_a_full_apply_of_the_same_model_leav
             );
         }),
         Box::new(|e| e.forget("flock00000003")),
+        // policy changes taken in place (a set comes and one goes), each followed by a
+        // remote pod joining or leaving the selector that stays
+        Box::new(|e| e.on_policy(Event::Apply(server_with_block("2001:db8:c9:1::1/128")))),
+        Box::new(|e| {
+            e.on_pod(Event::Apply(pod(
+                "shop",
+                "far-client",
+                "node-b",
+                json!({ "role": "client" }),
+                &["2001:db8:53::1", "10.253.0.1"],
+            )))
+        }),
+        Box::new(|e| e.on_policy(Event::Apply(server_with_block("2001:db8:c9:2::1/128")))),
+        Box::new(|e| {
+            e.on_pod(Event::Apply(pod(
+                "shop",
+                "far-client",
+                "node-b",
+                json!({ "role": "former" }),
+                &["2001:db8:53::1", "10.253.0.1"],
+            )))
+        }),
     ];
     for (i, step) in steps.iter().enumerate() {
         step(&enforcer);
@@ -365,7 +387,19 @@ async fn incremental_applies_leave_the_table_a_full_apply_of_the_same_model_leav
             .apply(ruleset.render())
             .await
             .expect("full apply");
-        let list = |ns: &Netns| ns.ok(["nft", "list", "table", "inet", "flock_policy"]);
+        // the same sets, maps and chains (in place, what came later is listed later)
+        let list = |ns: &Netns| {
+            let listing = ns.ok(["nft", "list", "table", "inet", "flock_policy"]);
+            let mut blocks: Vec<String> = listing
+                .trim()
+                .trim_start_matches("table inet flock_policy {")
+                .trim_end_matches('}')
+                .split("\n\n")
+                .map(|b| b.trim().to_owned())
+                .collect();
+            blocks.sort();
+            blocks
+        };
         assert_eq!(list(&node_ns), list(&fresh_ns), "after step {i}");
     }
     let encoded = metrics.encode();
@@ -373,6 +407,21 @@ async fn incremental_applies_leave_the_table_a_full_apply_of_the_same_model_leav
         encoded.contains("flock_policy_applies_total{kind=\"elements\"}"),
         "the element path over netlink ran: {encoded}"
     );
+}
+
+/// The server policy admitting `block` besides the clients.
+fn server_with_block(block: &str) -> k8s_openapi::api::networking::v1::NetworkPolicy {
+    policy(
+        "server",
+        json!({
+            "podSelector": { "matchLabels": { "app": "server" } },
+            "ingress": [{
+                "from": [{ "ipBlock": { "cidr": block } },
+                         { "podSelector": { "matchLabels": { "role": "client" } } }],
+                "ports": [{ "port": "http" }]
+            }]
+        }),
+    )
 }
 
 /// The lines of the policy log at `path` once there are `want` (up to 5 s).

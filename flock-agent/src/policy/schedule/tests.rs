@@ -343,3 +343,31 @@ proptest! {
         );
     }
 }
+
+/// After a policy change taken in place, a pod joining a selector is still followed: the
+/// step is its element, not a rebuild (the model holds the pods it follows).
+#[test]
+fn after_a_policy_change_a_label_change_is_still_an_element() {
+    let mut s = synced();
+    let now = Instant::now();
+    apply_change(&mut s, &Change::Local { i: 0, app: 0 });
+    apply_change(&mut s, &Change::ClusterPod { i: 1, app: 2 });
+    drain(&mut s, now);
+    apply_change(
+        &mut s,
+        &Change::Policy {
+            variant: 2,
+            present: true,
+        },
+    );
+    let steps = drain(&mut s, now);
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    for app in [1, 2, 1] {
+        apply_change(&mut s, &Change::ClusterPod { i: 1, app });
+        let work = s.next_work(now).expect("a work");
+        assert!(matches!(work.kind, WorkKind::Follow { .. }));
+        let planned = work.plan().expect("followed, not rebuilt");
+        assert_eq!(planned.step().kind(), "elements", "{:?}", planned.step());
+        s.applied(planned, SystemTime::UNIX_EPOCH);
+    }
+}
