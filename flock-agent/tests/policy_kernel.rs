@@ -358,25 +358,9 @@ async fn incremental_applies_leave_the_table_a_full_apply_of_the_same_model_leav
         // policy changes taken in place (a set comes and one goes), each followed by a
         // remote pod joining or leaving the selector that stays
         Box::new(|e| e.on_policy(Event::Apply(server_with_block("2001:db8:c9:1::1/128")))),
-        Box::new(|e| {
-            e.on_pod(Event::Apply(pod(
-                "shop",
-                "far-client",
-                "node-b",
-                json!({ "role": "client" }),
-                &["2001:db8:53::1", "10.253.0.1"],
-            )))
-        }),
+        Box::new(|e| e.on_pod(Event::Apply(dual_far_client("client")))),
         Box::new(|e| e.on_policy(Event::Apply(server_with_block("2001:db8:c9:2::1/128")))),
-        Box::new(|e| {
-            e.on_pod(Event::Apply(pod(
-                "shop",
-                "far-client",
-                "node-b",
-                json!({ "role": "former" }),
-                &["2001:db8:53::1", "10.253.0.1"],
-            )))
-        }),
+        Box::new(|e| e.on_pod(Event::Apply(dual_far_client("former")))),
     ];
     for (i, step) in steps.iter().enumerate() {
         step(&enforcer);
@@ -407,6 +391,17 @@ async fn incremental_applies_leave_the_table_a_full_apply_of_the_same_model_leav
         encoded.contains("flock_policy_applies_total{kind=\"elements\"}"),
         "the element path over netlink ran: {encoded}"
     );
+}
+
+/// The remote client, now with an address of each family, labelled `role`.
+fn dual_far_client(role: &str) -> k8s_openapi::api::core::v1::Pod {
+    pod(
+        "shop",
+        "far-client",
+        "node-b",
+        json!({ "role": role }),
+        &["2001:db8:53::1", "10.253.0.1"],
+    )
 }
 
 /// The server policy admitting `block` besides the clients.
