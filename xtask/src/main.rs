@@ -27,6 +27,8 @@ const TEST_PACKAGES: &[&str] = &[
     "procps",
     "curl",
     "bird2",
+    // FRR, the lab's other router (`vtysh -C` checks its rendered configuration).
+    "frr",
     "busybox-static",
     "protobuf-compiler",
     "nftables",
@@ -173,7 +175,8 @@ fn test(filters: &[String]) -> Result<()> {
     if filters.is_empty() {
         // The lab end to end on the debug binaries (replaces a lab that is up); the shim is
         // relinked statically, as every build of a node's binaries has it.
-        lab::ci(&binaries::build(binaries::FLOCK, false)?)?;
+        // With BIRD as the router, then FRR.
+        lab::ci(&binaries::build(binaries::FLOCK, false)?, &lab::ROUTERS)?;
         sys::cargo(["test", "--doc", "--workspace", "--all-features"])?;
         if let Some(prebuild) = prebuild {
             prebuild

@@ -11,11 +11,11 @@ use serde_json::{Value, json};
 
 use crate::sys;
 
-use super::LAB_DIR;
 use super::topology::{
     NODES, Node, Pod, ROUTER, ROUTER_LO4, ROUTER_LO6, node_dir, node_ns, node_yaml, password_file,
-    pod_ns, router_bird_conf,
+    pod_ns, router, router_dir,
 };
+use crate::router::Kind;
 
 /// Runs `args` inside namespace `ns`.
 pub(super) fn in_ns(ns: &str, args: &[&str]) -> Result<String> {
@@ -102,33 +102,60 @@ pub(super) fn build_network() -> Result<()> {
     Ok(())
 }
 
-/// Starts BIRD (daemonised, inside `ns`) on `conf` with control socket `ctl`.
-fn start_bird(ns: &str, conf: &Path, ctl: &Path, pid: &Path) -> Result<()> {
+/// Starts BIRD (daemonised, inside `ns`) on `conf` with control socket `ctl`; `recovery`:
+/// with `-R` (graceful restart recovery, after a crash).
+fn start_bird(ns: &str, conf: &Path, ctl: &Path, pid: &Path, recovery: bool) -> Result<()> {
     let conf_s = conf.to_string_lossy();
     in_ns(ns, &["bird", "-p", "-c", &conf_s]).with_context(|| format!("check {conf_s}"))?;
-    in_ns(
-        ns,
-        &[
-            "bird",
-            "-c",
-            &conf_s,
-            "-s",
-            &ctl.to_string_lossy(),
-            "-P",
-            &pid.to_string_lossy(),
-        ],
-    )?;
+    let (ctl_s, pid_s) = (ctl.to_string_lossy(), pid.to_string_lossy());
+    let mut argv = vec!["bird", "-c", &conf_s, "-s", &ctl_s, "-P", &pid_s];
+    if recovery {
+        argv.push("-R");
+    }
+    in_ns(ns, &argv)?;
     sys::wait_for(Duration::from_secs(5), || ctl.exists())
         .with_context(|| format!("BIRD in {ns} did not open {}", ctl.display()))
 }
 
-pub(super) fn start_router() -> Result<()> {
-    let dir = Path::new(LAB_DIR).join("router");
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let conf = dir.join("bird.conf");
-    std::fs::write(&conf, router_bird_conf())
-        .with_context(|| format!("write {}", conf.display()))?;
-    start_bird(ROUTER, &conf, &dir.join("bird.ctl"), &dir.join("bird.pid"))
+/// Starts the router (BIRD or FRR's zebra, bfdd and bgpd), detached in its namespace, on the
+/// configuration rendered from the lab's description, and waits until it serves.
+pub(super) fn start_router(kind: Kind) -> Result<()> {
+    let dir = router_dir();
+    router().write(kind, &dir)?;
+    for argv in kind.start_commands(&dir) {
+        let daemon = Path::new(&argv[0])
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let out = dir.join(format!("{daemon}.out"));
+        let log =
+            std::fs::File::create(&out).with_context(|| format!("create {}", out.display()))?;
+        // setsid: the router outlives `cargo xtask lab up`, as the agents do.
+        Command::new("setsid")
+            .args(["ip", "netns", "exec", ROUTER])
+            .args(&argv)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("log file")?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("spawn {argv:?}"))?;
+    }
+    let ready = kind.ready_file(&dir);
+    sys::wait_for(Duration::from_secs(10), || ready.exists())
+        .with_context(|| format!("the router ({kind}) did not open {}", ready.display()))
+}
+
+/// Starts the node's BIRD again on the configuration its agent rendered, with `-R`: what a
+/// BIRD container does after a crash.
+pub(super) fn restart_node_bird(node: &Node) -> Result<()> {
+    let dir = node_dir(node);
+    start_bird(
+        &node_ns(node),
+        &dir.join("bird/bird.conf"),
+        &dir.join("run/bird.ctl"),
+        &dir.join("run/bird.pid"),
+        true,
+    )
 }
 
 /// Writes the node's NodeConfig, starts its agent (detached, in the node namespace), waits
@@ -143,8 +170,7 @@ pub(super) fn start_node(node: &Node, bins: &Path) -> Result<()> {
         std::fs::write(password_file(node), format!("{password}\n"))
             .with_context(|| format!("write {}", password_file(node).display()))?;
     }
-    std::fs::write(dir.join("node.yaml"), node_yaml(node))
-        .with_context(|| format!("write {}", dir.join("node.yaml").display()))?;
+    write_node_yaml(node, false)?;
     spawn_agent(node, bins)?;
     let bird_conf = dir.join("bird/bird.conf");
     let ns = node_ns(node);
@@ -161,7 +187,15 @@ pub(super) fn start_node(node: &Node, bins: &Path) -> Result<()> {
         &bird_conf,
         &dir.join("run/bird.ctl"),
         &dir.join("run/bird.pid"),
+        false,
     )
+}
+
+/// Writes the node's NodeConfig file (`graceful_shutdown`: with `gracefulShutdown: true`).
+pub(super) fn write_node_yaml(node: &Node, graceful_shutdown: bool) -> Result<()> {
+    let path = node_dir(node).join("node.yaml");
+    std::fs::write(&path, node_yaml(node, graceful_shutdown))
+        .with_context(|| format!("write {}", path.display()))
 }
 
 /// Starts the node's agent (detached, in the node namespace, on the files [`start_node`]

@@ -1,6 +1,7 @@
 //! The lab's site: the router, the two nodes and the four pods with their names, AS numbers
 //! and addresses, and the BIRD and NodeConfig files rendered from them.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::{LAB_DIR, NS_PREFIX};
@@ -31,6 +32,12 @@ pub(super) struct Node {
     /// The link has link-local addresses only (`router_addr`, `node_addr` are `fe80::`):
     /// the session is unnumbered.
     pub(super) unnumbered: bool,
+    /// BFD (100 ms x 3) on the session, at the node and at the router.
+    pub(super) bfd: bool,
+    /// The node offers graceful restart (`gracefulRestart.enabled`).
+    pub(super) graceful_restart: bool,
+    /// `spec.bgp.communities`: added to every route the node announces.
+    pub(super) communities: &'static [&'static str],
 }
 
 pub(super) const NODES: [Node; 2] = [
@@ -45,6 +52,11 @@ pub(super) const NODES: [Node; 2] = [
         router_if: "to-node1",
         password: Some("flocklab-md5"),
         unnumbered: false,
+        bfd: true,
+        // BFD decides: a BIRD that stops answering takes the node's routes with it at once
+        // (graceful restart would keep them for its restart time).
+        graceful_restart: false,
+        communities: &["64601:100", "64601:7:1"],
     },
     Node {
         name: "node2",
@@ -57,6 +69,9 @@ pub(super) const NODES: [Node; 2] = [
         router_if: "to-node2",
         password: None,
         unnumbered: true,
+        bfd: false,
+        graceful_restart: true,
+        communities: &[],
     },
 ];
 
@@ -98,11 +113,17 @@ pub(super) fn pod_ns(pod: &Pod) -> String {
     format!("{NS_PREFIX}{}", pod.name)
 }
 
+/// The router's configuration, sockets, logs.
+pub(super) fn router_dir() -> PathBuf {
+    Path::new(LAB_DIR).join("router")
+}
+
 pub(super) fn node_dir(node: &Node) -> PathBuf {
     Path::new(LAB_DIR).join(node.name)
 }
 
-pub(super) fn router_bird_conf() -> String {
+/// The router's description, rendered for BIRD or FRR.
+pub(super) fn router() -> crate::router::Router<'static> {
     crate::router::Router {
         of: "the lab",
         router_id: "100.64.255.1",
@@ -117,14 +138,34 @@ pub(super) fn router_bird_conf() -> String {
                 asn: node.asn,
                 interface: node.unnumbered.then_some(node.router_if),
                 password: node.password,
-                bfd: false,
+                bfd: node.bfd,
             })
             .collect(),
     }
-    .bird_conf()
 }
 
-pub(super) fn node_yaml(node: &Node) -> String {
+/// The node's NodeConfig; `graceful_shutdown`: with `spec.bgp.gracefulShutdown` (a drain).
+pub(super) fn node_yaml(node: &Node, graceful_shutdown: bool) -> String {
+    let mut options = String::new();
+    if node.unnumbered {
+        options.push_str(" interface: uplink,");
+    }
+    if node.password.is_some() {
+        let _ = write!(options, " passwordFile: {},", password_file(node).display());
+    }
+    if node.bfd {
+        options.push_str(" bfd: true,");
+    }
+    if !node.graceful_restart {
+        options.push_str(" gracefulRestart: { enabled: false },");
+    }
+    let mut bgp = String::new();
+    if !node.communities.is_empty() {
+        let _ = writeln!(bgp, "    communities: [{}]", node.communities.join(", "));
+    }
+    if graceful_shutdown {
+        bgp.push_str("    gracefulShutdown: true\n");
+    }
     format!(
         "apiVersion: flock.fritzlab.net/v1alpha1
 kind: NodeConfig
@@ -137,25 +178,15 @@ spec:
     asn: {asn}
     routerId: {router_id}
     neighbors:
-      - {{ address: \"{router}\",{interface}{password} asn: {ROUTER_ASN} }}
+      - {{ address: \"{router}\",{options} asn: {ROUTER_ASN} }}
     timers: {{ hold: 6, keepalive: 2, connectRetry: 1 }}
-",
+{bgp}",
         name = node.name,
         cidr6 = node.cidr6,
         cidr4 = node.cidr4,
         asn = node.asn,
         router_id = node.router_id,
         router = node.router_addr,
-        interface = if node.unnumbered {
-            " interface: uplink,"
-        } else {
-            ""
-        },
-        password = if node.password.is_some() {
-            format!(" passwordFile: {},", password_file(node).display())
-        } else {
-            String::new()
-        },
     )
 }
 
@@ -170,10 +201,15 @@ mod tests {
 
     #[test]
     fn lab_addresses_stay_in_documentation_and_private_ranges() {
-        let conf = router_bird_conf();
+        let conf = router().bird_conf();
+        let frr = router().frr_conf().integrated();
         for node in &NODES {
-            let yaml = node_yaml(node);
-            for text in [&yaml, &conf] {
+            let yaml = node_yaml(node, true);
+            assert!(
+                yaml.contains("gracefulShutdown: true")
+                    && !node_yaml(node, false).contains("gracefulShutdown")
+            );
+            for text in [&yaml, &conf, &frr] {
                 assert!(!text.contains("fd00:"), "{text}");
                 assert!(!text.contains("192.0.2."), "{text}");
             }
