@@ -57,6 +57,14 @@ pub const FRR_DAEMONS: [&str; 3] = ["zebra", "bfdd", "bgpd"];
 const FRR_BIN: &str = "/usr/lib/frr";
 
 impl Kind {
+    /// Its name on the command line (`--router bird|frr`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Bird => "bird",
+            Kind::Frr => "frr",
+        }
+    }
+
     /// The Debian packages the router needs.
     pub fn packages(self) -> &'static [&'static str] {
         match self {
@@ -181,6 +189,56 @@ impl Kind {
                 "-c".into(),
                 what.to_owned(),
             ],
+        }
+    }
+
+    /// The commands that make the router running in `dir` take the configuration
+    /// [`Router::write`] wrote there (`asn`: the router's); `gone`: the peers (addresses, or interfaces of
+    /// unnumbered ones) it had before and has no more, which FRR keeps unless told.
+    /// [`Kind::reload_ok`] reads each one's output.
+    pub fn reload_commands(self, dir: &Path, asn: u32, gone: &[&str]) -> Vec<Vec<String>> {
+        match self {
+            Kind::Bird => vec![self.show_command(dir, "configure")],
+            Kind::Frr => {
+                let socket = dir.to_string_lossy().into_owned();
+                let mut commands = Vec::new();
+                if !gone.is_empty() {
+                    let mut argv = vec![
+                        "vtysh".to_owned(),
+                        "--vty_socket".into(),
+                        socket.clone(),
+                        "-c".into(),
+                        "configure terminal".into(),
+                        "-c".into(),
+                        format!("router bgp {asn}"),
+                    ];
+                    for peer in gone {
+                        argv.extend(["-c".into(), format!("no neighbor {peer}")]);
+                    }
+                    commands.push(argv);
+                }
+                // Applies the file's lines over the running configuration (what is already
+                // there stays, what is new is added).
+                commands.push(vec![
+                    "vtysh".into(),
+                    "--vty_socket".into(),
+                    socket,
+                    "-f".into(),
+                    dir.join("bgpd.conf").to_string_lossy().into_owned(),
+                ]);
+                commands
+            }
+        }
+    }
+
+    /// Whether the output of one of [`Kind::reload_commands`] says it was taken.
+    pub fn reload_ok(self, output: &str) -> bool {
+        match self {
+            Kind::Bird => {
+                output.contains("Reconfigured") || output.contains("Reconfiguration in progress")
+            }
+            // vtysh marks an error with `%` (`% Unknown command`, `% Specify remote-as …`).
+            Kind::Frr => !output.lines().any(|l| l.trim_start().starts_with('%')),
         }
     }
 

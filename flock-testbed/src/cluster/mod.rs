@@ -265,7 +265,8 @@ const USAGE: &str = "usage: cargo xtask cluster [up [OPTIONS]|down|check [FILTER
 OPTIONS of up and build:
   --kubernetes 1.35|1.36|1.37   the release (the newest unless named)
   --proxy-mode nftables|iptables  kube-proxy's mode (nftables unless named)
-  --bins DIR  take flock-agent and flock from DIR instead of `cargo build --release`";
+  --bins DIR  take flock-agent and flock from DIR instead of `cargo build --release`
+  --router bird|frr  the BGP router the nodes peer with: BIRD (unless named) or FRR";
 
 /// `cargo xtask cluster …`.
 pub fn cluster(args: &[String]) -> Result<()> {
@@ -382,6 +383,8 @@ pub struct UpOptions {
     pub proxy_mode: ProxyMode,
     /// flock's binaries, instead of `cargo build --release`.
     pub bins: Option<PathBuf>,
+    /// The router: BIRD unless named.
+    pub router: crate::router::Kind,
 }
 
 impl Default for UpOptions {
@@ -390,13 +393,15 @@ impl Default for UpOptions {
             kubernetes: Kubernetes::newest(),
             proxy_mode: ProxyMode::Nftables,
             bins: None,
+            router: crate::router::Kind::Bird,
         }
     }
 }
 
 impl UpOptions {
     /// The options of the scenarios' cluster, from the environment
-    /// (`FLOCK_TESTBED_KUBERNETES`, `FLOCK_TESTBED_PROXY_MODE`), on the debug binaries.
+    /// (`FLOCK_TESTBED_KUBERNETES`, `FLOCK_TESTBED_PROXY_MODE`, `FLOCK_TESTBED_ROUTER`), on the
+    /// debug binaries.
     pub fn from_env() -> Result<UpOptions> {
         let mut options = UpOptions::default();
         if let Ok(k) = std::env::var("FLOCK_TESTBED_KUBERNETES") {
@@ -404,6 +409,9 @@ impl UpOptions {
         }
         if let Ok(mode) = std::env::var("FLOCK_TESTBED_PROXY_MODE") {
             options.proxy_mode = ProxyMode::parse(&mode).context("FLOCK_TESTBED_PROXY_MODE")?;
+        }
+        if let Ok(router) = std::env::var("FLOCK_TESTBED_ROUTER") {
+            options.router = router.parse().context("FLOCK_TESTBED_ROUTER")?;
         }
         options.bins = Some(crate::lab::debug_bins());
         Ok(options)
@@ -422,6 +430,7 @@ impl UpOptions {
                 "--kubernetes" => options.kubernetes = Kubernetes::parse(value()?)?,
                 "--proxy-mode" => options.proxy_mode = ProxyMode::parse(value()?)?,
                 "--bins" => options.bins = Some(PathBuf::from(value()?)),
+                "--router" => options.router = value()?.parse()?,
                 other => bail!("unknown option {other:?}\n{USAGE}"),
             }
         }
@@ -452,6 +461,7 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
         }
     }
     sys::ensure_packages(PACKAGES)?;
+    sys::ensure_packages(options.router.packages())?;
     let kube = step("Kubernetes and its peers", || {
         kube::ensure_release(options.kubernetes)
     })?;
@@ -460,6 +470,7 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
     std::fs::create_dir_all(RUN_DIR).with_context(|| format!("create {RUN_DIR}"))?;
     kube::record(options.kubernetes)?;
     options.proxy_mode.record()?;
+    site::record_router(options.router)?;
     let repo = repo_root();
     let mut timings = vec![("build and clean up", started.elapsed())];
     let t = Instant::now();

@@ -1,7 +1,8 @@
 //! The site: the router, the control plane's namespace and the nodes' namespaces, wired by
 //! veth pairs. Every address is IPv6 (documentation prefix `2001:db8:c0::/48`); the router
-//! runs BIRD (AS 65000), peers with each node's BIRD (the flock DaemonSet's sidecar) over
-//! IPv6 carrying both families, and installs what it learns, equal-cost paths merged.
+//! runs BIRD or FRR (AS 65000, `cargo xtask cluster up --router bird|frr`), peers with each
+//! node's BIRD (the flock DaemonSet's sidecar) over IPv6 carrying both families, and installs
+//! what it learns, equal-cost paths merged.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,6 +15,7 @@ use super::{
     CONTROL, CONTROL_ADDR, CONTROL_ADDR4, CONTROL_GW, JOINER, NODES, Node, ROUTER, ROUTER_ASN,
     ROUTER_LO4, ROUTER_LO6, RUN_DIR,
 };
+use crate::router::{self, Kind};
 use crate::sys;
 
 fn add_ns(ns: &str) -> Result<()> {
@@ -133,13 +135,40 @@ pub fn build() -> Result<()> {
     for node in &NODES {
         node_net(node)?;
     }
-    start_router_bird()
+    start_router()
 }
 
-/// The router's BIRD configuration: a session with each of `nodes`; `passwords`: each node's
-/// session password, if it has one.
-fn router_bird_conf(nodes: &[&Node], passwords: &BTreeMap<&str, String>) -> String {
-    crate::router::Router {
+/// Where the router's kind is recorded for the commands after `up`.
+fn kind_file() -> std::path::PathBuf {
+    Path::new(RUN_DIR).join("router-kind")
+}
+
+/// Records the router of the cluster that is coming up.
+pub fn record_router(kind: Kind) -> Result<()> {
+    std::fs::write(kind_file(), kind.as_str())
+        .with_context(|| format!("write {}", kind_file().display()))
+}
+
+/// The router of the cluster that is up (BIRD when none was recorded).
+pub fn router_kind() -> Kind {
+    std::fs::read_to_string(kind_file())
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_default()
+}
+
+/// The router's directory: its configuration, sockets and pid files.
+fn router_dir() -> std::path::PathBuf {
+    Path::new(RUN_DIR).join("router")
+}
+
+/// The router: a session with each of `nodes`; `passwords`: each node's session password, if
+/// it has one.
+fn router_description<'a>(
+    nodes: &[&'a Node],
+    passwords: &'a BTreeMap<&str, String>,
+) -> router::Router<'a> {
+    router::Router {
         of: "the cluster",
         router_id: ROUTER_LO4,
         asn: ROUTER_ASN,
@@ -157,7 +186,6 @@ fn router_bird_conf(nodes: &[&Node], passwords: &BTreeMap<&str, String>) -> Stri
             })
             .collect(),
     }
-    .bird_conf()
 }
 
 /// The TCP MD5 password of `node`'s session, made once per cluster (kept under the
@@ -200,11 +228,9 @@ fn joined_marker() -> std::path::PathBuf {
         .join(format!("joined-{}", JOINER.name))
 }
 
-/// Writes the router's configuration for the nodes cabled now and checks it with `bird -p`.
-fn write_router_conf() -> Result<String> {
-    let dir = Path::new(RUN_DIR).join("router");
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let conf = dir.join("bird.conf");
+/// Writes the router's configuration for the nodes cabled now and checks it with the
+/// router's own parser.
+fn write_router_conf() -> Result<()> {
     let nodes = cabled();
     let mut passwords = BTreeMap::new();
     for n in &nodes {
@@ -212,31 +238,30 @@ fn write_router_conf() -> Result<String> {
             passwords.insert(n.name, p);
         }
     }
-    std::fs::write(&conf, router_bird_conf(&nodes, &passwords))
-        .with_context(|| format!("write {}", conf.display()))?;
-    let conf_s = conf.to_string_lossy().into_owned();
-    Place::Net(ROUTER.to_owned())
-        .run(&["bird", "-p", "-c", &conf_s])
-        .with_context(|| format!("check {conf_s}"))?;
-    Ok(conf_s)
+    router_description(&nodes, &passwords).write(router_kind(), &router_dir())
 }
 
-fn start_router_bird() -> Result<()> {
-    let conf = write_router_conf()?;
-    let router = Place::Net(ROUTER.to_owned());
-    let ctl = router_ctl();
-    proc::spawn(
-        "router-bird",
-        &router,
-        "bird",
-        &["-f", "-c", &conf, "-s", &ctl],
-        &[],
-    )?;
+/// Starts the router's daemons (BIRD, or FRR's zebra, bfdd and bgpd) and waits until it
+/// serves.
+fn start_router() -> Result<()> {
+    write_router_conf()?;
+    let kind = router_kind();
+    let place = Place::Net(ROUTER.to_owned());
+    let mut last = String::new();
+    for argv in kind.start_commands(&router_dir()) {
+        let daemon = Path::new(&argv[0])
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        last = format!("router-{daemon}");
+        proc::spawn(&last, &place, &argv[0], &argv[1..], &[])?;
+    }
+    let ready = kind.ready_file(&router_dir());
     proc::wait_daemon(
-        "router-bird",
-        "the router's BIRD control socket",
+        &last,
+        "the router's control socket",
         Duration::from_secs(10),
-        || Path::new(&ctl).exists(),
+        || ready.exists(),
     )?;
     Ok(())
 }
@@ -265,48 +290,44 @@ pub fn unplug() -> Result<()> {
 
 fn reconfigure_router() -> Result<()> {
     write_router_conf()?;
-    let out = Place::Net(ROUTER.to_owned()).run(&["birdc", "-s", &router_ctl(), "configure"])?;
-    if !out.contains("Reconfigured") && !out.contains("Reconfiguration in progress") {
-        anyhow::bail!("the router's BIRD did not take its new configuration: {out}");
+    let kind = router_kind();
+    let cabled = cabled();
+    let gone: Vec<&str> = super::every_node()
+        .filter(|n| !cabled.iter().any(|c| c.name == n.name))
+        .map(|n| n.addr)
+        .collect();
+    let router = Place::Net(ROUTER.to_owned());
+    for argv in kind.reload_commands(&router_dir(), ROUTER_ASN, &gone) {
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let out = router.run(&argv)?;
+        if !kind.reload_ok(&out) {
+            anyhow::bail!(
+                "the router ({kind}) did not take its new configuration ({argv:?}): {out}"
+            );
+        }
     }
     Ok(())
 }
 
-/// The router's BIRD control socket.
-pub fn router_ctl() -> String {
-    format!("{RUN_DIR}/router/bird.ctl")
+/// What the router shows (`birdc …`, `vtysh -c …`); empty when it does not answer.
+fn router_show(what: &str) -> String {
+    let argv = router_kind().show_command(&router_dir(), what);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    Place::Net(ROUTER.to_owned()).run(&argv).unwrap_or_default()
 }
 
-/// A BGP session of the router, as `birdc show protocols` shows it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RouterSession {
-    /// The protocol's name: the node's.
-    pub name: String,
-    /// BIRD's protocol state (`up`, `start`).
-    pub state: String,
-    /// When it entered that state (`22:08:07.282`): a session that went down and up again
-    /// in between shows a later time.
-    pub since: String,
-    /// The rest: the BGP state (`Established`, `Active`) and why.
-    pub info: String,
-}
+/// A BGP session of the router, either router's.
+pub use crate::router::Session as RouterSession;
 
-/// `birdc show protocols` on the router: each BGP session.
+/// The router's BGP sessions, each named by its node.
 pub fn router_sessions() -> Vec<RouterSession> {
-    Place::Net(ROUTER.to_owned())
-        .run(&["birdc", "-s", &router_ctl(), "show", "protocols"])
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 5 && f[1] == "BGP").then(|| RouterSession {
-                name: f[0].to_owned(),
-                state: f[3].to_owned(),
-                since: f[4].to_owned(),
-                info: f[5..].join(" "),
-            })
-        })
-        .collect()
+    let kind = router_kind();
+    router::parse_sessions(kind, &router_show(kind.sessions_query()))
+}
+
+/// The `proto` of the routes the router learned over BGP (`ip route show proto …`).
+pub fn router_proto() -> &'static str {
+    router_kind().kernel_proto()
 }
 
 /// The number of next hops of the router's kernel route to `prefix` (0 without a route).
@@ -326,6 +347,15 @@ pub fn router_paths(prefix: &str) -> usize {
 }
 
 impl Node {
+    /// Whether a line of the router's `ip route` goes to this node: over its link (BIRD
+    /// installs the node's address as next hop, FRR its link-local address).
+    pub fn is_next_hop_in(&self, line: &str) -> bool {
+        let dev = format!("dev {}", self.router_if);
+        line.split(&dev)
+            .skip(1)
+            .any(|after| after.is_empty() || after.starts_with(' '))
+    }
+
     /// The node's network namespace.
     pub fn ns(&self) -> String {
         format!("{}{}", super::NS_PREFIX, self.name)
@@ -340,7 +370,7 @@ mod tests {
     fn router_peers_with_every_node_and_passes_documentation_addresses_only() {
         let passwords = BTreeMap::from([("node1", "s3cret".to_owned())]);
         let nodes: Vec<&Node> = crate::cluster::every_node().collect();
-        let conf = router_bird_conf(&nodes, &passwords);
+        let conf = router_description(&nodes, &passwords).bird_conf();
         for node in &nodes {
             assert!(conf.contains(&format!("neighbor {} as {}", node.addr, node.asn)));
         }

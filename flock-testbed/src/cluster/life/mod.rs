@@ -60,7 +60,7 @@ pub use uninstall::uninstall;
 
 use super::deploy::DEMO_NS;
 use super::proc::Place;
-use super::{NODES, Node, ROUTER, RUN_DIR, kubectl};
+use super::{NODES, Node, ROUTER, RUN_DIR, kubectl, site};
 use crate::sys;
 
 /// Every life test, in the order they run.
@@ -255,7 +255,7 @@ fn router_routes(n: &Node) -> Vec<String> {
     let mut routes = Vec::new();
     for family in ["-6", "-4"] {
         let text = router
-            .run(&["ip", family, "route", "show", "proto", "bird"])
+            .run(&["ip", family, "route", "show", "proto", site::router_proto()])
             .unwrap_or_default();
         // A multipath route spans lines: a prefix line, then its "nexthop" lines.
         let mut current = String::new();
@@ -263,7 +263,7 @@ fn router_routes(n: &Node) -> Vec<String> {
             if !line.starts_with([' ', '\t']) {
                 current = line.split_whitespace().next().unwrap_or("").to_owned();
             }
-            if line.contains(n.addr) {
+            if n.is_next_hop_in(line) {
                 routes.push(current.clone());
             }
         }

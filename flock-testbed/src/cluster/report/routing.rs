@@ -18,7 +18,7 @@ pub(super) fn router_routes(r: &mut Report) -> Result<()> {
     );
     let router = Place::Net(ROUTER.to_owned());
     for family in ["-6", "-4"] {
-        let routes = router.run(&["ip", family, "route", "show", "proto", "bird"])?;
+        let routes = router.run(&["ip", family, "route", "show", "proto", site::router_proto()])?;
         for line in routes.lines() {
             let _ = writeln!(r.text, "  {}", line.trim_end().replace('\t', "    "));
         }
@@ -35,7 +35,7 @@ pub(super) fn router_routes(r: &mut Report) -> Result<()> {
                     cidr,
                 ])
                 .unwrap_or_default();
-            if !via.contains(n.addr) {
+            if !n.is_next_hop_in(&via) {
                 r.failures.push(format!(
                     "the router's route to {cidr} does not go to {} ({via:?})",
                     n.name
