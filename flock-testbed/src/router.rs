@@ -864,6 +864,29 @@ mod tests {
     }
 
     #[test]
+    fn a_running_router_takes_a_new_configuration() {
+        let dir = Path::new("/run/r");
+        assert_eq!(
+            Kind::Bird.reload_commands(dir, 65000, &["2001:db8::9"]),
+            [["birdc", "-s", "/run/r/bird.ctl", "configure"]]
+        );
+        let frr = Kind::Frr.reload_commands(dir, 65000, &["2001:db8::9", "to-x"]);
+        assert_eq!(frr.len(), 2);
+        assert!(frr[0].contains(&"router bgp 65000".to_owned()));
+        assert!(frr[0].contains(&"no neighbor 2001:db8::9".to_owned()));
+        assert!(frr[0].contains(&"no neighbor to-x".to_owned()));
+        assert_eq!(&frr[1][3..], ["-f", "/run/r/bgpd.conf"]);
+        assert_eq!(Kind::Frr.reload_commands(dir, 65000, &[]).len(), 1);
+        assert!(
+            Kind::Bird
+                .reload_ok("BIRD 2.0.12 ready.\nReading configuration from x\nReconfigured\n")
+        );
+        assert!(!Kind::Bird.reload_ok("x:3:1 syntax error\n"));
+        assert!(Kind::Frr.reload_ok(""));
+        assert!(!Kind::Frr.reload_ok("% Unknown command: neighbor x remote-ass 2\n"));
+    }
+
+    #[test]
     fn sessions_of_either_router() {
         let bird = "BIRD 2.0.12 ready.
 Name       Proto      Table      State  Since         Info

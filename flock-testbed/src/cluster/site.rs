@@ -367,6 +367,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_route_goes_to_the_node_on_its_link() {
+        let node1 = &NODES[0];
+        // BIRD: the node's address; FRR: its link-local address; either way its link.
+        assert!(node1.is_next_hop_in(
+            "2001:db8:c1::/64 via 2001:db8:c0:1::2 dev to-node1 proto bird metric 32"
+        ));
+        assert!(
+            node1.is_next_hop_in("\tnexthop via fe80::9485:e1ff:fe00:5e2a dev to-node1 weight 1")
+        );
+        assert!(node1.is_next_hop_in("10.201.1.0/24 nhid 16 via inet6 fe80::1 dev to-node1"));
+        assert!(!node1.is_next_hop_in("2001:db8:c2::/64 via fe80::2 dev to-node2 metric 20"));
+        assert!(!node1.is_next_hop_in("2001:db8:c2::/64 via fe80::2 dev to-node10 metric 20"));
+    }
+
+    #[test]
     fn router_peers_with_every_node_and_passes_documentation_addresses_only() {
         let passwords = BTreeMap::from([("node1", "s3cret".to_owned())]);
         let nodes: Vec<&Node> = crate::cluster::every_node().collect();
@@ -375,6 +390,14 @@ mod tests {
             assert!(conf.contains(&format!("neighbor {} as {}", node.addr, node.asn)));
         }
         assert!(conf.contains("password \"s3cret\";") && conf.contains("bfd on;"));
+        let frr = router_description(&nodes, &passwords)
+            .frr_conf()
+            .integrated();
+        assert!(
+            frr.contains(" neighbor 2001:db8:c0:1::2 password s3cret\n"),
+            "{frr}"
+        );
+        assert!(!frr.contains("fd00:") && !frr.contains("192.0.2."));
         assert!(!conf.contains("fd00:") && !conf.contains("192.0.2."));
     }
 }
