@@ -686,31 +686,7 @@ mod tests {
 
     #[test]
     fn every_peer_with_its_options() {
-        let router = Router {
-            of: "a test",
-            router_id: "10.0.0.1",
-            asn: 65000,
-            own6: "2001:db8::1",
-            own4: "10.0.0.1",
-            peers: vec![
-                Peer {
-                    name: "a",
-                    addr: "fe80::2",
-                    asn: 64601,
-                    interface: Some("to-a"),
-                    password: Some("s3cret"),
-                    bfd: false,
-                },
-                Peer {
-                    name: "b",
-                    addr: "2001:db8:1::2",
-                    asn: 64602,
-                    interface: None,
-                    password: None,
-                    bfd: true,
-                },
-            ],
-        };
+        let router = two_peers();
         let conf = router.bird_conf();
         assert!(conf.contains(
             "protocol bgp a from flocknode {\n  interface \"to-a\";\n  neighbor fe80::2 as 64601;\n  password \"s3cret\";\n}\n"
@@ -754,7 +730,7 @@ mod tests {
                     addr: "fe80::2",
                     asn: 64601,
                     interface: Some("to-a"),
-                    password: None,
+                    password: Some("s3cret"),
                     bfd: false,
                 },
                 Peer {
@@ -762,7 +738,7 @@ mod tests {
                     addr: "2001:db8:1::2",
                     asn: 64602,
                     interface: None,
-                    password: Some("s3cret"),
+                    password: None,
                     bfd: true,
                 },
             ],
@@ -780,7 +756,7 @@ mod tests {
             " neighbor to-a description a\n",
             " neighbor 2001:db8:1::2 remote-as 64602\n",
             " neighbor 2001:db8:1::2 capability extended-nexthop\n",
-            " neighbor 2001:db8:1::2 password s3cret\n",
+            " neighbor to-a password s3cret\n",
             " neighbor 2001:db8:1::2 bfd profile flock\n",
             "  network 2001:db8::1/128\n",
             "  network 10.0.0.1/32\n",

@@ -535,41 +535,33 @@ pub(super) fn report_bgp_options(
                 |(_, rest)| format!("via {}", rest.split(" proto").next().unwrap_or(rest).trim()),
             )
         };
-        if node.unnumbered {
-            option_row(
-                &mut rows,
-                failures,
+        let (session_option, ipv4_option) = if node.unnumbered {
+            (
                 "unnumbered (interface uplink, fe80::1)",
-                node,
-                format!("{session}; {} {}", node.cidr6, hop(&route6)),
-                established && to_node(&route6, "via"),
-            );
-            option_row(
-                &mut rows,
-                failures,
                 "IPv4 over the unnumbered session",
-                node,
-                format!("{} {}", node.cidr4, hop(&route4)),
-                to_node(&route4, "via inet6"),
-            );
+            )
         } else {
-            option_row(
-                &mut rows,
-                failures,
+            (
                 "numbered IPv6 session",
-                node,
-                format!("{session}; {} {}", node.cidr6, hop(&route6)),
-                established && to_node(&route6, "via"),
-            );
-            option_row(
-                &mut rows,
-                failures,
                 "IPv4 over IPv6 (extended next hop)",
-                node,
-                format!("{} {}", node.cidr4, hop(&route4)),
-                to_node(&route4, "via inet6"),
-            );
-        }
+            )
+        };
+        option_row(
+            &mut rows,
+            failures,
+            session_option,
+            node,
+            format!("{session}; {} {}", node.cidr6, hop(&route6)),
+            established && to_node(&route6, "via"),
+        );
+        option_row(
+            &mut rows,
+            failures,
+            ipv4_option,
+            node,
+            format!("{} {}", node.cidr4, hop(&route4)),
+            to_node(&route4, "via inet6"),
+        );
         if node.password.is_some() {
             option_row(
                 &mut rows,
