@@ -51,10 +51,16 @@ fn dir() -> PathBuf {
 }
 
 /// podman with its storage under [`cache_dir`] (not the machine's `/var/lib/containers`),
-/// cgroupfs (no systemd here) and no event log.
+/// cgroupfs (no systemd here), no event log, and the runc the cluster runs (built from its
+/// module, cached) as its OCI runtime once there is one: Debian's crun 1.8 refuses a machine
+/// whose cgroup v2 hierarchy holds a controller beside the v1 ones ("cgroups in hybrid mode
+/// not supported", `hugetlb` on some machines), runc runs there.
 fn podman() -> Command {
     let cache = cache_dir().join("podman");
     let mut cmd = Command::new("podman");
+    if let Ok(Some(runc)) = crate::components::runc().cached() {
+        cmd.arg("--runtime").arg(runc.tool("runc"));
+    }
     cmd.arg("--root")
         .arg(cache.join("storage"))
         .arg("--runroot")
