@@ -346,6 +346,78 @@ pub fn router_paths(prefix: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// While it lives, what the router sends bound to a node's link (`SO_BINDTODEVICE`: `curl
+/// --interface`, `ping -I`) to an address goes to that node's next hop for it, when the
+/// router's route to the address is a kernel nexthop object (FRR's zebra installs them; BIRD
+/// does not): the kernel picks among an object's paths by the flow's hash alone, whatever
+/// device the socket is bound to. A rule (`oif`) sends such traffic to a table of its own
+/// holding that one path.
+pub struct Steer {
+    family: &'static str,
+    table: String,
+    rule: Vec<String>,
+}
+
+impl Steer {
+    /// Steers traffic bound to `n`'s link towards `addr` to `n`; `None` when the route needs
+    /// no steering (not a nexthop object) or does not go to `n`.
+    pub fn to(addr: &str, n: &Node) -> Result<Option<Steer>> {
+        let (family, len) = if addr.contains(':') {
+            ("-6", 128)
+        } else {
+            ("-4", 32)
+        };
+        let router = Place::Net(ROUTER.to_owned());
+        // Every route covering the address (an aggregate, or the host route itself).
+        let routes = router.run(&["ip", family, "route", "show", "match", addr])?;
+        if !routes.contains(" nhid ") {
+            return Ok(None);
+        }
+        let Some(via) = routes
+            .lines()
+            .find(|l| n.is_next_hop_in(l) && l.contains(" via "))
+            .and_then(|l| l.split_once(" via "))
+            .map(|(_, rest)| rest.split(" dev ").next().unwrap_or("").trim().to_owned())
+        else {
+            return Ok(None);
+        };
+        let index = super::every_node()
+            .position(|m| m.name == n.name)
+            .unwrap_or(0);
+        let table = (2000 + index).to_string();
+        let host = format!("{addr}/{len}");
+        let mut add = vec!["ip", family, "route", "replace", &host, "via"];
+        add.extend(via.split_whitespace());
+        add.extend(["dev", n.router_if, "table", &table]);
+        router.run(&add)?;
+        let rule: Vec<String> = ["oif", n.router_if, "lookup", &table, "pref", "100"]
+            .map(str::to_owned)
+            .to_vec();
+        // One rule per link: one left by an earlier run goes first.
+        let mut del = vec!["ip", family, "rule", "del"];
+        del.extend(rule.iter().map(String::as_str));
+        let _ = router.run(&del);
+        let mut argv = vec!["ip", family, "rule", "add"];
+        argv.extend(rule.iter().map(String::as_str));
+        router.run(&argv)?;
+        Ok(Some(Steer {
+            family,
+            table,
+            rule,
+        }))
+    }
+}
+
+impl Drop for Steer {
+    fn drop(&mut self) {
+        let router = Place::Net(ROUTER.to_owned());
+        let mut argv = vec!["ip", self.family, "rule", "del"];
+        argv.extend(self.rule.iter().map(String::as_str));
+        let _ = router.run(&argv);
+        let _ = router.run(&["ip", self.family, "route", "flush", "table", &self.table]);
+    }
+}
+
 impl Node {
     /// Whether a line of the router's `ip route` goes to this node: over its link (BIRD
     /// installs the node's address as next hop, FRR its link-local address).

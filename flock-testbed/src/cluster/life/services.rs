@@ -30,7 +30,9 @@ use serde_json::Value;
 
 use crate::cluster::deploy::{DEMO_NS, WEB_REPLICAS};
 use crate::cluster::proc::Place;
-use crate::cluster::{NODES, Node, ROUTER, SERVICE_CIDR, SERVICE_CIDR4, kubectl, kubectl_stdin};
+use crate::cluster::{
+    NODES, Node, ROUTER, SERVICE_CIDR, SERVICE_CIDR4, kubectl, kubectl_stdin, site,
+};
 use crate::sys;
 
 const SERVICE: &str = "web-lb";
@@ -117,6 +119,7 @@ fn get_via(n: &Node, addr: &str) -> Result<String> {
     } else {
         format!("http://{addr}/")
     };
+    let _steer = site::Steer::to(addr, n)?;
     Ok(Place::Net(ROUTER.to_owned())
         .run(&[
             "curl",

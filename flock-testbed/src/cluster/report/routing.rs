@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::super::proc::Place;
-use super::super::{ANYCAST4, ANYCAST6, NODES, Node, ROUTER, site};
+use super::super::{ANYCAST4, ANYCAST6, NODES, ROUTER, site};
 use super::Report;
 use super::pods::{demo_pods, url};
 use crate::sys;
@@ -55,67 +55,9 @@ pub(super) fn router_routes(r: &mut Report) -> Result<()> {
     Ok(())
 }
 
-/// While it lives, what the router sends bound to a node's link (`SO_BINDTODEVICE`) to an
-/// address goes to that node's next hop for it, when the router's route to the address is a
-/// kernel nexthop object (FRR's zebra installs them; BIRD does not): the kernel picks among an
-/// object's paths by the flow's hash alone, whatever device the socket is bound to. A rule
-/// (`oif`) sends such traffic to a table of its own holding that one path.
-struct Steer<'a> {
-    router: &'a Place,
-    family: &'static str,
-    rule: Vec<String>,
-}
-
-impl<'a> Steer<'a> {
-    fn to(router: &'a Place, addr: &str, len: u8, n: &Node) -> Result<Option<Steer<'a>>> {
-        let family = if addr.contains(':') { "-6" } else { "-4" };
-        let prefix = format!("{addr}/{len}");
-        let route = router.run(&["ip", family, "route", "show", &prefix])?;
-        if !route.contains(" nhid ") {
-            return Ok(None);
-        }
-        let Some(via) = route
-            .lines()
-            .find(|l| n.is_next_hop_in(l))
-            .and_then(|l| l.split_once(" via "))
-            .map(|(_, rest)| rest.split(" dev ").next().unwrap_or("").trim().to_owned())
-        else {
-            return Ok(None);
-        };
-        let table = (2000 + NODES.iter().position(|m| m.name == n.name).unwrap_or(0)).to_string();
-        let mut add = vec!["ip", family, "route", "replace", &prefix, "via"];
-        add.extend(via.split_whitespace());
-        add.extend(["dev", n.router_if, "table", &table]);
-        router.run(&add)?;
-        let rule: Vec<String> = ["oif", n.router_if, "lookup", &table, "pref", "100"]
-            .map(str::to_owned)
-            .to_vec();
-        let mut argv = vec!["ip", family, "rule", "add"];
-        argv.extend(rule.iter().map(String::as_str));
-        router.run(&argv)?;
-        Ok(Some(Steer {
-            router,
-            family,
-            rule,
-        }))
-    }
-}
-
-impl Drop for Steer<'_> {
-    fn drop(&mut self) {
-        let mut argv = vec!["ip", self.family, "rule", "del"];
-        argv.extend(self.rule.iter().map(String::as_str));
-        let _ = self.router.run(&argv);
-        let table = self.rule[3].clone();
-        let _ = self
-            .router
-            .run(&["ip", self.family, "route", "flush", "table", &table]);
-    }
-}
-
 /// Anycast from the router through each next hop in turn: bound to the link towards a
 /// node (`SO_BINDTODEVICE`), the router's multipath route yields that node's next hop (see
-/// [`Steer`] for FRR's), so every node's anycast pod is probed, not just the one the flow hash
+/// [`site::Steer`] for FRR's), so every node's anycast pod is probed, not just the one the flow hash
 /// happens to pick.
 pub(super) fn anycast(r: &mut Report) -> Result<()> {
     r.text.push_str(
@@ -131,7 +73,7 @@ pub(super) fn anycast(r: &mut Report) -> Result<()> {
                 .iter()
                 .find(|p| p.app == "anycast" && p.node == n.name)
                 .map_or("", |p| p.name.as_str());
-            let _steer = Steer::to(&router, addr, len, n)?;
+            let _steer = site::Steer::to(addr, n)?;
             // A pod that has just become Ready may take a moment to answer on every path:
             // up to 5 tries, 1 s apart; the table says how many it took.
             let (mut ping, mut http, mut tries) = (false, String::new(), 0);
