@@ -81,22 +81,26 @@ impl Kind {
         }
     }
 
-    /// The command lines that start the router in the foreground (each one daemon; BIRD is
-    /// one, FRR three: zebra first, then bfdd and bgpd, which connect to it), with every
-    /// file, socket and log in `dir` (the configuration written there by [`Router::write`]).
-    pub fn start_commands(self, dir: &Path) -> Vec<Vec<String>> {
+    /// The daemons that start the router in the foreground, each with its name and command
+    /// line (BIRD is one, FRR three: zebra first, then bfdd and bgpd, which connect to it),
+    /// with every file, socket and log in `dir` (the configuration written there by
+    /// [`Router::write`]).
+    pub fn start_commands(self, dir: &Path) -> Vec<(&'static str, Vec<String>)> {
         let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
         match self {
-            Kind::Bird => vec![vec![
-                "bird".into(),
-                "-f".into(),
-                "-c".into(),
-                path("bird.conf"),
-                "-s".into(),
-                path("bird.ctl"),
-                "-P".into(),
-                path("bird.pid"),
-            ]],
+            Kind::Bird => vec![(
+                "bird",
+                vec![
+                    "bird".into(),
+                    "-f".into(),
+                    "-c".into(),
+                    path("bird.conf"),
+                    "-s".into(),
+                    path("bird.ctl"),
+                    "-P".into(),
+                    path("bird.pid"),
+                ],
+            )],
             Kind::Frr => FRR_DAEMONS
                 .iter()
                 .map(|daemon| {
@@ -124,7 +128,7 @@ impl Kind {
                     if *daemon == "bfdd" {
                         argv.extend(["--bfdctl".into(), path("bfdd.sock")]);
                     }
-                    argv
+                    (*daemon, argv)
                 })
                 .collect(),
         }
@@ -803,13 +807,18 @@ mod tests {
         let dir = Path::new("/run/r");
         let bird = Kind::Bird.start_commands(dir);
         assert_eq!(bird.len(), 1);
+        assert_eq!(bird[0].0, "bird");
         assert!(
-            bird[0].contains(&"/run/r/bird.conf".to_owned()) && bird[0].contains(&"-f".to_owned())
+            bird[0].1.contains(&"/run/r/bird.conf".to_owned())
+                && bird[0].1.contains(&"-f".to_owned())
         );
         let frr = Kind::Frr.start_commands(dir);
         assert_eq!(frr.len(), 3);
-        assert!(frr[0][0].ends_with("/zebra"), "zebra first: {frr:?}");
-        for argv in &frr {
+        assert!(
+            frr[0].0 == "zebra" && frr[0].1[0].ends_with("/zebra"),
+            "zebra first: {frr:?}"
+        );
+        for (_, argv) in &frr {
             assert!(
                 argv.contains(&"/run/r/zserv.api".to_owned())
                     && argv.contains(&"/run/r".to_owned())
@@ -821,7 +830,7 @@ mod tests {
         }
         assert!(
             frr.iter()
-                .any(|a| a.contains(&"/run/r/bfdd.sock".to_owned()))
+                .any(|(_, a)| a.contains(&"/run/r/bfdd.sock".to_owned()))
         );
         assert_eq!(
             Kind::Frr.show_command(dir, "show bgp summary")[4],

@@ -124,6 +124,19 @@ pub fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
     }
 }
 
+/// Polls `done` every 10 ms for at most `limit`: how long it took until it held, or `None`
+/// (a measure, where [`wait_for`] is a wait).
+pub fn time_until(limit: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if done() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
 /// Formats rows as a table with a header, columns padded to their widest cell.
 pub fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();

@@ -248,11 +248,7 @@ fn start_router() -> Result<()> {
     let kind = router_kind();
     let place = Place::Net(ROUTER.to_owned());
     let mut last = String::new();
-    for argv in kind.start_commands(&router_dir()) {
-        let daemon = Path::new(&argv[0])
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+    for (daemon, argv) in kind.start_commands(&router_dir()) {
         last = format!("router-{daemon}");
         proc::spawn(&last, &place, &argv[0], &argv[1..], &[])?;
     }

@@ -122,11 +122,7 @@ fn start_bird(ns: &str, conf: &Path, ctl: &Path, pid: &Path, recovery: bool) -> 
 pub(super) fn start_router(kind: Kind) -> Result<()> {
     let dir = router_dir();
     router().write(kind, &dir)?;
-    for argv in kind.start_commands(&dir) {
-        let daemon = Path::new(&argv[0])
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+    for (daemon, argv) in kind.start_commands(&dir) {
         let out = dir.join(format!("{daemon}.out"));
         let log =
             std::fs::File::create(&out).with_context(|| format!("create {}", out.display()))?;

@@ -71,10 +71,10 @@ fn bgp_sessions(ns: &str, ctl: &Path) -> Vec<(String, String, String)> {
 }
 
 fn route_paths(prefix: &str) -> usize {
-    let family = if prefix.contains(':') { "-6" } else { "-4" };
-    in_ns(ROUTER, &["ip", family, "route", "show", prefix])
-        .map(|out| out.lines().filter(|l| l.contains("nexthop")).count())
-        .unwrap_or(0)
+    router_route(prefix)
+        .lines()
+        .filter(|l| l.contains("nexthop"))
+        .count()
 }
 
 /// Waits until every session is Established, the anycast addresses have two paths at the
@@ -497,14 +497,6 @@ fn option_row(
     ]);
 }
 
-/// Polls `done` every 20 ms for up to `limit`: how long it took, or `None`.
-fn time_until(limit: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    sys::wait_for(limit, &mut done)
-        .ok()
-        .map(|()| start.elapsed())
-}
-
 /// Every BGP option of the nodes' NodeConfigs, as the router (BIRD or FRR) sees it: the
 /// session, the routes and attributes it learned. Graceful shutdown is set on node1 (its agent
 /// restarted on the changed file, as standalone mode takes a change) and taken off again.
@@ -607,7 +599,7 @@ pub(super) fn report_bgp_options(
     write_node_yaml(node, true)?;
     stop_agent(node)?;
     spawn_agent(node, bins)?;
-    let marked = time_until(CONVERGE, has_gshut);
+    let marked = sys::time_until(CONVERGE, has_gshut);
     option_row(
         &mut rows,
         failures,
@@ -628,7 +620,7 @@ pub(super) fn report_bgp_options(
     write_node_yaml(node, false)?;
     stop_agent(node)?;
     spawn_agent(node, bins)?;
-    let cleared = time_until(CONVERGE, || !has_gshut());
+    let cleared = sys::time_until(CONVERGE, || !has_gshut());
     option_row(
         &mut rows,
         failures,
@@ -662,7 +654,7 @@ pub(super) fn report_faults(
     let bfd_node = &NODES[0];
     let pid = bird_pid(bfd_node)?;
     sys::output(Command::new("kill").args(["-STOP", &pid.to_string()]))?;
-    let withdrawn = time_until(Duration::from_secs(10), || {
+    let withdrawn = sys::time_until(Duration::from_secs(10), || {
         router_route(bfd_node.cidr6).is_empty()
     });
     sys::output(Command::new("kill").args(["-CONT", &pid.to_string()]))?;

@@ -68,18 +68,6 @@ fn ping_result(child: std::process::Child) -> Result<(u64, u64)> {
     super::upgrade::ping_counts(&text).with_context(|| format!("no ping statistics: {text:?}"))
 }
 
-/// Polls `done` every 10 ms for at most `limit`; returns how long it took.
-fn time_until(limit: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if done() {
-            return Some(t.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    None
-}
-
 pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
     let mut failures = Vec::new();
     let (gr_node, bfd_node) = match (
@@ -153,13 +141,13 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
     signal(old, nix::sys::signal::Signal::SIGKILL)?;
     let killed = Instant::now();
     let mut during = String::new();
-    let down = time_until(Duration::from_secs(10), || {
+    let down = sys::time_until(Duration::from_secs(10), || {
         let (state, info) = session(gr_node);
         during = format!("{state} {info}");
         !info.starts_with("Established")
     });
     let routes_kept = site::router_paths(gr_node.cidr6) > 0;
-    let back = time_until(Duration::from_secs(60), || {
+    let back = sys::time_until(Duration::from_secs(60), || {
         bird_pid(gr_node).is_ok_and(|p| p != old) && established(gr_node)
     });
     let back_after = killed.elapsed();
@@ -199,12 +187,12 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
     // BFD: node2's BIRD frozen; the router must give up on node2 within a second.
     let frozen = bird_pid(bfd_node)?;
     signal(frozen, nix::sys::signal::Signal::SIGSTOP)?;
-    let bfd_down = time_until(Duration::from_secs(10), || {
+    let bfd_down = sys::time_until(Duration::from_secs(10), || {
         site::router_paths(bfd_node.cidr6) == 0
     });
     let bfd_session = session(bfd_node);
     signal(frozen, nix::sys::signal::Signal::SIGCONT)?;
-    let bfd_back = time_until(Duration::from_secs(60), || {
+    let bfd_back = sys::time_until(Duration::from_secs(60), || {
         established(bfd_node) && site::router_paths(bfd_node.cidr6) > 0
     });
     match bfd_down {
@@ -226,10 +214,10 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
     std::thread::sleep(Duration::from_secs(1));
     let frozen = bird_pid(gr_node)?;
     signal(frozen, nix::sys::signal::Signal::SIGSTOP)?;
-    let hold_down = time_until(Duration::from_secs(20), || !established(gr_node));
+    let hold_down = sys::time_until(Duration::from_secs(20), || !established(gr_node));
     let hold_kept = site::router_paths(gr_node.cidr6) > 0;
     signal(frozen, nix::sys::signal::Signal::SIGCONT)?;
-    let hold_back = time_until(Duration::from_secs(60), || established(gr_node));
+    let hold_back = sys::time_until(Duration::from_secs(60), || established(gr_node));
     if hold_back.is_none() {
         failures.push(format!(
             "{}'s session did not come back within 60 s of its BIRD thawing",
