@@ -9,6 +9,8 @@ use crate::error::{Error, Result};
 /// peer6_2001_db8__fe BGP        ---        start  09:10:36.285  Active        Socket: Connection refused
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "camelCase"))]
 pub struct ProtocolRow {
     /// The protocol's name (`flock_device`, `peer6_2001_db8__fe`).
     pub name: String,
@@ -73,10 +75,7 @@ const HEADER: [&str; 6] = ["Name", "Proto", "Table", "State", "Since", "Info"];
 /// ```
 pub fn parse_show_protocols(text: &str) -> Result<Vec<ProtocolRow>> {
     let mut lines = text.lines();
-    if !lines
-        .by_ref()
-        .any(|l| l.split_whitespace().eq(HEADER.iter().copied()))
-    {
+    if !skip_header(&mut lines) {
         return Err(Error::ShowProtocols {
             reason: "no protocol table (no \"Name Proto Table State Since Info\" header)",
             line: text.trim().to_owned(),
@@ -84,32 +83,42 @@ pub fn parse_show_protocols(text: &str) -> Result<Vec<ProtocolRow>> {
     }
     let mut rows = Vec::new();
     for line in lines {
-        let cols: Vec<&str> = line.split_whitespace().collect();
-        if cols.is_empty() {
-            continue;
+        if let Some(row) = parse_row(line)? {
+            rows.push(row);
         }
-        let [name, proto, table, state, since, rest @ ..] = &cols[..] else {
-            return Err(Error::ShowProtocols {
-                reason: "a row has fewer than the five columns Name, Proto, Table, State and Since",
-                line: line.trim().to_owned(),
-            });
-        };
-        let (since, info) = match rest {
-            [time, info @ ..] if is_date(since) && is_time(time) => {
-                (format!("{since} {time}"), info)
-            }
-            info => ((*since).to_owned(), info),
-        };
-        rows.push(ProtocolRow {
-            name: (*name).to_owned(),
-            proto: (*proto).to_owned(),
-            table: (*table).to_owned(),
-            state: (*state).to_owned(),
-            since,
-            info: info.join(" "),
-        });
     }
     Ok(rows)
+}
+
+/// One row of the protocol table; `None` for a blank line.
+pub(crate) fn parse_row(line: &str) -> Result<Option<ProtocolRow>> {
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    if cols.is_empty() {
+        return Ok(None);
+    }
+    let [name, proto, table, state, since, rest @ ..] = &cols[..] else {
+        return Err(Error::ShowProtocols {
+            reason: "a row has fewer than the five columns Name, Proto, Table, State and Since",
+            line: line.trim().to_owned(),
+        });
+    };
+    let (since, info) = match rest {
+        [time, info @ ..] if is_date(since) && is_time(time) => (format!("{since} {time}"), info),
+        info => ((*since).to_owned(), info),
+    };
+    Ok(Some(ProtocolRow {
+        name: (*name).to_owned(),
+        proto: (*proto).to_owned(),
+        table: (*table).to_owned(),
+        state: (*state).to_owned(),
+        since,
+        info: info.join(" "),
+    }))
+}
+
+/// Skips `lines` past the protocol table's header; false when there is none.
+pub(crate) fn skip_header<'a>(lines: &mut impl Iterator<Item = &'a str>) -> bool {
+    lines.any(|l| l.split_whitespace().eq(HEADER.iter().copied()))
 }
 
 /// `2026-11-21`.

@@ -191,6 +191,16 @@ pub enum Error {
         /// The offending line (the whole output when the table is missing).
         line: String,
     },
+    /// `birdc show route` or `show bfd sessions` printed something that is not its answer.
+    #[error("birdc {command}: {reason}: {line:?}")]
+    Show {
+        /// The command (`show route`, `show bfd sessions`).
+        command: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+        /// The offending line (the whole output when nothing is recognised).
+        line: String,
+    },
     /// A graceful-restart setting BGP cannot carry.
     #[error("{field}: {reason}")]
     GracefulRestart {

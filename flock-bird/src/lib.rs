@@ -11,7 +11,9 @@
 //! - [`render`] writes the BIRD 2 configuration: byte-for-byte stable
 //!   whatever the input order, accepted by `bird -p`.
 //! - [`Community`] reads and writes `ASN:value` and `a:b:c`.
-//! - [`parse_show_protocols`] reads `birdc show protocols` into [`ProtocolRow`]s.
+//! - [`parse_show_protocols`] reads `birdc show protocols` into [`ProtocolRow`]s;
+//!   [`parse_show_protocols_all`], [`parse_show_route`] and [`parse_show_bfd_sessions`] read
+//!   the detail an operator asks for (`serde` feature: each serialises).
 //!
 //! Pure: no I/O. Writing the file and calling `birdc configure` is the agent's
 //! job. What the configuration announces and accepts is described in
@@ -41,6 +43,7 @@ mod birdc;
 mod error;
 mod model;
 mod render;
+mod show;
 mod validate;
 
 pub use birdc::{ProtocolRow, parse_show_protocols};
@@ -50,6 +53,10 @@ pub use model::{
     ValidModel,
 };
 pub use render::render;
+pub use show::{
+    BfdSession, ChannelDetail, ProtocolDetail, parse_show_bfd_sessions, parse_show_protocols_all,
+    parse_show_route,
+};
 
 #[cfg(test)]
 mod tests;
