@@ -11,6 +11,7 @@ pub mod agent;
 pub mod cache;
 pub mod crd;
 pub mod daemon;
+pub mod inspect;
 pub mod install;
 pub mod k8s;
 pub mod kernel;

@@ -56,6 +56,55 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print what this node holds as JSON — the store, the `flock*` links and routes, BIRD's
+    /// sessions, BFD, the agent's readiness — for `kubectl flock` (which runs it in the
+    /// agent's container). Reads only.
+    Inspect(InspectArgs),
+    /// Release one allocation as its DEL would: sends the agent a CNI DEL for the attachment
+    /// (`kubectl flock ipam check --release` runs it for a leaked one).
+    Release {
+        /// The attachment's container ID.
+        #[arg(long)]
+        container_id: String,
+        /// The attachment's interface name.
+        #[arg(long)]
+        if_name: String,
+        /// The attachment's CNI network.
+        #[arg(long, default_value = "flock")]
+        network: String,
+        /// The agent's RPC socket.
+        #[arg(long, env = "FLOCK_SOCKET", default_value = defaults::SOCKET)]
+        socket: PathBuf,
+    },
+}
+
+#[derive(Args, Debug)]
+struct InspectArgs {
+    /// This node's name.
+    #[arg(long, env = "FLOCK_NODE_NAME", default_value = "")]
+    node: String,
+    /// The agent's state directory.
+    #[arg(long, env = "FLOCK_STATE_DIR", default_value = defaults::STATE_DIR)]
+    state_dir: PathBuf,
+    /// The BIRD configuration file the agent renders.
+    #[arg(long, env = "FLOCK_BIRD_CONFIG", default_value = defaults::BIRD_CONFIG)]
+    bird_config: PathBuf,
+    /// BIRD's control socket.
+    #[arg(long, env = "FLOCK_BIRD_SOCKET", default_value = defaults::BIRD_SOCKET)]
+    bird_socket: PathBuf,
+    /// The birdc program.
+    #[arg(long, env = "FLOCK_BIRDC", default_value = "birdc")]
+    birdc: PathBuf,
+    /// Where the agent serves /readyz and /metrics.
+    #[arg(long, env = "FLOCK_METRICS_ADDR", default_value = defaults::METRICS_ADDR)]
+    metrics_addr: SocketAddr,
+    /// The nft program.
+    #[arg(long, env = "FLOCK_NFT", default_value = "nft")]
+    nft: PathBuf,
+    /// Add the raw texts a bug report needs: BIRD's configuration, protocols and routes, the
+    /// routing tables, the nftables ruleset, the metrics.
+    #[arg(long)]
+    dump: bool,
 }
 
 #[derive(Args, Debug)]
@@ -202,6 +251,13 @@ fn main() -> Result<()> {
         }
         Command::Cleanup { nft } => cleanup(nft),
         Command::Allocations { state_dir, json } => allocations(&state_dir, json),
+        Command::Inspect(args) => inspect(args),
+        Command::Release {
+            container_id,
+            if_name,
+            network,
+            socket,
+        } => release(&socket, container_id, if_name, &network),
     }
 }
 
@@ -367,5 +423,55 @@ fn allocations(state_dir: &std::path::Path, json: bool) -> Result<()> {
             r.host_if
         );
     }
+    Ok(())
+}
+
+fn inspect(args: InspectArgs) -> Result<()> {
+    let sources = flock_agent::inspect::Sources {
+        node: args.node,
+        state_dir: args.state_dir,
+        bird_config: args.bird_config,
+        bird_socket: args.bird_socket,
+        birdc: args.birdc,
+        metrics_addr: args.metrics_addr,
+        nft: args.nft,
+        ip: "ip".into(),
+    };
+    let report = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?
+        .block_on(flock_agent::inspect::gather(&sources, args.dump));
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+fn release(
+    socket: &std::path::Path,
+    container_id: String,
+    if_name: String,
+    network: &str,
+) -> Result<()> {
+    use flock_rpc::rpc::{Op, PROTOCOL_VERSION, Request};
+    let request = Request {
+        v: PROTOCOL_VERSION,
+        op: Op::Del,
+        container_id: container_id.clone(),
+        // the namespace is gone (that is what makes the allocation a leak); DEL allows none
+        netns: String::new(),
+        if_name: if_name.clone(),
+        args: String::new(),
+        path: String::new(),
+        config: serde_json::json!({ "cniVersion": "1.0.0", "name": network, "type": "flock" }),
+    };
+    let response = flock_rpc::rpc::Client::new(socket)
+        .call(&request)
+        .with_context(|| format!("send a DEL to the agent at {}", socket.display()))?;
+    response.into_result().map_err(|e| {
+        anyhow::anyhow!(
+            "the agent refused the DEL of container {container_id} interface {if_name}: {e}"
+        )
+    })?;
+    println!("released container {container_id} interface {if_name}");
     Ok(())
 }
