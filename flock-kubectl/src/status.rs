@@ -147,6 +147,18 @@ pub fn node_status(i: NodeInputs<'_>) -> NodeStatus {
             None
         }
     };
+    // the agent's own answer, which the pod's readiness learns only at its next probe
+    if let (Some(r), Some(a)) = (report, i.agent)
+        && a.ready
+    {
+        match &r.readiness {
+            Read::Error(e) => problems.push(format!("{node}: the agent does not answer ({e})")),
+            Read::Ok(r) if !r.ready => {
+                problems.push(format!("{node}: the agent is not ready: {}", r.body))
+            }
+            Read::Ok(_) => {}
+        }
+    }
     let bgp = i.config.and_then(|c| c.spec.bgp.as_ref()).is_some();
     if bgp {
         match i.bird {
@@ -522,6 +534,27 @@ mod tests {
         assert!(s.problems[0].starts_with("node1: BIRD does not answer"));
         assert!(s.problems[0].contains("2001:db8:f1:1::1 (last known Established)"));
         assert!(!s.sessions[0].known);
+    }
+
+    #[test]
+    fn an_agent_that_does_not_answer_is_a_problem_before_its_pod_is_unready() {
+        let (a, b, c) = (
+            pod("flock-a", true),
+            pod("flock-bird-a", true),
+            config(None),
+        );
+        let mut r = report(Read::Ok(Bird {
+            sessions: vec![session("Established", "")],
+            bfd: bfd("Up"),
+        }));
+        r.readiness = Read::Error("GET http://127.0.0.1:9641/readyz: no answer in 3 s".into());
+        let s = node_status(inputs(&a, &b, &c, &r));
+        assert_eq!(
+            s.problems,
+            [
+                "node1: the agent does not answer (GET http://127.0.0.1:9641/readyz: no answer in 3 s)"
+            ]
+        );
     }
 
     #[test]

@@ -77,6 +77,11 @@ fn life_policy() {
 }
 
 #[test]
+fn life_operate() {
+    life("operate");
+}
+
+#[test]
 fn e2e_network() {
     e2e(&["--suite", "network", "--pods", "ipv6"]);
 }

@@ -347,6 +347,7 @@ pub fn check(filters: &[String]) -> Result<()> {
         kube::ensure_release(options.kubernetes)
     })?;
     crate::binaries::build(crate::binaries::FLOCK, false)?;
+    crate::binaries::build(&[life::OPERATOR_TOOLS], false)?;
     down()?;
     // The `cluster` profile of .config/nextest.toml selects the scenarios; FILTERS narrow it.
     let mut args: Vec<String> = [

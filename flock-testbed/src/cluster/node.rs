@@ -78,6 +78,21 @@ pub fn containerd_socket(node: &Node) -> PathBuf {
     dir(node).join("containerd/containerd.sock")
 }
 
+/// Where the node runs its software: its network, mount and UTS namespaces.
+pub fn place(node: &Node) -> Result<Place> {
+    proc::alive(&mounts_daemon(node))
+        .map(Place::Node)
+        .with_context(|| format!("{} is not running", node.name))
+}
+
+/// Where `node`'s own copy of the host path `path` (one of [`BINDS`]) is on the machine.
+pub fn host_path(node: &Node, path: &str) -> Option<PathBuf> {
+    BINDS
+        .iter()
+        .find(|(p, _)| *p == path)
+        .map(|(_, sub)| dir(node).join("host").join(sub))
+}
+
 fn mounts_daemon(node: &Node) -> String {
     format!("{}-mounts", node.name)
 }

@@ -30,6 +30,9 @@
 //! - **policy**: NetworkPolicy changes to enforcement in a node's nftables, p50/p99, with 100
 //!   isolated pods, and the agents' memory with 10,000 pods and 1,000 policies in the
 //!   cluster (see [`policy`]).
+//! - **operate**: `kubectl flock` against the cluster — status healthy, with a BIRD and an
+//!   agent frozen; bgp; a leak made on purpose found and released by `ipam check`; `policy
+//!   explain` confirmed by real connections; sysdump; bad input (see [`operate`]).
 //! - **startup**: a Deployment scaled from 0 to 50 pods on one node with flock, then on the
 //!   other with the reference `ptp` + `host-local` plugins (a conflist put first for the
 //!   run): time to all Ready, and each pod's `RunPodSandbox` from containerd's log.
@@ -42,6 +45,7 @@ use serde_json::Value;
 
 mod join;
 mod leave;
+mod operate;
 mod policy;
 mod ready;
 mod reboot;
@@ -63,9 +67,13 @@ use super::proc::Place;
 use super::{NODES, Node, ROUTER, RUN_DIR, kubectl, site};
 use crate::sys;
 
+/// The package of the operator's tools `operate` runs (`kubectl flock`).
+pub const OPERATOR_TOOLS: &str = "flock-kubectl";
+
 /// Every life test, in the order they run.
 pub const ALL: &[&str] = &[
     "upgrade", "ready", "routing", "services", "reboot", "join", "leave", "startup", "policy",
+    "operate",
 ];
 
 /// `cargo xtask cluster life ARGS…`.
@@ -92,6 +100,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if which.is_empty() {
         which = ALL.to_vec();
+    }
+    if which.contains(&"operate") {
+        crate::binaries::build(&[OPERATOR_TOOLS], false)?;
     }
     let mut out = String::new();
     let failures = tests(&which, &mut out);
@@ -122,6 +133,7 @@ pub fn tests(which: &[&str], out: &mut String) -> Vec<String> {
             "services" => services::services(out),
             "routing" => routing::routing(out),
             "startup" => startup(out),
+            "operate" => operate::operate(out),
             _ => Ok(vec![format!("no life test {name:?}")]),
         };
         match result {
@@ -184,6 +196,110 @@ fn pods(namespace: &str, selector: &str) -> Result<Vec<PodView>> {
                 .and_then(|t| t.into_iter().min()),
         })
         .collect())
+}
+
+/// The agent pod on `n`.
+fn agent_pod(n: &Node) -> Result<Value> {
+    let v = super::report::json(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=flock",
+        "--field-selector",
+        &format!("spec.nodeName={}", n.name),
+        "-o",
+        "json",
+    ])?;
+    v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| !p["metadata"]["deletionTimestamp"].is_string())
+        .cloned()
+        .with_context(|| format!("no flock agent pod on {}", n.name))
+}
+
+/// A node's agent stopped and not replaced: flock's DaemonSet deleted with its pods orphaned
+/// (the other nodes' agents keep running), the node's agent pod deleted. [`start_again`]
+/// creates the DaemonSet as it was, which adopts the orphans and starts the stopped one.
+///
+/// [`start_again`]: StoppedAgent::start_again
+pub(super) struct StoppedAgent {
+    daemonset: Value,
+}
+
+impl StoppedAgent {
+    /// Stops `n`'s agent (the pod's deletion is asked for, not waited for).
+    pub(super) fn stop(n: &Node) -> Result<StoppedAgent> {
+        let mut daemonset = super::report::json(&[
+            "-n",
+            "kube-system",
+            "get",
+            "daemonset",
+            "flock",
+            "-o",
+            "json",
+        ])?;
+        if let Some(meta) = daemonset["metadata"].as_object_mut() {
+            for k in [
+                "resourceVersion",
+                "uid",
+                "creationTimestamp",
+                "generation",
+                "managedFields",
+            ] {
+                meta.remove(k);
+            }
+        }
+        if let Some(o) = daemonset.as_object_mut() {
+            o.remove("status");
+        }
+        let pod = agent_pod(n)?;
+        let pod_name = pod["metadata"]["name"].as_str().unwrap_or("?").to_owned();
+        kubectl(&[
+            "-n",
+            "kube-system",
+            "delete",
+            "daemonset",
+            "flock",
+            "--cascade=orphan",
+        ])?;
+        let stopped = StoppedAgent { daemonset };
+        if let Err(e) = kubectl(&[
+            "-n",
+            "kube-system",
+            "delete",
+            "pod",
+            &pod_name,
+            "--wait=false",
+        ]) {
+            stopped.start_again()?;
+            return Err(e);
+        }
+        Ok(stopped)
+    }
+
+    /// Creates the DaemonSet again.
+    pub(super) fn start_again(self) -> Result<()> {
+        super::kubectl_stdin(&["apply", "-f", "-"], &self.daemonset.to_string())
+            .context("create flock's DaemonSet again")?;
+        Ok(())
+    }
+}
+
+/// Waits for flock's DaemonSet to be rolled out (every agent ready).
+fn rollout_flock() -> Result<()> {
+    kubectl(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        "daemonset/flock",
+        "--timeout=120s",
+    ])?;
+    Ok(())
 }
 
 fn exec(pod: &str, script: &str) -> Result<String> {

@@ -17,11 +17,11 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use serde_json::Value;
 
 use super::super::deploy::DEMO_NS;
 use super::super::report::json;
 use super::super::{NODES, Node, kubectl, kubectl_stdin};
+use super::{StoppedAgent, rollout_flock};
 use crate::sys;
 
 /// How long a transition may take before the scenario gives up on it: the restart notice's
@@ -60,29 +60,6 @@ fn wait_ready(n: &Node, want: bool, since: Instant) -> Result<(Duration, String)
         last.0,
         last.1
     )
-}
-
-/// The agent pod on `n`.
-fn agent_pod(n: &Node) -> Result<Value> {
-    let v = json(&[
-        "-n",
-        "kube-system",
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=flock",
-        "--field-selector",
-        &format!("spec.nodeName={}", n.name),
-        "-o",
-        "json",
-    ])?;
-    v["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| !p["metadata"]["deletionTimestamp"].is_string())
-        .cloned()
-        .with_context(|| format!("no flock agent pod on {}", n.name))
 }
 
 /// One row of the table: the transition, the condition's status and message, the time.
@@ -132,50 +109,8 @@ fn check_message(what: &str, message: &str, want: &str, failures: &mut Vec<Strin
 }
 
 fn stop(n: &Node, rows: &mut Vec<Vec<String>>, failures: &mut Vec<String>) -> Result<()> {
-    let ds = json(&[
-        "-n",
-        "kube-system",
-        "get",
-        "daemonset",
-        "flock",
-        "-o",
-        "json",
-    ])?;
-    let mut again = ds.clone();
-    if let Some(meta) = again["metadata"].as_object_mut() {
-        for k in [
-            "resourceVersion",
-            "uid",
-            "creationTimestamp",
-            "generation",
-            "managedFields",
-        ] {
-            meta.remove(k);
-        }
-    }
-    if let Some(o) = again.as_object_mut() {
-        o.remove("status");
-    }
-    let pod = agent_pod(n)?;
-    let pod_name = pod["metadata"]["name"].as_str().unwrap_or("?").to_owned();
-    kubectl(&[
-        "-n",
-        "kube-system",
-        "delete",
-        "daemonset",
-        "flock",
-        "--cascade=orphan",
-    ])?;
+    let (stopped, t) = (StoppedAgent::stop(n)?, Instant::now());
     let result = (|| -> Result<()> {
-        let t = Instant::now();
-        kubectl(&[
-            "-n",
-            "kube-system",
-            "delete",
-            "pod",
-            &pod_name,
-            "--wait=false",
-        ])?;
         let (took, message) = wait_ready(n, false, t)?;
         check_message("stop", &message, "flock agent", failures);
         if took < Duration::from_secs(25) {
@@ -187,20 +122,11 @@ fn stop(n: &Node, rows: &mut Vec<Vec<String>>, failures: &mut Vec<String>) -> Re
         Ok(())
     })();
     let t = Instant::now();
-    kubectl_stdin(&["apply", "-f", "-"], &again.to_string())
-        .context("create the DaemonSet again")?;
+    stopped.start_again()?;
     result?;
     let (took, _) = wait_ready(n, true, t)?;
     rows.push(row("  DaemonSet back", "True", took, ""));
-    kubectl(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "daemonset/flock",
-        "--timeout=120s",
-    ])?;
-    Ok(())
+    rollout_flock()
 }
 
 /// The pod that holds the one address of the shrunk pool.
