@@ -368,6 +368,34 @@ pub fn suites() -> Vec<Component> {
     vec![network_policy_api()]
 }
 
+/// Helm's command line, stamped with its version as its Makefile stamps it (else `helm
+/// version` says v3.x-dev, and a chart's `kubeVersion` checks see no release).
+pub fn helm() -> Component {
+    let version = versions::HELM;
+    Component {
+        name: "helm",
+        version: version.to_owned(),
+        module: "helm".to_owned(),
+        upstream: "helm.sh/helm/v3",
+        outputs: vec![Output {
+            name: "helm",
+            package: "helm.sh/helm/v3/cmd/helm".to_owned(),
+            test_binary: false,
+            cgo: false,
+            tags: &[],
+            ldflags: format!(
+                "{STRIP} -X helm.sh/helm/v3/internal/version.version=v{version} \
+                 -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+            ),
+        }],
+    }
+}
+
+/// The tools the test bed runs beside a cluster: Helm.
+pub fn tools() -> Vec<Component> {
+    vec![helm()]
+}
+
 /// The wrapper modules' folder: `flock-testbed/go`.
 pub fn modules_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("go")

@@ -34,7 +34,37 @@ pub fn write_all() -> Result<()> {
             write(&c, "")?;
         }
     }
-    for c in components::others().into_iter().chain(components::suites()) {
+    for c in components::others()
+        .into_iter()
+        .chain(components::suites())
+        .chain(components::tools())
+    {
+        write(&c, "")?;
+    }
+    Ok(())
+}
+
+/// Rewrites the wrapper modules of the components named in `names` (`helm`, `etcd`, …; for
+/// Kubernetes, `kubernetes-1.N`), or of every one when `names` is empty.
+pub fn write_named(names: &[String]) -> Result<()> {
+    if names.is_empty() {
+        return write_all();
+    }
+    for name in names {
+        if let Some(k) = KUBERNETES
+            .iter()
+            .find(|k| *name == format!("kubernetes-1.{}", k.minor))
+        {
+            write_kubernetes(*k)?;
+            continue;
+        }
+        let c = components::cluster(Kubernetes::newest())
+            .into_iter()
+            .chain(components::others())
+            .chain(components::suites())
+            .chain(components::tools())
+            .find(|c| c.name == name.as_str() && c.name != "kubernetes")
+            .with_context(|| format!("no component {name:?} has a wrapper module"))?;
         write(&c, "")?;
     }
     Ok(())
@@ -285,6 +315,7 @@ mod tests {
         );
         all.extend(components::others());
         all.extend(components::suites());
+        all.extend(components::tools());
         for c in all {
             let path = c.module_dir().join("go.mod");
             let text = std::fs::read_to_string(&path)

@@ -54,6 +54,10 @@ pub const CNI_PLUGINS: &str = "1.10.0";
 /// (`cargo xtask cluster e2e --suite cluster-network-policy`).
 pub const NETWORK_POLICY_API: &str = "0.3.0";
 
+/// Helm (`helm.sh/helm/v3`): the test bed installs flock's chart (`charts/flock`) with
+/// it, and `cargo xtask helm` renders `deploy/` from the chart and lints it.
+pub const HELM: &str = "3.22.0";
+
 impl Kubernetes {
     /// The newest supported release: what the cluster runs by default.
     pub fn newest() -> Kubernetes {
