@@ -18,16 +18,17 @@ use k8s_openapi::api::core::v1::{Container, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 
 mod deploy_support;
-use deploy_support::{documents, read, typed};
+use deploy_support::{committed_crd, documents, read, typed};
 
 #[test]
 fn committed_crd_is_what_flock_agent_crd_prints() {
     let printed = flock_agent::crd::node_config_yaml();
-    let committed = read("deploy/crds/nodeconfigs.flock.fritzlab.net.yaml");
+    let committed = committed_crd("nodeconfigs.flock.fritzlab.net.yaml");
     assert!(
         printed == committed,
-        "deploy/crds/nodeconfigs.flock.fritzlab.net.yaml is stale: regenerate it with \
-         `cargo run -p flock-agent -- crd > deploy/crds/nodeconfigs.flock.fritzlab.net.yaml`"
+        "the chart's charts/flock/crds/nodeconfigs.flock.fritzlab.net.yaml is stale: regenerate it with \
+         `cargo run -p flock-agent -- crd > charts/flock/crds/nodeconfigs.flock.fritzlab.net.yaml`, then \
+         `cargo xtask helm render`"
     );
     insta::assert_snapshot!(printed);
 }

@@ -8,16 +8,17 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 
 mod deploy_support;
-use deploy_support::{documents, read, typed};
+use deploy_support::{committed_crd, documents, read, typed};
 
 #[test]
 fn committed_nodepool_crd_is_what_flock_agent_crd_nodepools_prints() {
     let printed = flock_agent::crd::node_pool_yaml();
-    let committed = read("deploy/crds/nodepools.flock.fritzlab.net.yaml");
+    let committed = committed_crd("nodepools.flock.fritzlab.net.yaml");
     assert!(
         printed == committed,
-        "deploy/crds/nodepools.flock.fritzlab.net.yaml is stale: regenerate it with \
-         `cargo run -p flock-agent -- crd nodepools > deploy/crds/nodepools.flock.fritzlab.net.yaml`"
+        "the chart's charts/flock/crds/nodepools.flock.fritzlab.net.yaml is stale: regenerate it with \
+         `cargo run -p flock-agent -- crd nodepools > charts/flock/crds/nodepools.flock.fritzlab.net.yaml`, then \
+         `cargo xtask helm render`"
     );
     insta::assert_snapshot!(printed);
 }
@@ -115,9 +116,10 @@ fn controller_rbac_grants_exactly_what_it_uses() {
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            // Helm's order (the manifests are the chart rendered): Roles, then their bindings
+            "Role",
             "Role",
             "RoleBinding",
-            "Role",
             "RoleBinding"
         ]
     );
@@ -157,7 +159,7 @@ fn controller_rbac_grants_exactly_what_it_uses() {
             "coordination.k8s.io/leases:update@flock-controller",
         ])
     );
-    let events: Role = typed(&docs[5]);
+    let events: Role = typed(&docs[4]);
     assert_eq!(
         events.metadata.namespace.as_deref(),
         Some("default"),
@@ -174,7 +176,7 @@ fn controller_rbac_grants_exactly_what_it_uses() {
         cluster.metadata.name.as_ref()
     );
     let mut subjects = vec![cluster_binding.subjects.clone().unwrap_or_default()];
-    for (binding, role) in [(&docs[4], &lease), (&docs[6], &events)] {
+    for (binding, role) in [(&docs[5], &lease), (&docs[6], &events)] {
         let binding: RoleBinding = typed(binding);
         assert_eq!(binding.role_ref.kind, "Role");
         assert_eq!(Some(&binding.role_ref.name), role.metadata.name.as_ref());

@@ -18,6 +18,7 @@ pub mod binaries;
 pub mod cluster;
 pub mod components;
 pub mod gomod;
+pub mod helm;
 pub mod lab;
 pub mod router;
 pub mod scenario;

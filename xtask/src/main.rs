@@ -10,7 +10,10 @@
 //!   namespaces, checked and printed as tables (`flock_testbed::lab`).
 //! - `cluster [up|down|check|build|gomod|e2e|life|kubectl ARGS…]`: a real Kubernetes cluster
 //!   (1.35-1.37, built with containerd 2 and the rest from Go modules) in network namespaces,
-//!   flock deployed into it from `deploy/`, and its scenarios (`flock_testbed::cluster`).
+//!   flock installed into it with Helm (or from `deploy/`), and its scenarios
+//!   (`flock_testbed::cluster`).
+//! - `helm [render|check|lint]`: the chart `charts/flock`, and `deploy/` rendered from it
+//!   (`flock_testbed::helm`).
 //!
 //! xtask is only the dispatcher: everything it runs lives in the `flock-testbed` crate.
 
@@ -56,6 +59,7 @@ fn main() -> Result<()> {
         "bench" => bench::bench(&rest),
         "lab" => lab::lab(&rest),
         "cluster" => cluster::cluster(&rest),
+        "helm" => flock_testbed::helm::helm_command(&rest),
         bench::HANDOFF_DAEMON => bench::handoff_daemon(&rest),
         _ => {
             eprintln!(
@@ -63,9 +67,11 @@ fn main() -> Result<()> {
                  \x20      cargo xtask bench [--pods N] [--concurrency C] [--rss-pods N] [--subjects reference,flock] [--no-write]\n\
                  \x20      cargo xtask lab [up|down|check|faults]\n\
                  \x20      cargo xtask cluster [up|down|check|build|kubectl ARGS…]\n\
+                 \x20      cargo xtask helm [render|check|lint]\n\
                  \n  test   install what the suite needs and run every test (as root)\
                  \n  bench  ADD/DEL latency and pods/s of each subject, written into BENCHMARKS.md (as root)\
                  \n  lab    two routed nodes, a router and four pods in namespaces; `down` removes them, `check` = up + down on debug builds (as root)\
+                 \n  helm   the chart charts/flock: render deploy/ from it, or lint it and check deploy/ against it\
                  \n  cluster  Kubernetes 1.35-1.37 in namespaces with flock deployed from deploy/; `cargo xtask cluster help` (as root)"
             );
             if command.is_empty() || command == "help" || command == "--help" {
@@ -107,6 +113,7 @@ fn test(filters: &[String]) -> Result<()> {
                 components::kubernetes(k),
                 components::etcd(),
                 components::coredns(),
+                components::helm(),
             ];
             if ci_scenario_filter().is_empty() {
                 list.push(components::kubernetes_e2e(k));
@@ -183,6 +190,8 @@ fn test(filters: &[String]) -> Result<()> {
                 .join()
                 .map_err(|_| anyhow::anyhow!("the build of the cluster's components panicked"))??;
         }
+        // The chart lints clean and deploy/ is what it renders.
+        flock_testbed::helm::check()?;
         // Last, the cluster's scenarios on the debug binaries, one cluster for all of them
         // (the first run on a machine builds Kubernetes and its peers into /var/cache/flock),
         // then the cluster down whatever happened.

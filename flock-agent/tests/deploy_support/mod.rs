@@ -26,3 +26,20 @@ pub fn documents(rel: &str) -> Vec<serde_yaml::Value> {
 pub fn typed<T: serde::de::DeserializeOwned>(v: &serde_yaml::Value) -> T {
     serde_yaml::from_value(v.clone()).expect("a valid object of its kind")
 }
+
+/// A CRD as `deploy/crds/` and the Helm chart's `crds/` hold it: the chart's file, and
+/// `deploy/`'s rendered from it (its header comment, then the same text). Panics, naming
+/// the files, when they are not the same.
+pub fn committed_crd(file: &str) -> String {
+    let chart = read(&format!("charts/flock/crds/{file}"));
+    let rendered = read(&format!("deploy/crds/{file}"));
+    let body: String = rendered
+        .split_inclusive('\n')
+        .skip_while(|l| l.starts_with('#'))
+        .collect();
+    assert!(
+        body == chart,
+        "deploy/crds/{file} is not charts/flock/crds/{file} rendered: run `cargo xtask helm render`"
+    );
+    chart
+}
