@@ -138,7 +138,7 @@ pub const RELEASE_GRACE: &str = "90s";
 
 /// `deploy/controller.yaml` with [`RELEASE_GRACE`].
 fn with_release_grace(manifest: &str) -> Result<String> {
-    let shipped = "{ name: FLOCK_RELEASE_GRACE, value: 10m }";
+    let shipped = "{ name: FLOCK_RELEASE_GRACE, value: \"10m\" }";
     anyhow::ensure!(
         manifest.contains(shipped),
         "deploy/controller.yaml has no `{shipped}` for the test bed to shorten"
@@ -220,12 +220,147 @@ pub fn install_cnp_crd(file: &Path) -> Result<()> {
     apply_crd(file, CNP_CRD)
 }
 
-/// Applies the CRDs, the RBAC, the NodeConfigs and the DaemonSet from `repo/deploy`, then
-/// waits until the DaemonSet's pods are ready on every node. The ClusterNetworkPolicy CRD
-/// `cnp_crd` goes first: the agents start with the resource served.
-pub fn install_flock(repo: &Path, cnp_crd: &Path) -> Result<()> {
-    let deploy = repo.join("deploy");
+/// How the test bed installs flock: with Helm from `charts/flock` (the default), or
+/// `deploy/`'s manifests with `kubectl apply` (`cargo xtask cluster up --install manifests`).
+/// Both install the same objects: `deploy/` is the chart rendered with its defaults.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Installer {
+    /// `helm install`.
+    #[default]
+    Helm,
+    /// `kubectl apply -f deploy/…`.
+    Manifests,
+}
+
+impl Installer {
+    /// `helm` or `manifests`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Installer::Helm => "helm",
+            Installer::Manifests => "manifests",
+        }
+    }
+}
+
+impl std::str::FromStr for Installer {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Installer> {
+        match s {
+            "helm" => Ok(Installer::Helm),
+            "manifests" => Ok(Installer::Manifests),
+            other => bail!("--install {other:?}: helm or manifests"),
+        }
+    }
+}
+
+/// Where the installer of the cluster that is up is recorded.
+fn installer_file() -> PathBuf {
+    Path::new(super::RUN_DIR).join("installer")
+}
+
+/// How flock was installed in the cluster that is up (Helm when nothing was recorded).
+pub fn installed_with() -> Installer {
+    std::fs::read_to_string(installer_file())
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_default()
+}
+
+/// The values the test bed installs the chart with: the image built here, the shorter
+/// release grace ([`RELEASE_GRACE`]) and a NodePool per rack ([`nodepools`]).
+pub fn helm_values() -> Result<String> {
+    let (repository, tag) = images::FLOCK
+        .rsplit_once(':')
+        .context("flock's image has no tag")?;
+    let mut pools = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&nodepools()) {
+        let v: serde_yaml::Value = serde::Deserialize::deserialize(doc).context("a NodePool")?;
+        pools.push(serde_yaml::to_value(std::collections::BTreeMap::from([
+            ("name", v["metadata"]["name"].clone()),
+            ("spec", v["spec"].clone()),
+        ]))?);
+    }
+    let values = serde_yaml::to_value(std::collections::BTreeMap::from([
+        (
+            "image",
+            serde_yaml::to_value(std::collections::BTreeMap::from([
+                ("repository", repository),
+                ("tag", tag),
+            ]))?,
+        ),
+        (
+            "controller",
+            serde_yaml::to_value(std::collections::BTreeMap::from([(
+                "releaseGrace",
+                RELEASE_GRACE,
+            )]))?,
+        ),
+        ("pools", serde_yaml::Value::Sequence(pools)),
+    ]))?;
+    Ok(serde_yaml::to_string(&values)?)
+}
+
+/// The values file of the cluster's release.
+pub fn helm_values_file() -> PathBuf {
+    Path::new(super::RUN_DIR).join("flock-values.yaml")
+}
+
+/// `helm ARGS…` as admin from the control plane's namespace; its stdout.
+pub fn helm(args: &[&str]) -> Result<String> {
+    let mut cmd = super::proc::Place::Net(super::CONTROL.to_owned()).command(crate::helm::helm()?);
+    crate::helm::configure(&mut cmd);
+    cmd.current_dir(crate::binaries::workspace_root())
+        .env("KUBECONFIG", super::pki::kubeconfig("admin"))
+        .args(args);
+    sys::output(&mut cmd)
+}
+
+/// Installs flock with `installer`, then waits until the pool controller has written every
+/// node's NodeConfig and the DaemonSets' pods are ready on every node. The
+/// ClusterNetworkPolicy CRD `cnp_crd` goes first: the agents start with the resource served.
+/// The BGP password Secret is the cluster's own (the chart references it).
+pub fn install_flock(repo: &Path, cnp_crd: &Path, installer: Installer) -> Result<()> {
+    std::fs::write(installer_file(), installer.as_str())
+        .with_context(|| format!("write {}", installer_file().display()))?;
     install_cnp_crd(cnp_crd)?;
+    kubectl_stdin(&["apply", "-f", "-"], &password_secret()?)?;
+    match installer {
+        Installer::Helm => {
+            let values = helm_values_file();
+            std::fs::write(&values, helm_values()?)
+                .with_context(|| format!("write {}", values.display()))?;
+            helm(&[
+                "install",
+                crate::helm::RELEASE,
+                crate::helm::CHART,
+                "--namespace",
+                crate::helm::NAMESPACE,
+                "--values",
+                &values.to_string_lossy(),
+            ])?;
+            wait_node_configs()?;
+        }
+        Installer::Manifests => install_manifests(repo)?,
+    }
+    for ds in ["ds/flock", "ds/flock-bird"] {
+        kubectl(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            ds,
+            "--timeout=180s",
+        ])
+        .with_context(|| format!("wait for {ds}'s pods to be ready on every node"))?;
+    }
+    Ok(())
+}
+
+/// Applies the CRDs, the RBAC, the NodePools, the controller and the DaemonSet from
+/// `repo/deploy`, the DaemonSet once the controller has written every NodeConfig.
+fn install_manifests(repo: &Path) -> Result<()> {
+    let deploy = repo.join("deploy");
     for crd in [
         "nodeconfigs.flock.fritzlab.net",
         "nodepools.flock.fritzlab.net",
@@ -233,7 +368,6 @@ pub fn install_flock(repo: &Path, cnp_crd: &Path) -> Result<()> {
         apply_crd(&deploy.join(format!("crds/{crd}.yaml")), crd)?;
     }
     kubectl(&["apply", "-f", &deploy.join("rbac.yaml").to_string_lossy()])?;
-    kubectl_stdin(&["apply", "-f", "-"], &password_secret()?)?;
     // The pools, and the controller that writes each node's NodeConfig from its pool.
     kubectl(&[
         "apply",
@@ -248,6 +382,16 @@ pub fn install_flock(repo: &Path, cnp_crd: &Path) -> Result<()> {
         &["apply", "-f", "-"],
         &with_release_grace(&with_image(&controller, images::FLOCK)?)?,
     )?;
+    wait_node_configs()?;
+    let ds_path = deploy.join("daemonset.yaml");
+    let ds =
+        std::fs::read_to_string(&ds_path).with_context(|| format!("read {}", ds_path.display()))?;
+    kubectl_stdin(&["apply", "-f", "-"], &with_image(&ds, images::FLOCK)?)?;
+    Ok(())
+}
+
+/// Waits until the pool controller has written each node's NodeConfig.
+fn wait_node_configs() -> Result<()> {
     for node in &NODES {
         sys::wait_for(Duration::from_secs(120), || {
             kubectl(&[
@@ -266,21 +410,6 @@ pub fn install_flock(repo: &Path, cnp_crd: &Path) -> Result<()> {
                 node.name, node.cidr6, node.cidr4
             )
         })?;
-    }
-    let ds_path = deploy.join("daemonset.yaml");
-    let ds =
-        std::fs::read_to_string(&ds_path).with_context(|| format!("read {}", ds_path.display()))?;
-    kubectl_stdin(&["apply", "-f", "-"], &with_image(&ds, images::FLOCK)?)?;
-    for ds in ["ds/flock", "ds/flock-bird"] {
-        kubectl(&[
-            "-n",
-            "kube-system",
-            "rollout",
-            "status",
-            ds,
-            "--timeout=180s",
-        ])
-        .with_context(|| format!("wait for {ds}'s pods to be ready on every node"))?;
     }
     Ok(())
 }
@@ -423,6 +552,28 @@ pub fn scale_web(replicas: usize, limit: Duration) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_chart_values_carry_the_image_grace_and_every_rack_pool() {
+        let v: serde_yaml::Value = serde_yaml::from_str(&helm_values().unwrap()).unwrap();
+        assert_eq!(v["image"]["repository"], "localhost/flock");
+        assert_eq!(v["image"]["tag"], "cluster");
+        assert_eq!(v["controller"]["releaseGrace"], RELEASE_GRACE);
+        let pools = v["pools"].as_sequence().unwrap();
+        assert_eq!(pools.len(), 3);
+        assert_eq!(pools[0]["name"], "rack1");
+        assert_eq!(pools[0]["spec"]["cidr6"], "2001:db8:c1::/48");
+        assert!(pools[0]["spec"]["bgp"]["neighbors"][0]["passwordSecretRef"].is_mapping());
+    }
+
+    #[test]
+    fn installers_read_back_as_written() {
+        for i in [Installer::Helm, Installer::Manifests] {
+            assert_eq!(i.as_str().parse::<Installer>().unwrap(), i);
+        }
+        let e = "kubectl".parse::<Installer>().unwrap_err();
+        assert!(e.to_string().contains("\"kubectl\""), "{e}");
+    }
 
     #[test]
     fn dns_service_is_the_kubelets_cluster_dns_and_the_image_the_one_made_here() {

@@ -238,7 +238,8 @@ const USAGE: &str = "usage: cargo xtask cluster [up [OPTIONS]|down|check [FILTER
            `cargo xtask test` runs last); FILTERS go to nextest (-E 'test(life_upgrade)')
   build    only build (or find in the cache) Kubernetes and its peers, and the suites'
            binaries, printing each one's time
-  gomod    rewrite the Go wrapper modules (flock-testbed/go) from flock-testbed/src/versions.rs
+  gomod [NAME…]  rewrite the Go wrapper modules (flock-testbed/go) from
+           flock-testbed/src/versions.rs: every one, or those named (helm, etcd, kubernetes-1.37…)
   e2e [--suite network|dns|networkpolicy|dualstack] [--focus REGEX] [--skip REGEX]
       [--pods ipv6|dual] [--parallel N]
            Kubernetes' own e2e suite (e2e.test of the cluster's release) against the cluster
@@ -252,21 +253,24 @@ const USAGE: &str = "usage: cargo xtask cluster [up [OPTIONS]|down|check [FILTER
            SIG Network's ClusterNetworkPolicy conformance suite (network-policy-api's
            TestConformance) against the cluster that is up: the features of the installed
            CRD's channel unless --features; --focus/--skip select its tests (CNP…)
-  life [upgrade] [ready] [routing] [services] [reboot] [join] [leave] [startup] [policy] | life uninstall
+  life [upgrade] [ready] [routing] [services] [reboot] [join] [leave] [startup] [policy] [operate] | life uninstall
            against the cluster that is up (all but uninstall unless named): a rolling update
            of flock under traffic, STATUS as the node's Ready condition, BGP failures
            (graceful restart, BFD), LoadBalancer Service addresses at the router, a node's
            reboot (and one while its Node is deleted), a third node joining and leaving (and
            the pool controller's leader killed mid-assignment), 50 pods started at once with
-           flock and with ptp, policy-to-nftables latency and agent memory at 10,000 pods;
-           uninstall removes flock (kubectl delete -R -f deploy/, flock-agent cleanup) and
-           checks no flock rule is left and kube-proxy's are as they were
+           flock and with ptp, policy-to-nftables latency and agent memory at 10,000 pods,
+           `kubectl flock` against the cluster; uninstall removes flock as it was installed
+           (helm uninstall, or kubectl delete -f deploy/; then the CRDs and flock-agent
+           cleanup) and checks nothing of flock is left and kube-proxy's rules are as they were
   kubectl  run kubectl against the cluster as admin
 OPTIONS of up and build:
   --kubernetes 1.35|1.36|1.37   the release (the newest unless named)
   --proxy-mode nftables|iptables  kube-proxy's mode (nftables unless named)
   --bins DIR  take flock-agent and flock from DIR instead of `cargo build --release`
-  --router bird|frr  the BGP router the nodes peer with: BIRD (unless named) or FRR";
+  --router bird|frr  the BGP router the nodes peer with: BIRD (unless named) or FRR
+  --install helm|manifests  install flock with `helm install` of charts/flock (unless named)
+           or `kubectl apply` of deploy/'s manifests (the chart rendered)";
 
 /// `cargo xtask cluster …`.
 pub fn cluster(args: &[String]) -> Result<()> {
@@ -310,7 +314,7 @@ pub fn cluster(args: &[String]) -> Result<()> {
             crate::components::ensure_all(&crate::components::suites())?;
             Ok(())
         }
-        Some("gomod") => crate::gomod::write_all(),
+        Some("gomod") => crate::gomod::write_named(&args[1..]),
         Some("e2e") => e2e::run(&args[1..]),
         Some("life") => life::run(&args[1..]),
         Some("kubectl") => {
@@ -386,6 +390,8 @@ pub struct UpOptions {
     pub bins: Option<PathBuf>,
     /// The router: BIRD unless named.
     pub router: crate::router::Kind,
+    /// How flock is installed: Helm unless named.
+    pub installer: deploy::Installer,
 }
 
 impl Default for UpOptions {
@@ -395,13 +401,15 @@ impl Default for UpOptions {
             proxy_mode: ProxyMode::Nftables,
             bins: None,
             router: crate::router::Kind::Bird,
+            installer: deploy::Installer::Helm,
         }
     }
 }
 
 impl UpOptions {
     /// The options of the scenarios' cluster, from the environment
-    /// (`FLOCK_TESTBED_KUBERNETES`, `FLOCK_TESTBED_PROXY_MODE`, `FLOCK_TESTBED_ROUTER`), on the
+    /// (`FLOCK_TESTBED_KUBERNETES`, `FLOCK_TESTBED_PROXY_MODE`, `FLOCK_TESTBED_ROUTER`,
+    /// `FLOCK_TESTBED_INSTALL`), on the
     /// debug binaries.
     pub fn from_env() -> Result<UpOptions> {
         let mut options = UpOptions::default();
@@ -413,6 +421,9 @@ impl UpOptions {
         }
         if let Ok(router) = std::env::var("FLOCK_TESTBED_ROUTER") {
             options.router = router.parse().context("FLOCK_TESTBED_ROUTER")?;
+        }
+        if let Ok(installer) = std::env::var("FLOCK_TESTBED_INSTALL") {
+            options.installer = installer.parse().context("FLOCK_TESTBED_INSTALL")?;
         }
         options.bins = Some(crate::lab::debug_bins());
         Ok(options)
@@ -432,6 +443,7 @@ impl UpOptions {
                 "--proxy-mode" => options.proxy_mode = ProxyMode::parse(value()?)?,
                 "--bins" => options.bins = Some(PathBuf::from(value()?)),
                 "--router" => options.router = value()?.parse()?,
+                "--install" => options.installer = value()?.parse()?,
                 other => bail!("unknown option {other:?}\n{USAGE}"),
             }
         }
@@ -467,6 +479,9 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
         kube::ensure_release(options.kubernetes)
     })?;
     let cnp_crd = step("ClusterNetworkPolicy CRD", deploy::cnp_crd)?;
+    if options.installer == deploy::Installer::Helm {
+        step("Helm", crate::helm::helm)?;
+    }
     step("remove the previous cluster", down)?;
     std::fs::create_dir_all(RUN_DIR).with_context(|| format!("create {RUN_DIR}"))?;
     kube::record(options.kubernetes)?;
@@ -517,7 +532,7 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
     timings.push(("nodes (both at once)", t.elapsed()));
     let t = Instant::now();
     step("flock from deploy/", || {
-        deploy::install_flock(&repo, &cnp_crd)
+        deploy::install_flock(&repo, &cnp_crd, options.installer)
     })?;
     timings.push(("flock", t.elapsed()));
     let t = Instant::now();

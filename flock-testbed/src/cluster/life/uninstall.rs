@@ -1,6 +1,7 @@
-//! `cargo xtask cluster life uninstall`: flock removed as `docs/install.md` says —
-//! `kubectl delete -R -f deploy/`, then `flock-agent cleanup` on each node — leaves no flock
-//! rule in any node's nftables, and kube-proxy's rules where they were. It ends flock in the
+//! `cargo xtask cluster life uninstall`: flock removed as `docs/install.md` says — `helm
+//! uninstall` and the CRDs deleted (or `kubectl delete -R -f deploy/` for a cluster installed
+//! from the manifests), then `flock-agent cleanup` on each node — leaves nothing of flock in
+//! the API, no flock rule in any node's nftables, and kube-proxy's rules where they were. It ends flock in the
 //! cluster, so `cargo xtask cluster check` runs it last, after the e2e suites; it is not one
 //! of the life tests run by default.
 
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::cluster::deploy::DEMO_NS;
+use crate::cluster::deploy::{self, DEMO_NS};
 use crate::cluster::proc::Place;
 use crate::cluster::{NODES, Node, kubectl, kubectl_stdin, node, repo_root};
 use crate::sys;
@@ -28,6 +29,45 @@ spec:
   ingress: [ {{ from: [ {{ podSelector: {{}} }} ] }} ]
 "
     )
+}
+
+/// flock's objects still in the API: CRDs of its group, cluster-wide RBAC named flock*, and
+/// anything named flock* in kube-system or default — the Secret of BGP passwords aside,
+/// which is the cluster's own (the chart only references it) — and Helm's release records.
+fn api_leftovers() -> Result<Vec<String>> {
+    let mut left: Vec<String> = kubectl(&["get", "crd", "-o", "name"])?
+        .lines()
+        .filter(|l| l.ends_with(".flock.fritzlab.net"))
+        .map(str::to_owned)
+        .collect();
+    let named = |args: &[&str]| -> Result<Vec<String>> {
+        Ok(kubectl(args)?
+            .lines()
+            .filter(|l| {
+                l.rsplit('/').next().is_some_and(|n| {
+                    n.starts_with("flock") || n.starts_with("sh.helm.release.v1.flock.")
+                })
+            })
+            .filter(|l| !l.ends_with(&format!("/{}", deploy::PASSWORD_SECRET)))
+            .map(str::to_owned)
+            .collect())
+    };
+    left.extend(named(&[
+        "get",
+        "clusterroles,clusterrolebindings",
+        "-o",
+        "name",
+    ])?);
+    for ns in ["kube-system", "default"] {
+        let kinds =
+            "daemonsets,deployments,serviceaccounts,roles,rolebindings,secrets,configmaps,leases";
+        left.extend(
+            named(&["-n", ns, "get", kinds, "-o", "name"])?
+                .into_iter()
+                .map(|l| format!("{ns}/{l}")),
+        );
+    }
+    Ok(left)
 }
 
 /// The lines of `nft list ruleset` in `n`'s namespace that name flock.
@@ -109,16 +149,53 @@ pub fn uninstall(out: &mut String, bins: &Path) -> Result<Vec<String>> {
             )
         })
         .collect();
-    let deploy = repo_root().join("deploy");
+    let installer = deploy::installed_with();
+    let how = match installer {
+        deploy::Installer::Helm => {
+            deploy::helm(&[
+                "uninstall",
+                crate::helm::RELEASE,
+                "--namespace",
+                crate::helm::NAMESPACE,
+                "--wait",
+                "--timeout",
+                "120s",
+            ])
+            .context("helm uninstall")?;
+            // Helm keeps a chart's CRDs (crds/): removed by hand, as docs/install.md says, and
+            // every NodeConfig and NodePool with them
+            kubectl(&[
+                "delete",
+                "crd",
+                "nodeconfigs.flock.fritzlab.net",
+                "nodepools.flock.fritzlab.net",
+                "--timeout=120s",
+            ])?;
+            "helm uninstall flock, kubectl delete crd …flock.fritzlab.net, the controller's Lease"
+        }
+        deploy::Installer::Manifests => {
+            let deploy = repo_root().join("deploy");
+            kubectl(&[
+                "delete",
+                "-R",
+                "-f",
+                &deploy.to_string_lossy(),
+                "--ignore-not-found",
+                "--timeout=120s",
+            ])
+            .context("kubectl delete -R -f deploy/")?;
+            "kubectl delete -R -f deploy/, the controller's Lease"
+        }
+    };
+    // the pool controller's leader election Lease is the controller's, not the install's
     kubectl(&[
+        "-n",
+        "kube-system",
         "delete",
-        "-R",
-        "-f",
-        &deploy.to_string_lossy(),
+        "lease",
+        "flock-controller",
         "--ignore-not-found",
-        "--timeout=120s",
-    ])
-    .context("kubectl delete -R -f deploy/")?;
+    ])?;
     sys::wait_for(Duration::from_secs(120), || {
         kubectl(&[
             "-n",
@@ -132,7 +209,10 @@ pub fn uninstall(out: &mut String, bins: &Path) -> Result<Vec<String>> {
         ])
         .is_ok_and(|p| p.trim().is_empty())
     })
-    .context("flock's pods gone after kubectl delete")?;
+    .context("flock's pods gone after the uninstall")?;
+    for left in api_leftovers()? {
+        failures.push(format!("uninstall: {left} is left in the API"));
+    }
     let deleted: Vec<usize> = NODES
         .iter()
         .map(|n| flock_rules(n).map(|r| r.len()).unwrap_or(0))
@@ -168,14 +248,14 @@ pub fn uninstall(out: &mut String, bins: &Path) -> Result<Vec<String>> {
     }
     let _ = writeln!(
         out,
-        "UNINSTALL (kubectl delete -R -f deploy/, then flock-agent cleanup on each node; nft list ruleset in the node's namespace)"
+        "UNINSTALL ({how}, then flock-agent cleanup on each node; nft list ruleset in the node's namespace)"
     );
     sys::table(
         out,
         &[
             "node",
             "flock lines installed",
-            "after kubectl delete",
+            "after the uninstall",
             "after cleanup",
             "kube-proxy's rules (default, demo) before / after",
         ],

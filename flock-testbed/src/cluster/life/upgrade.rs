@@ -98,6 +98,52 @@ pub(super) fn ping_counts(text: &str) -> Option<(u64, u64)> {
     Some((sent, replies.len() as u64))
 }
 
+/// Starts the rolling update, as the cluster was installed: a value of the Helm release
+/// changed (`agent.leakGrace`, between 5m and 6m), or an environment variable of the
+/// DaemonSet set (`FLOCK_ROLLOUT_MARK`, stamped `since`). Says which.
+fn roll(since: &str) -> Result<String> {
+    use super::super::deploy::{self, Installer};
+    match deploy::installed_with() {
+        Installer::Helm => {
+            let current = kubectl(&[
+                "-n",
+                "kube-system",
+                "get",
+                "daemonset/flock",
+                "-o",
+                "jsonpath={.spec.template.spec.containers[0].env[?(@.name==\"FLOCK_LEAK_GRACE\")].value}",
+            ])?;
+            let next = if current.trim() == "5m" { "6m" } else { "5m" };
+            let set = format!("agent.leakGrace={next}");
+            deploy::helm(&[
+                "upgrade",
+                crate::helm::RELEASE,
+                crate::helm::CHART,
+                "--namespace",
+                crate::helm::NAMESPACE,
+                "--reuse-values",
+                "--set",
+                &set,
+            ])?;
+            Ok(format!("helm upgrade --reuse-values --set {set}"))
+        }
+        Installer::Manifests => {
+            let mark = format!("FLOCK_ROLLOUT_MARK={}", since.replace(':', ""));
+            kubectl(&[
+                "-n",
+                "kube-system",
+                "set",
+                "env",
+                "daemonset/flock",
+                "-c",
+                "agent",
+                &mark,
+            ])?;
+            Ok(format!("kubectl set env {mark}"))
+        }
+    }
+}
+
 pub(super) fn upgrade(out: &mut String) -> Result<Vec<String>> {
     let mut failures = Vec::new();
     let pingers = pods(DEMO_NS, "app=anycast")?;
@@ -132,16 +178,7 @@ pub(super) fn upgrade(out: &mut String) -> Result<Vec<String>> {
     std::thread::sleep(Duration::from_secs(2));
 
     let t = Instant::now();
-    kubectl(&[
-        "-n",
-        "kube-system",
-        "set",
-        "env",
-        "daemonset/flock",
-        "-c",
-        "agent",
-        &format!("FLOCK_ROLLOUT_MARK={}", since.replace(':', "")),
-    ])?;
+    let how = roll(&since)?;
     // Pods come and go while the agents are replaced, one node after the other.
     let scaling = std::thread::spawn(|| -> Result<()> {
         super::super::deploy::scale_web(
@@ -233,7 +270,7 @@ pub(super) fn upgrade(out: &mut String) -> Result<Vec<String>> {
 
     let _ = writeln!(
         out,
-        "UPGRADE (rolling update of daemonset/flock: agents {} -> {}; web scaled {} -> {} -> {} meanwhile; probes every {PROBE_INTERVAL} s)",
+        "UPGRADE (rolling update of daemonset/flock by {how}: agents {} -> {}; web scaled {} -> {} -> {} meanwhile; probes every {PROBE_INTERVAL} s)",
         agents_before.join(" "),
         agents_after.join(" "),
         super::super::deploy::WEB_REPLICAS,
