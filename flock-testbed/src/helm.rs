@@ -159,9 +159,159 @@ pub fn lint() -> Result<()> {
     Ok(())
 }
 
-/// Lints the chart and compares `deploy/` with what it renders.
+/// The values file that sets every value (`charts/flock/ci/`, Helm's folder for such files).
+pub const EVERY_VALUE: &str = "charts/flock/ci/every-value.yaml";
+
+/// A fresh folder for values files of the check.
+fn tempfile_dir() -> Result<PathBuf> {
+    let dir = components::cache_dir()
+        .join("helm")
+        .join(format!("check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// The chart rendered with `values` (a file) and `sets`.
+fn template_with(values: &str, sets: &[&str]) -> Result<String> {
+    let kube = kube_version();
+    let mut args = vec![
+        "template",
+        RELEASE,
+        CHART,
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        &kube,
+        "--values",
+        values,
+    ];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    run(&args)
+}
+
+/// What the chart must render from [`EVERY_VALUE`]: each value reaches its object.
+fn check_every_value() -> Result<()> {
+    run(&[
+        "lint",
+        "--strict",
+        CHART,
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        &kube_version(),
+        "--values",
+        EVERY_VALUE,
+    ])?;
+    let rendered = template_with(EVERY_VALUE, &[])?;
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&rendered)
+        .map(serde::Deserialize::deserialize)
+        .collect::<Result<Vec<serde_yaml::Value>, _>>()
+        .context("the chart rendered with every value is not YAML")?;
+    let find = |kind: &str, name: &str, namespace: Option<&str>| {
+        docs.iter().find(|d| {
+            d["kind"] == kind
+                && d["metadata"]["name"] == name
+                && namespace.is_none_or(|ns| d["metadata"]["namespace"] == ns)
+        })
+    };
+    let mut missing = Vec::new();
+    let mut want = |what: &str, ok: bool| {
+        if !ok {
+            missing.push(what.to_owned());
+        }
+    };
+    let ds = find("DaemonSet", "flock", Some(NAMESPACE));
+    let agent = ds.map(|d| &d["spec"]["template"]["spec"]["containers"][0]);
+    let env = |name: &str| {
+        agent
+            .and_then(|a| a["env"].as_sequence())
+            .and_then(|e| e.iter().find(|v| v["name"] == name))
+            .map(|v| v["value"].clone())
+    };
+    want(
+        "the agent's image registry.example/flock:v0.1.0-test, pulled Always",
+        agent.is_some_and(|a| {
+            a["image"] == "registry.example/flock:v0.1.0-test" && a["imagePullPolicy"] == "Always"
+        }),
+    );
+    want(
+        "FLOCK_NETWORK_POLICY false",
+        env("FLOCK_NETWORK_POLICY") == Some("false".into()),
+    );
+    want(
+        "FLOCK_LEAK_GRACE 10m",
+        env("FLOCK_LEAK_GRACE") == Some("10m".into()),
+    );
+    want(
+        "the agent's nodeSelector",
+        ds.is_some_and(|d| {
+            d["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/os"] == "linux"
+        }),
+    );
+    want(
+        "3 controller replicas",
+        find("Deployment", "flock-controller", Some(NAMESPACE))
+            .is_some_and(|d| d["spec"]["replicas"] == 3),
+    );
+    want(
+        "the Role on the Secrets tor-a and tor-b of net-secrets",
+        find("Role", "flock-bgp-passwords", Some("net-secrets")).is_some_and(|r| {
+            r["rules"][0]["resourceNames"]
+                == serde_yaml::from_str::<serde_yaml::Value>("[tor-a, tor-b]").unwrap_or_default()
+        }),
+    );
+    want(
+        "its RoleBinding to the agent's account",
+        find("RoleBinding", "flock-bgp-passwords", Some("net-secrets"))
+            .is_some_and(|b| b["subjects"][0]["namespace"] == NAMESPACE),
+    );
+    want(
+        "NodePool rack1",
+        find("NodePool", "rack1", None).is_some_and(|p| p["spec"]["cidr6"] == "2001:db8:1::/48"),
+    );
+    want(
+        "NodeConfig host001 with its ip-algo annotation",
+        find("NodeConfig", "host001", None).is_some_and(|c| {
+            c["metadata"]["annotations"]["flock.fritzlab.net/ip-algo"] == "workload"
+                && c["spec"]["cidr4"] == "10.244.1.0/24"
+        }),
+    );
+    if !missing.is_empty() {
+        bail!(
+            "the chart rendered with {EVERY_VALUE} lacks: {}",
+            missing.join("; ")
+        );
+    }
+    // bad values are refused, naming the value
+    let dir = tempfile_dir()?;
+    for (i, (values, names)) in [
+        ("agent: { networkPolicy: \"on\" }\n", "networkPolicy"),
+        ("controller: { replicas: 0 }\n", "replicas"),
+        ("pools: [ { name: rack9 } ]\n", "spec"),
+        ("agent: { leakGrace: five minutes }\n", "leakGrace"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let file = dir.join(format!("bad-{i}.yaml"));
+        std::fs::write(&file, values).with_context(|| format!("write {}", file.display()))?;
+        match template_with(&file.to_string_lossy(), &[]) {
+            Ok(_) => bail!("the chart took the values {values:?}"),
+            Err(e) if format!("{e:#}").contains(names) => {}
+            Err(e) => bail!("values {values:?}: the error does not name {names}: {e:#}"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Lints the chart (with its defaults and with every value set), checks every value reaches
+/// its object and bad ones are refused, and compares `deploy/` with what the defaults render.
 pub fn check() -> Result<()> {
     lint()?;
+    check_every_value()?;
     let deploy = repo().join("deploy");
     let mut differ = Vec::new();
     for (path, content) in manifests()? {
