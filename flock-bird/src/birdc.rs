@@ -74,13 +74,7 @@ const HEADER: [&str; 6] = ["Name", "Proto", "Table", "State", "Since", "Info"];
 /// # Ok::<(), flock_bird::Error>(())
 /// ```
 pub fn parse_show_protocols(text: &str) -> Result<Vec<ProtocolRow>> {
-    let mut lines = text.lines();
-    if !skip_header(&mut lines) {
-        return Err(Error::ShowProtocols {
-            reason: "no protocol table (no \"Name Proto Table State Since Info\" header)",
-            line: text.trim().to_owned(),
-        });
-    }
+    let lines = table_lines(text)?;
     let mut rows = Vec::new();
     for line in lines {
         if let Some(row) = parse_row(line)? {
@@ -116,9 +110,18 @@ pub(crate) fn parse_row(line: &str) -> Result<Option<ProtocolRow>> {
     }))
 }
 
-/// Skips `lines` past the protocol table's header; false when there is none.
-pub(crate) fn skip_header<'a>(lines: &mut impl Iterator<Item = &'a str>) -> bool {
-    lines.any(|l| l.split_whitespace().eq(HEADER.iter().copied()))
+/// The lines of `text` after the protocol table's header; an error when there is none
+/// (`birdc` printed an error instead).
+pub(crate) fn table_lines(text: &str) -> Result<std::str::Lines<'_>> {
+    let mut lines = text.lines();
+    if lines.any(|l| l.split_whitespace().eq(HEADER.iter().copied())) {
+        Ok(lines)
+    } else {
+        Err(Error::ShowProtocols {
+            reason: "no protocol table (no \"Name Proto Table State Since Info\" header)",
+            line: text.trim().to_owned(),
+        })
+    }
 }
 
 /// `2026-11-21`.

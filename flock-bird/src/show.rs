@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::birdc::{ProtocolRow, parse_row, skip_header};
+use crate::birdc::{ProtocolRow, parse_row, table_lines};
 use crate::error::{Error, Result};
 
 /// One channel (address family) of a protocol, from `show protocols all`.
@@ -63,13 +63,7 @@ impl ProtocolDetail {
 /// detail lines. Fails as [`parse_show_protocols`](crate::parse_show_protocols) does when
 /// there is no protocol table, or when a `Routes:` line does not read as BIRD writes it.
 pub fn parse_show_protocols_all(text: &str) -> Result<Vec<ProtocolDetail>> {
-    let mut lines = text.lines();
-    if !skip_header(&mut lines) {
-        return Err(Error::ShowProtocols {
-            reason: "no protocol table (no \"Name Proto Table State Since Info\" header)",
-            line: text.trim().to_owned(),
-        });
-    }
+    let lines = table_lines(text)?;
     let mut out: Vec<ProtocolDetail> = Vec::new();
     for line in lines {
         if line.trim().is_empty() {

@@ -523,42 +523,41 @@ pub async fn sysdump(cluster: &Cluster, file: Option<&Path>, output: Output) -> 
     }
     let client = cluster.client().clone();
     archive.add("cluster/nodeconfigs.yaml", yaml(&snap.configs));
-    match cluster
-        .list(Api::<NodePool>::all(client.clone()), "nodepools")
-        .await
-    {
-        Ok(l) => archive.add("cluster/nodepools.yaml", yaml(&l)),
-        Err(e) => archive.error(format!("cluster/nodepools.yaml: {e}")),
-    }
-    match cluster
-        .list(
-            Api::<DaemonSet>::namespaced(client.clone(), &cluster.namespace),
-            "daemonsets",
-        )
-        .await
-    {
-        Ok(l) => archive.add("cluster/daemonsets.yaml", yaml(&l)),
-        Err(e) => archive.error(format!("cluster/daemonsets.yaml: {e}")),
-    }
+    archive.add_list(
+        "cluster/nodepools.yaml",
+        cluster
+            .list(Api::<NodePool>::all(client.clone()), "nodepools")
+            .await,
+    );
+    archive.add_list(
+        "cluster/daemonsets.yaml",
+        cluster
+            .list(
+                Api::<DaemonSet>::namespaced(client.clone(), &cluster.namespace),
+                "daemonsets",
+            )
+            .await,
+    );
     let pods = [snap.agents.clone(), snap.birds.clone()].concat();
     archive.add("cluster/flock-pods.json", json(&pods));
-    match cluster
-        .list(Api::<NetworkPolicy>::all(client.clone()), "networkpolicies")
-        .await
-    {
-        Ok(l) => archive.add("cluster/networkpolicies.yaml", yaml(&l)),
-        Err(e) => archive.error(format!("cluster/networkpolicies.yaml: {e}")),
-    }
-    match cluster
-        .list(
-            Api::<DynamicObject>::all_with(client, &flock_agent::policy::cluster::api_resource()),
-            "clusternetworkpolicies",
-        )
-        .await
-    {
-        Ok(l) => archive.add("cluster/clusternetworkpolicies.yaml", yaml(&l)),
-        Err(e) => archive.error(format!("cluster/clusternetworkpolicies.yaml: {e}")),
-    }
+    archive.add_list(
+        "cluster/networkpolicies.yaml",
+        cluster
+            .list(Api::<NetworkPolicy>::all(client.clone()), "networkpolicies")
+            .await,
+    );
+    archive.add_list(
+        "cluster/clusternetworkpolicies.yaml",
+        cluster
+            .list(
+                Api::<DynamicObject>::all_with(
+                    client,
+                    &flock_agent::policy::cluster::api_resource(),
+                ),
+                "clusternetworkpolicies",
+            )
+            .await,
+    );
     let entries = archive.write(&path)?;
     let text = match output {
         Output::Json => json(&serde_json::json!({ "file": path, "entries": entries })),
@@ -578,5 +577,5 @@ pub async fn sysdump(cluster: &Cluster, file: Option<&Path>, output: Output) -> 
 
 /// Objects as YAML.
 fn yaml<T: Serialize>(v: &T) -> String {
-    serde_yaml::to_string(v).unwrap_or_else(|e| format!("# not serialisable: {e}\n"))
+    crate::sysdump::yaml(v)
 }

@@ -151,14 +151,7 @@ fn address(inputs: &Inputs, end: &End, field: &str, v6: Option<bool>) -> Result<
                     asked: format!("{field} pod {namespace}/{name}"),
                     found: format!("no such pod in namespace {namespace}"),
                 })?;
-            let ips: Vec<IpAddr> = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.pod_ips.as_ref())
-                .into_iter()
-                .flatten()
-                .filter_map(|i| i.ip.parse().ok())
-                .collect();
+            let ips = crate::ipam::ApiPod::of(pod).ips;
             let pick = ips
                 .iter()
                 .find(|a| v6.is_none_or(|v6| a.is_ipv6() == v6))

@@ -411,61 +411,34 @@ pub fn to_release(check: &IpamCheck) -> Result<Vec<Release>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flock_agent::inspect::{Bird, PodRoute, Read, Readiness, StoredAttachment};
+    use flock_agent::inspect::Read;
 
-    fn record(
-        cid: &str,
-        pod: &str,
-        uid: &str,
-        v6: &str,
-        v4: &str,
-        host_if: &str,
-    ) -> AllocationRecord {
-        let (ns, name) = pod.split_once('/').unwrap();
-        serde_json::from_value(serde_json::json!({
-            "format": 1, "state": "committed", "network": "flock", "containerId": cid,
-            "ifName": "eth0", "netns": format!("/var/run/netns/{cid}"), "bootId": "b",
-            "pod": { "namespace": ns, "name": name, "uid": uid },
-            "ipv6": v6, "ipv4": v4, "mtu": 1500, "hostIf": host_if
-        }))
-        .unwrap()
+    use crate::fixtures::{self, no_bgp, record, stored};
+
+    fn report(
+        store: Vec<flock_agent::inspect::StoredAttachment>,
+        links: &[&str],
+        routes: &[(&str, &str)],
+    ) -> NodeReport {
+        fixtures::report(store, links, routes, no_bgp())
     }
 
-    fn stored(record: AllocationRecord, on_node: bool) -> StoredAttachment {
-        StoredAttachment {
-            host_if_exists: on_node,
-            netns_exists: on_node,
-            on_node,
-            record,
-        }
-    }
-
-    fn report(store: Vec<StoredAttachment>, links: &[&str], routes: &[(&str, &str)]) -> NodeReport {
-        NodeReport {
-            node: "node1".into(),
-            version: "0.1.0".into(),
-            boot_id: "b".into(),
-            readiness: Read::Ok(Readiness {
-                ready: true,
-                body: "ok".into(),
-            }),
-            store: Read::Ok(store),
-            host_ifs: Read::Ok(links.iter().map(|l| (*l).to_owned()).collect()),
-            routes: Read::Ok(
-                routes
-                    .iter()
-                    .map(|(d, l)| PodRoute {
-                        dst: d.parse().unwrap(),
-                        host_ifs: vec![(*l).to_owned()],
-                    })
-                    .collect(),
-            ),
-            bird: Read::Ok(Bird {
-                sessions: vec![],
-                bfd: Read::Ok(vec![]),
-            }),
-            dump: None,
-        }
+    /// The check of one node's report.
+    fn check_node(
+        pods: &[ApiPod],
+        cidrs: &[IpNet],
+        r: &NodeReport,
+        unreadable: Vec<String>,
+    ) -> IpamCheck {
+        check(
+            pods,
+            &[NodeView {
+                node: "node1",
+                cidrs,
+                report: r,
+            }],
+            unreadable,
+        )
     }
 
     fn api(pod: &str, uid: &str, node: &str, ips: &[&str]) -> ApiPod {
@@ -504,19 +477,17 @@ mod tests {
         )
     }
 
+    /// A record whose namespace and veth are gone from the node.
+    fn gone() -> NodeReport {
+        let r = record("c1", "default/web", "u1", V6, V4, "flock00000001");
+        report(vec![stored(r, false)], &[], &[])
+    }
+
     #[test]
     fn agreeing_sources_find_nothing() {
         let (c, r) = (cidrs(), healthy());
         let pods = [api("default/web", "u1", "node1", &[V6, V4])];
-        let got = check(
-            &pods,
-            &[NodeView {
-                node: "node1",
-                cidrs: &c,
-                report: &r,
-            }],
-            vec![],
-        );
+        let got = check_node(&pods, &c, &r, vec![]);
         assert_eq!(got.findings, vec![]);
         assert_eq!((got.records, got.addresses), (1, 2));
         assert_eq!(to_release(&got).unwrap(), vec![]);
@@ -525,23 +496,8 @@ mod tests {
     #[test]
     fn a_record_whose_pod_is_gone_from_api_and_node_is_a_releasable_leak() {
         let c = cidrs();
-        let r = report(
-            vec![stored(
-                record("c1", "default/web", "u1", V6, V4, "flock00000001"),
-                false,
-            )],
-            &[],
-            &[],
-        );
-        let got = check(
-            &[],
-            &[NodeView {
-                node: "node1",
-                cidrs: &c,
-                report: &r,
-            }],
-            vec![],
-        );
+        let r = gone();
+        let got = check_node(&[], &c, &r, vec![]);
         assert!(matches!(
             got.findings[..],
             [Finding::Leaked {
@@ -554,30 +510,14 @@ mod tests {
         assert_eq!(release[0].container_id, "c1");
         // the same pod name with another UID is another pod: still a leak
         let pods = [api("default/web", "u2", "node1", &[])];
-        let got = check(
-            &pods,
-            &[NodeView {
-                node: "node1",
-                cidrs: &c,
-                report: &r,
-            }],
-            vec![],
-        );
+        let got = check_node(&pods, &c, &r, vec![]);
         assert_eq!(to_release(&got).unwrap().len(), 1);
     }
 
     #[test]
     fn a_leak_still_on_the_node_is_reported_and_never_released() {
         let (c, r) = (cidrs(), healthy());
-        let got = check(
-            &[],
-            &[NodeView {
-                node: "node1",
-                cidrs: &c,
-                report: &r,
-            }],
-            vec![],
-        );
+        let got = check_node(&[], &c, &r, vec![]);
         assert!(matches!(
             got.findings[..],
             [Finding::Leaked {
@@ -592,36 +532,13 @@ mod tests {
     #[test]
     fn nothing_is_released_while_any_source_is_unreadable() {
         let c = cidrs();
-        let r = report(
-            vec![stored(
-                record("c1", "default/web", "u1", V6, V4, "flock00000001"),
-                false,
-            )],
-            &[],
-            &[],
-        );
-        let got = check(
-            &[],
-            &[NodeView {
-                node: "node1",
-                cidrs: &c,
-                report: &r,
-            }],
-            vec!["node2: the agent did not answer".into()],
-        );
+        let r = gone();
+        let got = check_node(&[], &c, &r, vec!["node2: the agent did not answer".into()]);
         let e = to_release(&got).unwrap_err();
         assert!(e.contains("node2: the agent did not answer"), "{e}");
         let mut broken = healthy();
         broken.store = Read::Error("the store in /var/lib/flock: busy".into());
-        let got = check(
-            &[],
-            &[NodeView {
-                node: "node1",
-                cidrs: &c,
-                report: &broken,
-            }],
-            vec![],
-        );
+        let got = check_node(&[], &c, &broken, vec![]);
         assert_eq!(
             got.unreadable,
             ["node1: store: the store in /var/lib/flock: busy"]
@@ -655,15 +572,7 @@ mod tests {
             api("default/db", "u2", "node1", &[V6, "10.9.9.9"]),
             api("default/other", "u3", "node1", &["2001:db8:a1::99"]),
         ];
-        let got = check(
-            &pods,
-            &[NodeView {
-                node: "node1",
-                cidrs: &c,
-                report: &r1,
-            }],
-            vec![],
-        );
+        let got = check_node(&pods, &c, &r1, vec![]);
         let lines: Vec<String> = got.findings.iter().map(Finding::line).collect();
         let has = |s: &str| lines.iter().any(|l| l.contains(s));
         assert!(

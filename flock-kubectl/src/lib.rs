@@ -12,6 +12,8 @@ pub mod cluster;
 pub mod commands;
 pub mod error;
 pub mod explain;
+#[cfg(test)]
+mod fixtures;
 pub mod ipam;
 pub mod status;
 pub mod sysdump;

@@ -355,7 +355,8 @@ pub fn free(cidr: &IpNet, used: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flock_agent::inspect::{Bird, Readiness, Session, StoredAttachment};
+    use crate::fixtures::{self, record, stored};
+    use flock_agent::inspect::{Bird, Session};
     use flock_bird::{BfdSession, ChannelDetail, ProtocolDetail, ProtocolRow};
     use flock_k8s_api::{NeighborStatus, NodeConfigSpec, NodeConfigStatus};
 
@@ -412,32 +413,15 @@ mod tests {
     }
 
     fn report(bird: Read<Bird>) -> NodeReport {
-        let record: flock_agent::store::AllocationRecord = serde_json::from_value(serde_json::json!({
-            "format": 1, "state": "committed", "network": "flock", "containerId": "c1",
-            "ifName": "eth0", "netns": "/var/run/netns/cni-1", "bootId": "b",
-            "pod": { "namespace": "default", "name": "web-1" },
-            "ipv6": "2001:db8:a1::5", "ipv4": "10.101.1.5", "mtu": 1500, "hostIf": "flock01234567"
-        }))
-        .unwrap();
-        NodeReport {
-            node: "node1".into(),
-            version: "0.1.0".into(),
-            boot_id: "b".into(),
-            readiness: Read::Ok(Readiness {
-                ready: true,
-                body: "ok".into(),
-            }),
-            store: Read::Ok(vec![StoredAttachment {
-                record,
-                netns_exists: true,
-                host_if_exists: true,
-                on_node: true,
-            }]),
-            host_ifs: Read::Ok(vec!["flock01234567".into()]),
-            routes: Read::Ok(vec![]),
-            bird,
-            dump: None,
-        }
+        let r = record(
+            "c1",
+            "default/web-1",
+            "",
+            "2001:db8:a1::5",
+            "10.101.1.5",
+            "flock01234567",
+        );
+        fixtures::report(vec![stored(r, true)], &["flock01234567"], &[], bird)
     }
 
     fn bfd(state: &str) -> Read<Vec<BfdSession>> {

@@ -52,6 +52,14 @@ impl Archive {
         }
     }
 
+    /// Adds a list of objects as YAML, or what kept it from being read.
+    pub fn add_list<T: Serialize>(&mut self, path: &str, list: Result<Vec<T>>) {
+        match list {
+            Ok(l) => self.add(path, yaml(&l)),
+            Err(e) => self.error(format!("{path}: {e}")),
+        }
+    }
+
     /// Notes what could not be gathered.
     pub fn error(&mut self, what: String) {
         self.errors.push(what);
@@ -132,6 +140,11 @@ impl Archive {
         gz.finish().map_err(io)?.sync_all().map_err(io)?;
         Ok(entries)
     }
+}
+
+/// Objects as YAML.
+pub fn yaml<T: Serialize>(v: &T) -> String {
+    serde_yaml::to_string(v).unwrap_or_else(|e| format!("# not serialisable: {e}\n"))
 }
 
 #[cfg(test)]

@@ -144,19 +144,28 @@ pub fn render() -> Result<()> {
     Ok(())
 }
 
-/// `helm lint` of the chart, strict (a warning fails it).
+/// `helm lint` of the chart, strict (a warning fails it), with its defaults.
 pub fn lint() -> Result<()> {
-    let out = run(&[
+    print!("{}", lint_with(None)?);
+    Ok(())
+}
+
+/// `helm lint --strict` of the chart, with the values file `values` if one; its report.
+fn lint_with(values: Option<&str>) -> Result<String> {
+    let kube = kube_version();
+    let mut args = vec![
         "lint",
         "--strict",
         CHART,
         "--namespace",
         NAMESPACE,
         "--kube-version",
-        &kube_version(),
-    ])?;
-    print!("{out}");
-    Ok(())
+        &kube,
+    ];
+    if let Some(v) = values {
+        args.extend(["--values", v]);
+    }
+    run(&args)
 }
 
 /// The values file that sets every value (`charts/flock/ci/`, Helm's folder for such files).
@@ -193,17 +202,7 @@ fn template_with(values: &str, sets: &[&str]) -> Result<String> {
 
 /// What the chart must render from [`EVERY_VALUE`]: each value reaches its object.
 fn check_every_value() -> Result<()> {
-    run(&[
-        "lint",
-        "--strict",
-        CHART,
-        "--namespace",
-        NAMESPACE,
-        "--kube-version",
-        &kube_version(),
-        "--values",
-        EVERY_VALUE,
-    ])?;
+    lint_with(Some(EVERY_VALUE))?;
     let rendered = template_with(EVERY_VALUE, &[])?;
     let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&rendered)
         .map(serde::Deserialize::deserialize)
