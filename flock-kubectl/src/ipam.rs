@@ -26,6 +26,9 @@ pub struct ApiPod {
     pub ips: Vec<IpAddr>,
     /// `hostNetwork` (its addresses are its node's).
     pub host_network: bool,
+    /// Finished (`Succeeded`, `Failed`) or being deleted: its sandbox may be gone while the
+    /// API still shows its addresses.
+    pub ending: bool,
 }
 
 impl ApiPod {
@@ -46,6 +49,11 @@ impl ApiPod {
                 .filter_map(|ip| ip.ip.parse().ok())
                 .collect(),
             host_network: spec.and_then(|s| s.host_network) == Some(true),
+            ending: pod.metadata.deletion_timestamp.is_some()
+                || matches!(
+                    pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                ),
         }
     }
 }
@@ -331,7 +339,10 @@ pub fn check(pods: &[ApiPod], nodes: &[NodeView<'_>], mut unreadable: Vec<String
             }
         }
         let recorded: BTreeSet<IpAddr> = owned.values().flatten().copied().collect();
-        for p in pods.iter().filter(|p| p.node == node && !p.host_network) {
+        for p in pods
+            .iter()
+            .filter(|p| p.node == node && !p.host_network && !p.ending)
+        {
             for ip in &p.ips {
                 if !recorded.contains(ip) {
                     findings.push(Finding::Unrecorded {
@@ -450,6 +461,7 @@ mod tests {
             node: node.into(),
             ips: ips.iter().map(|i| i.parse().unwrap()).collect(),
             host_network: false,
+            ending: false,
         }
     }
 
@@ -596,5 +608,15 @@ mod tests {
             "{lines:#?}"
         );
         assert_eq!(lines.len(), 6, "{lines:#?}");
+        // a finished or terminating pod's addresses stay in the API after its DEL: no finding
+        let mut ending = pods.clone();
+        ending[2].ending = true;
+        let got = check_node(&ending, &c, &r1, vec![]);
+        assert_eq!(got.findings.len(), 5, "{:#?}", got.findings);
+        assert!(
+            !got.findings
+                .iter()
+                .any(|f| matches!(f, Finding::Unrecorded { .. }))
+        );
     }
 }
