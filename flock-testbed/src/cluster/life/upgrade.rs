@@ -105,14 +105,22 @@ fn roll(since: &str) -> Result<String> {
     use super::super::deploy::{self, Installer};
     match deploy::installed_with() {
         Installer::Helm => {
-            let current = kubectl(&[
-                "-n",
-                "kube-system",
+            // the release's values, defaults included
+            let values: serde_json::Value = serde_json::from_str(&deploy::helm(&[
                 "get",
-                "daemonset/flock",
-                "-o",
-                "jsonpath={.spec.template.spec.containers[0].env[?(@.name==\"FLOCK_LEAK_GRACE\")].value}",
-            ])?;
+                "values",
+                crate::helm::RELEASE,
+                "--namespace",
+                crate::helm::NAMESPACE,
+                "--all",
+                "--output",
+                "json",
+            ])?)
+            .context("helm get values")?;
+            let current = values["agent"]["leakGrace"]
+                .as_str()
+                .context("the release has no agent.leakGrace")?
+                .to_owned();
             let next = if current.trim() == "5m" { "6m" } else { "5m" };
             let set = format!("agent.leakGrace={next}");
             deploy::helm(&[
