@@ -497,6 +497,15 @@ fn option_row(
     ]);
 }
 
+/// How long until the router has a BFD session up with every node that asks for one, within
+/// `limit`.
+fn bfd_up_within(kind: Kind, limit: Duration) -> Option<Duration> {
+    let peers = NODES.iter().filter(|n| n.bfd).count();
+    sys::time_until(limit, || {
+        router::parse_bfd_up(kind, &router_show(kind, kind.bfd_query())) == peers
+    })
+}
+
 /// Every BGP option of the nodes' NodeConfigs, as the router (BIRD or FRR) sees it: the
 /// session, the routes and attributes it learned. Graceful shutdown is set on node1 (its agent
 /// restarted on the changed file, as standalone mode takes a change) and taken off again.
@@ -565,14 +574,19 @@ pub(super) fn report_bgp_options(
             );
         }
         if node.bfd {
+            // BFD comes up after the session, and with FRR's bfdd a few seconds later still
+            let took = bfd_up_within(kind, CONVERGE);
             let up = router::parse_bfd_up(kind, &router_show(kind, kind.bfd_query()));
             option_row(
                 &mut rows,
                 failures,
                 "BFD 100 ms x 3",
                 node,
-                format!("{up} BFD session(s) up"),
-                up == NODES.iter().filter(|n| n.bfd).count(),
+                match took {
+                    Some(t) => format!("{up} BFD session(s) up (within {} ms)", t.as_millis()),
+                    None => format!("{up} BFD session(s) up after {} s", CONVERGE.as_secs()),
+                },
+                took.is_some(),
             );
         }
         if !node.communities.is_empty() {
@@ -652,6 +666,14 @@ pub(super) fn report_faults(
     let mut rows = Vec::new();
     // BFD: SIGSTOP, the BIRD process alive and its TCP session open, but silent.
     let bfd_node = &NODES[0];
+    // the measure needs BFD up at the freeze (the agent restarts before may have taken it
+    // down a while); else it would time the hold timer
+    if bfd_up_within(kind, CONVERGE).is_none() {
+        failures.push(format!(
+            "BFD: no BFD session up at the router within {} s before the freeze",
+            CONVERGE.as_secs()
+        ));
+    }
     let pid = bird_pid(bfd_node)?;
     sys::output(Command::new("kill").args(["-STOP", &pid.to_string()]))?;
     let withdrawn = sys::time_until(Duration::from_secs(10), || {
