@@ -289,6 +289,23 @@ impl StoppedAgent {
     }
 }
 
+/// The pid of a process named `comm` in `n`'s network namespace (BIRD, the agent).
+fn pid_in(n: &Node, comm: &str) -> Result<u32> {
+    let out = sys::output(std::process::Command::new("ip").args(["netns", "pids", &n.ns()]))?;
+    out.split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .with_context(|| format!("no {comm} runs in {}", n.ns()))
+}
+
+/// Sends `sig` to `pid`.
+fn signal(pid: u32, sig: nix::sys::signal::Signal) -> Result<()> {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig)
+        .with_context(|| format!("send {sig} to {pid}"))
+}
+
 /// Waits for flock's DaemonSet to be rolled out (every agent ready).
 fn rollout_flock() -> Result<()> {
     kubectl(&[

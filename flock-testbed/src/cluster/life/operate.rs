@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use super::{DEMO_NS, StoppedAgent, pods, rollout_flock};
+use super::{DEMO_NS, StoppedAgent, pid_in, pods, rollout_flock, signal};
 use crate::cluster::proc::Place;
 use crate::cluster::{CONTROL, NODES, Node, kube, kubectl, kubectl_stdin, node, pki};
 use crate::sys;
@@ -94,22 +94,6 @@ impl Run {
             }
         }
     }
-}
-
-/// A process of `comm` in `n`'s network namespace.
-fn pid_in(n: &Node, comm: &str) -> Result<u32> {
-    let out = sys::output(Command::new("ip").args(["netns", "pids", &n.ns()]))?;
-    out.split_whitespace()
-        .filter_map(|p| p.parse::<u32>().ok())
-        .find(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
-        })
-        .with_context(|| format!("no {comm} runs in {}", n.ns()))
-}
-
-fn signal(pid: u32, sig: nix::sys::signal::Signal) -> Result<()> {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig)
-        .with_context(|| format!("send {sig} to {pid}"))
 }
 
 /// Runs `during` with `comm` of `n` frozen, thawing it whatever happens.

@@ -7,7 +7,7 @@
 //! Secret.
 
 use std::fmt::Write as _;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -19,18 +19,7 @@ use crate::sys;
 
 /// The pid of `n`'s BIRD (flock's DaemonSet sidecar, in the node's network namespace).
 fn bird_pid(n: &Node) -> Result<u32> {
-    let out = sys::output(Command::new("ip").args(["netns", "pids", &n.ns()]))?;
-    out.split_whitespace()
-        .filter_map(|p| p.parse::<u32>().ok())
-        .find(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "bird")
-        })
-        .with_context(|| format!("no BIRD runs in {}", n.ns()))
-}
-
-fn signal(pid: u32, sig: nix::sys::signal::Signal) -> Result<()> {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig)
-        .with_context(|| format!("send {sig} to {pid}"))
+    super::pid_in(n, "bird")
 }
 
 /// The router's session with `n`: (state, info).
@@ -138,7 +127,7 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
     }
     std::thread::sleep(Duration::from_secs(2));
     let old = bird_pid(gr_node)?;
-    signal(old, nix::sys::signal::Signal::SIGKILL)?;
+    super::signal(old, nix::sys::signal::Signal::SIGKILL)?;
     let killed = Instant::now();
     let mut during = String::new();
     let down = sys::time_until(Duration::from_secs(10), || {
@@ -186,12 +175,12 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
 
     // BFD: node2's BIRD frozen; the router must give up on node2 within a second.
     let frozen = bird_pid(bfd_node)?;
-    signal(frozen, nix::sys::signal::Signal::SIGSTOP)?;
+    super::signal(frozen, nix::sys::signal::Signal::SIGSTOP)?;
     let bfd_down = sys::time_until(Duration::from_secs(10), || {
         site::router_paths(bfd_node.cidr6) == 0
     });
     let bfd_session = session(bfd_node);
-    signal(frozen, nix::sys::signal::Signal::SIGCONT)?;
+    super::signal(frozen, nix::sys::signal::Signal::SIGCONT)?;
     let bfd_back = sys::time_until(Duration::from_secs(60), || {
         established(bfd_node) && site::router_paths(bfd_node.cidr6) > 0
     });
@@ -213,10 +202,10 @@ pub(super) fn routing(out: &mut String) -> Result<Vec<String>> {
     // restart being on, keeps the node's routes while it waits): the same freeze on node1.
     std::thread::sleep(Duration::from_secs(1));
     let frozen = bird_pid(gr_node)?;
-    signal(frozen, nix::sys::signal::Signal::SIGSTOP)?;
+    super::signal(frozen, nix::sys::signal::Signal::SIGSTOP)?;
     let hold_down = sys::time_until(Duration::from_secs(20), || !established(gr_node));
     let hold_kept = site::router_paths(gr_node.cidr6) > 0;
-    signal(frozen, nix::sys::signal::Signal::SIGCONT)?;
+    super::signal(frozen, nix::sys::signal::Signal::SIGCONT)?;
     let hold_back = sys::time_until(Duration::from_secs(60), || established(gr_node));
     if hold_back.is_none() {
         failures.push(format!(
