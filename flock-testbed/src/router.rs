@@ -53,6 +53,18 @@ impl std::fmt::Display for Kind {
 /// FRR's daemons, each started with its own file of [`FrrConf`].
 pub const FRR_DAEMONS: [&str; 3] = ["zebra", "bfdd", "bgpd"];
 
+/// One daemon of the router: its name, its command line, and the file whose existence says it
+/// serves.
+#[derive(Debug, Clone)]
+pub struct Daemon {
+    /// `bird`, `zebra`, `bfdd` or `bgpd`.
+    pub name: &'static str,
+    /// Its command line, in the foreground.
+    pub argv: Vec<String>,
+    /// Its socket: there once it serves.
+    pub ready: std::path::PathBuf,
+}
+
 /// Where Debian's `frr` package puts the daemons.
 const FRR_BIN: &str = "/usr/lib/frr";
 
@@ -81,16 +93,18 @@ impl Kind {
         }
     }
 
-    /// The daemons that start the router in the foreground, each with its name and command
-    /// line (BIRD is one, FRR three: zebra first, then bfdd and bgpd, which connect to it),
-    /// with every file, socket and log in `dir` (the configuration written there by
-    /// [`Router::write`]).
-    pub fn start_commands(self, dir: &Path) -> Vec<(&'static str, Vec<String>)> {
+    /// The daemons that start the router in the foreground, in order (BIRD is one, FRR three:
+    /// zebra, then bfdd and bgpd, which connect to it), with every file, socket and log in
+    /// `dir` (the configuration written there by [`Router::write`]). Start each only once the
+    /// one before serves ([`Daemon::ready`]): a daemon that finds no zebra tries again only
+    /// 10 s later, and the BFD sessions bgpd asks for before bfdd is connected may never be
+    /// made (a CI run's router had none after 30 s).
+    pub fn start_commands(self, dir: &Path) -> Vec<Daemon> {
         let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
         match self {
-            Kind::Bird => vec![(
-                "bird",
-                vec![
+            Kind::Bird => vec![Daemon {
+                name: "bird",
+                argv: vec![
                     "bird".into(),
                     "-f".into(),
                     "-c".into(),
@@ -100,7 +114,8 @@ impl Kind {
                     "-P".into(),
                     path("bird.pid"),
                 ],
-            )],
+                ready: dir.join("bird.ctl"),
+            }],
             Kind::Frr => FRR_DAEMONS
                 .iter()
                 .map(|daemon| {
@@ -128,17 +143,20 @@ impl Kind {
                     if *daemon == "bfdd" {
                         argv.extend(["--bfdctl".into(), path("bfdd.sock")]);
                     }
-                    (*daemon, argv)
+                    // zebra serves its clients on zserv.api; bfdd and bgpd open their vty
+                    // socket as they start, and connect to zebra at once when it is there.
+                    let ready = if *daemon == "zebra" {
+                        dir.join("zserv.api")
+                    } else {
+                        dir.join(format!("{daemon}.vty"))
+                    };
+                    Daemon {
+                        name: daemon,
+                        argv,
+                        ready,
+                    }
                 })
                 .collect(),
-        }
-    }
-
-    /// The file whose existence says the router serves its control interface.
-    pub fn ready_file(self, dir: &Path) -> std::path::PathBuf {
-        match self {
-            Kind::Bird => dir.join("bird.ctl"),
-            Kind::Frr => dir.join("bgpd.vty"),
         }
     }
 
@@ -807,18 +825,22 @@ mod tests {
         let dir = Path::new("/run/r");
         let bird = Kind::Bird.start_commands(dir);
         assert_eq!(bird.len(), 1);
-        assert_eq!(bird[0].0, "bird");
+        assert_eq!(bird[0].name, "bird");
         assert!(
-            bird[0].1.contains(&"/run/r/bird.conf".to_owned())
-                && bird[0].1.contains(&"-f".to_owned())
+            bird[0].argv.contains(&"/run/r/bird.conf".to_owned())
+                && bird[0].argv.contains(&"-f".to_owned())
         );
+        assert_eq!(bird[0].ready, Path::new("/run/r/bird.ctl"));
         let frr = Kind::Frr.start_commands(dir);
         assert_eq!(frr.len(), 3);
         assert!(
-            frr[0].0 == "zebra" && frr[0].1[0].ends_with("/zebra"),
+            frr[0].name == "zebra" && frr[0].argv[0].ends_with("/zebra"),
             "zebra first: {frr:?}"
         );
-        for (_, argv) in &frr {
+        // each waits for the one before: zebra's socket before its clients start
+        assert_eq!(frr[0].ready, Path::new("/run/r/zserv.api"));
+        assert_eq!(frr[2].ready, Path::new("/run/r/bgpd.vty"));
+        for argv in frr.iter().map(|d| &d.argv) {
             assert!(
                 argv.contains(&"/run/r/zserv.api".to_owned())
                     && argv.contains(&"/run/r".to_owned())
@@ -830,7 +852,7 @@ mod tests {
         }
         assert!(
             frr.iter()
-                .any(|(_, a)| a.contains(&"/run/r/bfdd.sock".to_owned()))
+                .any(|d| d.argv.contains(&"/run/r/bfdd.sock".to_owned()))
         );
         assert_eq!(
             Kind::Frr.show_command(dir, "show bgp summary")[4],

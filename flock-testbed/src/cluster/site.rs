@@ -247,18 +247,18 @@ fn start_router() -> Result<()> {
     write_router_conf()?;
     let kind = router_kind();
     let place = Place::Net(ROUTER.to_owned());
-    let mut last = String::new();
-    for (daemon, argv) in kind.start_commands(&router_dir()) {
-        last = format!("router-{daemon}");
-        proc::spawn(&last, &place, &argv[0], &argv[1..], &[])?;
+    for daemon in kind.start_commands(&router_dir()) {
+        let name = format!("router-{}", daemon.name);
+        // a socket left by an earlier router would pass the wait below at once
+        let _ = std::fs::remove_file(&daemon.ready);
+        proc::spawn(&name, &place, &daemon.argv[0], &daemon.argv[1..], &[])?;
+        proc::wait_daemon(
+            &name,
+            &format!("its socket {}", daemon.ready.display()),
+            Duration::from_secs(10),
+            || daemon.ready.exists(),
+        )?;
     }
-    let ready = kind.ready_file(&router_dir());
-    proc::wait_daemon(
-        &last,
-        "the router's control socket",
-        Duration::from_secs(10),
-        || ready.exists(),
-    )?;
     Ok(())
 }
 

@@ -122,23 +122,30 @@ fn start_bird(ns: &str, conf: &Path, ctl: &Path, pid: &Path, recovery: bool) -> 
 pub(super) fn start_router(kind: Kind) -> Result<()> {
     let dir = router_dir();
     router().write(kind, &dir)?;
-    for (daemon, argv) in kind.start_commands(&dir) {
-        let out = dir.join(format!("{daemon}.out"));
+    for daemon in kind.start_commands(&dir) {
+        let out = dir.join(format!("{}.out", daemon.name));
+        // a socket left by an earlier router would pass the wait below at once
+        let _ = std::fs::remove_file(&daemon.ready);
         let log =
             std::fs::File::create(&out).with_context(|| format!("create {}", out.display()))?;
         // setsid: the router outlives `cargo xtask lab up`, as the agents do.
         Command::new("setsid")
             .args(["ip", "netns", "exec", ROUTER])
-            .args(&argv)
+            .args(&daemon.argv)
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("log file")?)
             .stderr(log)
             .spawn()
-            .with_context(|| format!("spawn {argv:?}"))?;
+            .with_context(|| format!("spawn {:?}", daemon.argv))?;
+        sys::wait_for(Duration::from_secs(10), || daemon.ready.exists()).with_context(|| {
+            format!(
+                "the router's {} did not open {}",
+                daemon.name,
+                daemon.ready.display()
+            )
+        })?;
     }
-    let ready = kind.ready_file(&dir);
-    sys::wait_for(Duration::from_secs(10), || ready.exists())
-        .with_context(|| format!("the router ({kind}) did not open {}", ready.display()))
+    Ok(())
 }
 
 /// Starts the node's BIRD again on the configuration its agent rendered, with `-R`: what a
