@@ -55,6 +55,8 @@ async fn an_announced_range_that_nothing_translated_ends_at_the_node() {
                     format!("10.56.0.{last}/32").parse().unwrap(),
                 ],
                 anycast: vec![],
+                default_route: true,
+                routes: vec![],
             },
         )
         .await

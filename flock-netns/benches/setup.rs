@@ -40,6 +40,8 @@ fn bed() -> Bed {
             "10.244.99.1/32".parse().expect("v4"),
         ],
         anycast: vec![],
+        default_route: true,
+        routes: vec![],
     };
     let node = NodeNs::at(node_ns.path());
     // open the cached node connection and set the node-wide sysctls once

@@ -21,6 +21,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         mtu: 1500,
         addresses: vec!["2001:db8:e::1/128".parse()?, "10.244.0.7/32".parse()?],
         anycast: vec![],
+        default_route: true,
+        routes: vec![],
     };
     let out = setup(&node, &spec).await?;
     println!(

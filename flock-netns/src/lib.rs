@@ -5,7 +5,8 @@
 //! talks netlink. The layout is DESIGN §5: a veth `flockXXXXXXXX` in the
 //! node's namespace with `fe80::1/64`, `proxy_arp` and forwarding, the peer
 //! named `ifName` in the pod with its addresses (no DAD) and default routes via
-//! `fe80::1` and `169.254.1.1`, `/128` and `/32` host routes, ECMP routes for
+//! `fe80::1` and `169.254.1.1` (or, for a secondary network's attachment, routes for its own
+//! space only), `/128` and `/32` host routes, ECMP routes for
 //! anycast addresses and blackholes for the node CIDRs.
 //!
 //! Everything is idempotent: [`setup`] twice yields the same state,
@@ -16,7 +17,7 @@
 // Modules, each using only those listed before it: error; nl and ns (netlink requests, the
 // one place that enters namespaces); host (veth names, the node's links and blackholes);
 // anycast (ECMP routes over pods' host veths); pod (one attachment: setup, check, detach,
-// teardown).
+// teardown); uplink (the node's interface toward its BGP neighbor).
 mod anycast;
 mod check;
 mod error;
@@ -24,6 +25,7 @@ mod host;
 mod nl;
 mod ns;
 mod pod;
+mod uplink;
 
 pub use anycast::{AnycastMember, sync_anycast};
 pub use check::{Mismatch, Side, check};
@@ -35,6 +37,7 @@ pub use host::{
 pub use nl::RouteSpec;
 pub use ns::{NodeNs, NsTarget, blocking_in_netns};
 pub use pod::{GATEWAY4, GATEWAY6, PodSpec, SetupOutcome, SetupTiming, detach, setup, teardown};
+pub use uplink::{Toward, Uplink, uplink};
 
 #[cfg(test)]
 mod tests {
@@ -80,6 +83,8 @@ mod tests {
             mtu: 1500,
             addresses: vec!["2001:db8::1/128".parse().unwrap()],
             anycast: vec![],
+            default_route: true,
+            routes: vec![],
         };
         let routes: Vec<String> = spec.pod_routes().iter().map(|r| r.to_string()).collect();
         assert_eq!(routes, ["default via fe80::1 dev eth0"]);
@@ -99,5 +104,43 @@ mod tests {
             spec.host_routes()[0].to_string(),
             format!("10.1.0.5/32 dev {}", host_ifname("c", "eth0", 0))
         );
+    }
+
+    #[test]
+    fn a_secondary_attachment_routes_only_its_space() {
+        let spec = PodSpec {
+            container_id: "c".into(),
+            host_if: host_ifname("c", "net1", 0),
+            netns: "/run/netns/x".into(),
+            if_name: "net1".into(),
+            mtu: 1500,
+            addresses: vec![
+                "2001:db8:5::7/128".parse().unwrap(),
+                "10.245.1.7/32".parse().unwrap(),
+            ],
+            anycast: vec![],
+            default_route: false,
+            routes: vec![
+                "2001:db8:5::/48".parse().unwrap(),
+                "10.245.0.0/16".parse().unwrap(),
+                "10.246.0.0/16".parse().unwrap(),
+            ],
+        };
+        let routes: Vec<String> = spec.pod_routes().iter().map(|r| r.to_string()).collect();
+        // no default route, and no link route to 169.254.1.1 (eth0's): the gateway on-link
+        assert_eq!(
+            routes,
+            [
+                "2001:db8:5::/48 via fe80::1 dev net1",
+                "10.245.0.0/16 via 169.254.1.1 dev net1 onlink",
+                "10.246.0.0/16 via 169.254.1.1 dev net1 onlink",
+            ]
+        );
+        // a family the attachment has no address of gets no routes
+        let v6_only = PodSpec {
+            addresses: vec!["2001:db8:5::7/128".parse().unwrap()],
+            ..spec
+        };
+        assert_eq!(v6_only.pod_routes().len(), 1);
     }
 }

@@ -86,6 +86,17 @@ pub(crate) async fn link_by_name(h: &Handle, ns: &str, name: &str) -> Result<Opt
     }
 }
 
+/// The link with this index, if there is one.
+pub(crate) async fn link_by_index(h: &Handle, ns: &str, index: u32) -> Result<Option<Link>> {
+    let mut stream = h.link().get().match_index(index).execute();
+    match stream.try_next().await {
+        Ok(Some(msg)) => Ok(Some(parse_link(&msg))),
+        Ok(None) => Ok(None),
+        Err(e) if nl_errno(&e) == Some(ENODEV) => Ok(None),
+        Err(source) => Err(Error::link("look up", index.to_string(), ns, source)),
+    }
+}
+
 /// Every link of the namespace.
 pub(crate) async fn links(h: &Handle, ns: &str) -> Result<Vec<Link>> {
     h.link()
@@ -343,6 +354,8 @@ pub struct RouteSpec {
     pub gateway: Option<IpAddr>,
     /// Output interface name.
     pub dev: String,
+    /// The gateway is on the link whatever the link's addresses and routes say (`onlink`).
+    pub onlink: bool,
 }
 
 impl std::fmt::Display for RouteSpec {
@@ -355,11 +368,15 @@ impl std::fmt::Display for RouteSpec {
         if let Some(gw) = self.gateway {
             write!(f, " via {gw}")?;
         }
-        write!(f, " dev {}", self.dev)
+        write!(f, " dev {}", self.dev)?;
+        if self.onlink {
+            f.write_str(" onlink")?;
+        }
+        Ok(())
     }
 }
 
-fn base_message(dst: IpNet) -> RouteMessage {
+pub(crate) fn base_message(dst: IpNet) -> RouteMessage {
     let mut m = match dst {
         IpNet::V4(n) => RouteMessageBuilder::<Ipv4Addr>::new()
             .destination_prefix(n.addr(), n.prefix_len())
@@ -385,6 +402,9 @@ pub(crate) async fn route_replace(
 ) -> Result<()> {
     let mut m = base_message(spec.dst);
     m.attributes.push(RouteAttribute::Oif(index));
+    if spec.onlink {
+        m.header.flags |= netlink_packet_route::route::RouteFlags::Onlink;
+    }
     match spec.gateway {
         Some(gw) => m.attributes.push(RouteAttribute::Gateway(gw.into())),
         None if spec.dst.addr().is_ipv4() => m.header.scope = RouteScope::Link,

@@ -49,6 +49,18 @@ pub struct PodSpec {
     /// Anycast addresses: on the pod's `lo`, routed by one ECMP host route
     /// per address over every local pod carrying it.
     pub anycast: Vec<IpAddr>,
+    /// Whether the pod's default routes go through this interface: true for the cluster
+    /// network's attachment, false for a secondary network's, which routes only [`routes`]
+    /// (two attachments with default routes replace each other's, and the last one wins).
+    ///
+    /// [`routes`]: PodSpec::routes
+    pub default_route: bool,
+    /// Destinations routed through this interface besides the default routes: a secondary
+    /// network's address space. Each goes via the gateway of its family (`fe80::1`, or
+    /// `169.254.1.1` on-link, so no link route to the gateway is needed on this interface:
+    /// the cluster network's interface holds that one). Only those of the pod's families
+    /// are installed.
+    pub routes: Vec<IpNet>,
 }
 
 impl PodSpec {
@@ -87,28 +99,40 @@ impl PodSpec {
         Ok(())
     }
 
-    /// The pod's routes (only for the families it has addresses of).
+    /// The pod's routes (only for the families it has addresses of): the default routes when
+    /// it has them, and [`PodSpec::routes`].
     pub fn pod_routes(&self) -> Vec<RouteSpec> {
         let dev = self.if_name.clone();
         let mut out = Vec::new();
-        if self.has_v6() {
-            out.push(RouteSpec {
-                dst: IpNet::V6(Default::default()),
-                gateway: Some(IpAddr::V6(GATEWAY6)),
-                dev: dev.clone(),
-            });
+        let via = |dst: IpNet, onlink: bool| RouteSpec {
+            dst,
+            gateway: Some(match dst {
+                IpNet::V6(_) => IpAddr::V6(GATEWAY6),
+                IpNet::V4(_) => IpAddr::V4(GATEWAY4),
+            }),
+            dev: dev.clone(),
+            onlink,
+        };
+        if self.default_route {
+            if self.has_v6() {
+                out.push(via(IpNet::V6(Default::default()), false));
+            }
+            if self.has_v4() {
+                out.push(RouteSpec {
+                    dst: IpNet::from(IpAddr::V4(GATEWAY4)),
+                    gateway: None,
+                    dev: dev.clone(),
+                    onlink: false,
+                });
+                out.push(via(IpNet::V4(Default::default()), false));
+            }
         }
-        if self.has_v4() {
-            out.push(RouteSpec {
-                dst: IpNet::from(IpAddr::V4(GATEWAY4)),
-                gateway: None,
-                dev: dev.clone(),
-            });
-            out.push(RouteSpec {
-                dst: IpNet::V4(Default::default()),
-                gateway: Some(IpAddr::V4(GATEWAY4)),
-                dev,
-            });
+        for dst in &self.routes {
+            match dst {
+                IpNet::V6(_) if self.has_v6() => out.push(via(*dst, false)),
+                IpNet::V4(_) if self.has_v4() => out.push(via(*dst, !self.default_route)),
+                _ => {}
+            }
         }
         out
     }
@@ -122,6 +146,7 @@ impl PodSpec {
                 dst: IpNet::from(a.addr()),
                 gateway: None,
                 dev: dev.clone(),
+                onlink: false,
             })
             .collect()
     }

@@ -24,6 +24,8 @@ fn spec(pod: &Netns, i: usize) -> PodSpec {
                 .unwrap(),
         ],
         anycast: vec!["10.100.7.1".parse().unwrap()],
+        default_route: true,
+        routes: vec![],
     }
 }
 

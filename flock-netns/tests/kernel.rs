@@ -4,9 +4,9 @@
 #![cfg(feature = "root-tests")]
 
 use flock_netns::{
-    AnycastMember, Mismatch, NodeNs, PodSpec, RouteSpec, Side, check, ensure_blackholes,
-    host_ifname, host_routes, list_host_ifaces, remove_blackhole, remove_host_iface, setup,
-    sync_anycast, teardown,
+    AnycastMember, Mismatch, NodeNs, PodSpec, RouteSpec, Side, Toward, Uplink, check,
+    ensure_blackholes, host_ifname, host_routes, list_host_ifaces, remove_blackhole,
+    remove_host_iface, setup, sync_anycast, teardown, uplink,
 };
 use flock_testkit::Netns;
 use ipnet::IpNet;
@@ -21,6 +21,8 @@ fn spec(pod: &Netns, id: &str, addrs: &[&str], anycast: &[&str]) -> PodSpec {
         mtu: 1500,
         addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
         anycast: anycast.iter().map(|a| a.parse().unwrap()).collect(),
+        default_route: true,
+        routes: vec![],
     }
 }
 
@@ -215,6 +217,7 @@ async fn check_reports_each_difference_precisely() {
                 dst: net("10.244.3.7/32"),
                 gateway: None,
                 dev: host_if.clone(),
+                onlink: false,
             },
         }]
     );
@@ -551,8 +554,10 @@ async fn errors_name_the_namespace_and_interface() {
     assert!(list_host_ifaces(&node).await.unwrap().is_empty());
 }
 
-/// Two attachments of one container (two networks, or Multus): `eth0` and `net1` in the same
-/// pod namespace get two host veths, and tearing one down leaves the other.
+/// Two attachments of one container (the cluster network and a secondary one, as Multus
+/// makes them): `eth0` and `net1` in the same pod namespace get two host veths, only `eth0`
+/// carries the default routes, `net1` routes its own space, CHECK of each passes, and tearing
+/// one down leaves the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_attachments_of_one_container_coexist_and_tear_down_alone() {
     let node_ns = Netns::new("node");
@@ -567,7 +572,9 @@ async fn two_attachments_of_one_container_coexist_and_tear_down_alone() {
     let net1 = PodSpec {
         if_name: "net1".into(),
         host_if: host_ifname("ctr-multi", "net1", 0),
-        addresses: vec![net("2001:db8:8::2/128")],
+        addresses: vec![net("2001:db8:5:1::2/128"), net("10.245.1.2/32")],
+        default_route: false,
+        routes: vec![net("2001:db8:5::/48"), net("10.245.0.0/16")],
         ..eth0.clone()
     };
     assert_ne!(eth0.host_if, net1.host_if);
@@ -587,48 +594,66 @@ async fn two_attachments_of_one_container_coexist_and_tear_down_alone() {
     let mut want = vec![eth0.host_if.clone(), net1.host_if.clone()];
     want.sort();
     assert_eq!(names, want);
+    // each attachment's CHECK passes: net1 took none of eth0's routes
     assert_eq!(check(&node, &net1).await.unwrap(), vec![]);
-    // Both attachments want the pod's default routes; the last setup's win (`replace`), so
-    // CHECK of the first reports its default route, and only that. Which attachment carries
-    // the default route is the caller's choice, not this crate's.
-    assert_eq!(
-        check(&node, &eth0).await.unwrap(),
-        vec![Mismatch::RouteMissing {
-            side: Side::Pod,
-            route: eth0.pod_routes()[0].clone(),
-        }]
+    assert_eq!(check(&node, &eth0).await.unwrap(), vec![]);
+    for family in ["-6", "-4"] {
+        let routes = pod.ok(["ip", family, "route"]);
+        let defaults: Vec<&str> = routes
+            .lines()
+            .filter(|l| l.starts_with("default"))
+            .collect();
+        assert_eq!(defaults.len(), 1, "one default route: {routes}");
+        assert!(defaults[0].contains("dev eth0"), "{routes}");
+    }
+    let routes4 = pod.ok(["ip", "-4", "route"]);
+    assert!(
+        routes4
+            .lines()
+            .any(|l| l.starts_with("10.245.0.0/16 via 169.254.1.1 dev net1 ")
+                && l.contains(" onlink")),
+        "{routes4}"
+    );
+    let routes6 = pod.ok(["ip", "-6", "route"]);
+    assert!(
+        routes6.contains("2001:db8:5::/48 via fe80::1 dev net1"),
+        "{routes6}"
     );
     let host6 = node_ns.ok(["ip", "-6", "route"]);
     for (addr, host_if) in [
         ("2001:db8:8::1", &eth0.host_if),
-        ("2001:db8:8::2", &net1.host_if),
+        ("2001:db8:5:1::2", &net1.host_if),
     ] {
         assert!(host6.contains(&format!("{addr} dev {host_if}")), "{host6}");
     }
     assert!(pod.pings("fe80::1%eth0") && pod.pings("fe80::1%net1"));
+    // the secondary space leaves through net1 (from its address), the rest through eth0
+    let get = pod.ok(["ip", "route", "get", "10.245.2.9"]);
+    assert!(
+        get.contains("dev net1") && get.contains("src 10.245.1.2"),
+        "{get}"
+    );
+    let get = pod.ok(["ip", "route", "get", "10.99.0.1"]);
+    assert!(
+        get.contains("dev eth0") && get.contains("src 10.244.8.1"),
+        "{get}"
+    );
 
     teardown(&node, &net1).await.unwrap();
     let left = list_host_ifaces(&node).await.unwrap();
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].name, eth0.host_if);
     assert!(!pod.ok(["ip", "link"]).contains("net1"));
-    // eth0's link, addresses and host routes are untouched
-    let addrs = pod.ok(["ip", "addr", "show", "dev", "eth0"]);
-    assert!(
-        addrs.contains("2001:db8:8::1/128") && addrs.contains("10.244.8.1/32"),
-        "{addrs}"
-    );
-    let host6 = node_ns.ok(["ip", "-6", "route"]);
-    assert!(!host6.contains("2001:db8:8::2"), "{host6}");
-    assert!(
-        host6.contains(&format!("2001:db8:8::1 dev {}", eth0.host_if)),
-        "{host6}"
-    );
-    assert!(pod.pings("fe80::1%eth0") && pod.pings("169.254.1.1"));
-    // a new setup of eth0 restores its default route
-    setup(&node, &eth0).await.unwrap();
+    // eth0's link, addresses, routes and host routes are untouched
     assert_eq!(check(&node, &eth0).await.unwrap(), vec![]);
+    let host6 = node_ns.ok(["ip", "-6", "route"]);
+    assert!(!host6.contains("2001:db8:5:1::2"), "{host6}");
+    assert!(pod.pings("fe80::1%eth0") && pod.pings("169.254.1.1"));
+    // net1 set up again, then eth0 torn down: net1 keeps its routes and passes CHECK
+    setup(&node, &net1).await.unwrap();
     teardown(&node, &eth0).await.unwrap();
+    assert_eq!(check(&node, &net1).await.unwrap(), vec![]);
+    teardown(&node, &net1).await.unwrap();
     assert!(list_host_ifaces(&node).await.unwrap().is_empty());
 }
 
@@ -664,4 +689,82 @@ async fn the_recorded_host_name_is_used_as_given() {
     assert!(e.to_string().contains("veth1234"), "{e}");
     assert_eq!(list_host_ifaces(&node).await.unwrap().len(), 1);
     teardown(&node, &first).await.unwrap();
+}
+
+/// The uplink is the interface of the route to the neighbor, with its MTU: a veth of MTU 1400
+/// standing for a bond or a VLAN, found by the route and not by its name; an unnumbered
+/// session's interface by name; nothing where no route leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_uplink_is_the_route_to_the_neighbor() {
+    let node_ns = Netns::new("node");
+    let peer = Netns::new("peer");
+    let node = NodeNs::at(node_ns.path());
+    node_ns.ok([
+        "ip",
+        "link",
+        "add",
+        "bond0.7",
+        "mtu",
+        "1400",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "up0",
+        "netns",
+        peer.name(),
+    ]);
+    node_ns.ok(["ip", "link", "set", "bond0.7", "up"]);
+    node_ns.ok([
+        "ip",
+        "addr",
+        "add",
+        "2001:db8:f9::2/64",
+        "dev",
+        "bond0.7",
+        "nodad",
+    ]);
+    node_ns.ok(["ip", "addr", "add", "10.250.0.2/30", "dev", "bond0.7"]);
+    let found = uplink(&node, Toward::Address("2001:db8:f9::1".parse().unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(
+        found,
+        Some(Uplink {
+            name: "bond0.7".into(),
+            mtu: 1400
+        })
+    );
+    let found = uplink(&node, Toward::Address("10.250.0.1".parse().unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(found.map(|u| u.mtu), Some(1400));
+    // a neighbor behind a gateway: the interface the route leaves through
+    node_ns.ok([
+        "ip",
+        "route",
+        "add",
+        "2001:db8:77::/48",
+        "via",
+        "2001:db8:f9::1",
+    ]);
+    let found = uplink(&node, Toward::Address("2001:db8:77::5".parse().unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(found.map(|u| u.name), Some("bond0.7".into()));
+    // the MTU is read each time: a change shows at once
+    node_ns.ok(["ip", "link", "set", "bond0.7", "mtu", "1380"]);
+    let found = uplink(&node, Toward::Interface("bond0.7")).await.unwrap();
+    assert_eq!(found.map(|u| u.mtu), Some(1380));
+    // no route, no such interface
+    assert_eq!(
+        uplink(&node, Toward::Address("2001:db8:99::1".parse().unwrap()))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        uplink(&node, Toward::Interface("nothere")).await.unwrap(),
+        None
+    );
 }

@@ -70,6 +70,8 @@ async fn make_pod(node: &NodeNs, id: &str, last: u8, labels: &[(&str, &str)]) ->
                 format!("{v4}/32").parse().unwrap(),
             ],
             anycast: vec![],
+            default_route: true,
+            routes: vec![],
         },
     )
     .await

@@ -20,6 +20,8 @@ fn spec() -> PodSpec {
         mtu: 1500,
         addresses: vec![net("2001:db8:1::5/128"), net("10.1.0.5/32")],
         anycast: vec!["2001:db8:53::53".parse().unwrap()],
+        default_route: true,
+        routes: vec![],
     }
 }
 
@@ -149,7 +151,8 @@ fn each_difference_is_named_with_its_side() {
                 route: RouteSpec {
                     dst: net("0.0.0.0/0"),
                     gateway: Some(IpAddr::V4(Ipv4Addr::new(169, 254, 1, 1))),
-                    dev: "eth0".into()
+                    dev: "eth0".into(),
+                    onlink: false,
                 }
             },
         ]

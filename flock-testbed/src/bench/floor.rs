@@ -195,6 +195,8 @@ pub(super) fn floor_spec(i: usize, netns: std::path::PathBuf) -> PodSpec {
                 .expect("v4"),
         ],
         anycast: vec![],
+        default_route: true,
+        routes: vec![],
     }
 }
 

@@ -154,6 +154,8 @@ fn parse_handoff_line(line: &str) -> Result<PodSpec> {
         mtu: 1500,
         addresses,
         anycast: vec![],
+        default_route: true,
+        routes: vec![],
     })
 }
 
