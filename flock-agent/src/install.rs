@@ -102,8 +102,8 @@ pub struct InstallPlan {
     pub agent_socket: PathBuf,
     /// Where the shim queues a DEL the agent may not have completed: the agent's DEL queue.
     pub del_queue_dir: PathBuf,
-    /// The MTU of pod interfaces.
-    pub mtu: u32,
+    /// The MTU of pod interfaces; `None`: the agent takes the uplink's.
+    pub mtu: Option<u32>,
     /// The reference plugins chained after flock, in this order; each must be in `bin_dir`.
     pub chain: Vec<Chained>,
 }
@@ -139,13 +139,16 @@ pub fn conflist(plan: &InstallPlan) -> serde_json::Value {
         .filter(|v| **v >= plan.cni_version)
         .map(CniVersion::to_string)
         .collect();
-    let mut plugins = vec![json!({
+    let mut flock = json!({
         "type": "flock",
         "agentSocket": plan.agent_socket,
         "delQueueDir": plan.del_queue_dir,
-        "mtu": plan.mtu,
         "capabilities": { "io.kubernetes.cri.pod-annotations": true }
-    })];
+    });
+    if let Some(mtu) = plan.mtu {
+        flock["mtu"] = mtu.into();
+    }
+    let mut plugins = vec![flock];
     plugins.extend(plan.chain.iter().map(|c| c.config()));
     json!({
         "cniVersion": plan.cni_version.to_string(),

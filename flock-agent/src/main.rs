@@ -140,9 +140,10 @@ struct InstallArgs {
     /// agent's `run --del-queue-dir`.
     #[arg(long, env = "FLOCK_DEL_QUEUE_DIR")]
     del_queue_dir: Option<PathBuf>,
-    /// The MTU of pod interfaces.
-    #[arg(long, env = "FLOCK_MTU", default_value_t = cni_defaults::DEFAULT_MTU)]
-    mtu: u32,
+    /// The MTU of pod interfaces. Absent: none in the conflist, and the agent gives each new
+    /// pod the MTU of the node's uplink (the interface of its route to the BGP neighbor).
+    #[arg(long, env = "FLOCK_MTU")]
+    mtu: Option<u32>,
     /// The reference plugins to chain after flock, comma-separated, each of which must be in
     /// the CNI binary directory: `portmap` (hostPort), `bandwidth` (the bandwidth
     /// annotations), or `none`.

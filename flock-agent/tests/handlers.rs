@@ -465,6 +465,9 @@ async fn run_steps(steps: Vec<Step>) {
                     host_if: flock_netns::host_ifname(&cid, ifn, 0),
                     host_mac: String::new(),
                     pod_mac: String::new(),
+                    flock_network: None,
+                    default_route: true,
+                    routes: Vec::new(),
                 };
                 store.put(&pending).unwrap();
                 kernel.add_netns(netns_of(&cid));

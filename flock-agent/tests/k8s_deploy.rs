@@ -12,7 +12,7 @@ use flock_agent::install::{
 };
 use flock_cni_proto::{CniVersion, Conflist, NetConf};
 use flock_rpc::FlockNetConf;
-use flock_rpc::defaults::{DEFAULT_AGENT_SOCKET, DEFAULT_DEL_QUEUE_DIR, DEFAULT_MTU};
+use flock_rpc::defaults::{DEFAULT_AGENT_SOCKET, DEFAULT_DEL_QUEUE_DIR};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -440,7 +440,7 @@ fn rbac_grants_exactly_what_the_agent_uses() {
     assert_eq!(subjects[0].namespace, sa.metadata.namespace);
 }
 
-fn plan(root: &Path, mtu: u32) -> InstallPlan {
+fn plan(root: &Path, mtu: Option<u32>) -> InstallPlan {
     let shim = root.join("build/flock");
     std::fs::create_dir_all(shim.parent().expect("dir")).expect("mkdir");
     std::fs::write(&shim, b"#!/bin/sh\necho stand-in shim\n").expect("shim");
@@ -480,7 +480,7 @@ fn names(dir: &Path) -> Vec<String> {
 #[test]
 fn install_cni_conflist_snapshot() {
     let root = tempfile::tempdir().expect("tmp");
-    let plan = plan(root.path(), 1500);
+    let plan = plan(root.path(), Some(1500));
     install(&plan).expect("install");
     let text = std::fs::read_to_string(plan.conf_dir.join(CONFLIST_NAME)).expect("conflist");
     let parsed: serde_json::Value = serde_json::from_str(&text).expect("json");
@@ -493,7 +493,7 @@ fn install_cni_conflist_snapshot() {
 #[test]
 fn installed_conflist_runs_in_1_0_0_under_containerd_1_6_and_1_1_0_where_known() {
     let root = tempfile::tempdir().expect("tmp");
-    let plan = plan(root.path(), 1500);
+    let plan = plan(root.path(), Some(1500));
     install(&plan).expect("install");
     let text = std::fs::read(plan.conf_dir.join(CONFLIST_NAME)).expect("conflist");
     let list = Conflist::from_slice(&text).expect("a valid conflist");
@@ -507,7 +507,7 @@ fn installed_conflist_runs_in_1_0_0_under_containerd_1_6_and_1_1_0_where_known()
     let flock = FlockNetConf::from_netconf(&conf).expect("flock's config");
     assert_eq!(flock.agent_socket, Path::new(DEFAULT_AGENT_SOCKET));
     assert_eq!(flock.del_queue_dir, Path::new(DEFAULT_DEL_QUEUE_DIR));
-    assert_eq!(flock.mtu, DEFAULT_MTU);
+    assert_eq!(flock.mtu, Some(1500));
 }
 
 /// Until the agent's `run` flags take their defaults from `flock_rpc::defaults`, they
@@ -553,8 +553,10 @@ fn install_cni_flags_set_the_version_and_the_del_queue() {
     let root = tempfile::tempdir().expect("tmp");
     let out = install_cni(root.path(), &[], &[]);
     assert!(out.status.success(), "{out:?}");
-    let defaults_plan = plan(root.path(), DEFAULT_MTU);
+    let defaults_plan = plan(root.path(), None);
     assert_eq!(installed(root.path()), conflist(&defaults_plan));
+    // no mtu: the agent gives pods the uplink's
+    assert!(installed(root.path())["plugins"][0].get("mtu").is_none());
     assert_eq!(installed(root.path())["cniVersion"], "1.0.0");
     assert_eq!(
         installed(root.path())["cniVersions"],
@@ -657,7 +659,7 @@ fn install_cni_flags_set_the_version_and_the_del_queue() {
 #[test]
 fn install_cni_refuses_a_chain_whose_plugin_the_node_lacks() {
     let root = tempfile::tempdir().expect("tmp");
-    let good = plan(root.path(), 1500);
+    let good = plan(root.path(), Some(1500));
     std::fs::remove_file(good.bin_dir.join("portmap")).expect("remove portmap");
     let e = install(&good).expect_err("portmap is missing");
     let missing = good.bin_dir.join("portmap");
@@ -742,7 +744,7 @@ fn install_cni_refuses_what_the_shim_would_refuse_and_writes_nothing() {
 #[test]
 fn install_failures_are_install_errors_naming_the_step_and_path() {
     let root = tempfile::tempdir().expect("tmp");
-    let good = plan(root.path(), 1500);
+    let good = plan(root.path(), Some(1500));
     let in_the_way = root.path().join("a-file");
     std::fs::write(&in_the_way, b"").expect("file");
     let taken = root.path().join("taken");
@@ -795,7 +797,7 @@ fn install_cni_twice_is_idempotent_and_leaves_no_temporary_file() {
         tempfile::tempdir().expect("tmp"),
         tempfile::tempdir().expect("tmp"),
     );
-    let (pa, pb) = (plan(a.path(), 1500), plan(b.path(), 1500));
+    let (pa, pb) = (plan(a.path(), Some(1500)), plan(b.path(), Some(1500)));
     let first = install(&pa).expect("install");
     let conf = std::fs::read(pa.conf_dir.join(CONFLIST_NAME)).expect("conf");
     let shim = std::fs::read(pa.bin_dir.join("flock")).expect("shim");
@@ -834,7 +836,7 @@ fn install_cni_twice_is_idempotent_and_leaves_no_temporary_file() {
 #[test]
 fn install_cni_replaces_files_by_rename_never_in_place() {
     let root = tempfile::tempdir().expect("tmp");
-    let old_plan = plan(root.path(), 1500);
+    let old_plan = plan(root.path(), Some(1500));
     install(&old_plan).expect("install");
     let conf_path = old_plan.conf_dir.join(CONFLIST_NAME);
     let shim_path = old_plan.bin_dir.join("flock");
@@ -847,7 +849,7 @@ fn install_cni_replaces_files_by_rename_never_in_place() {
     );
     let expected_old = std::fs::read_to_string(&conf_path).expect("read");
     let new_plan = InstallPlan {
-        mtu: 9000,
+        mtu: Some(9000),
         ..old_plan.clone()
     };
     std::fs::write(

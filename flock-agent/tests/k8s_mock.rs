@@ -199,6 +199,9 @@ fn record(id: &str, v6: &str, v4: Option<&str>) -> AllocationRecord {
         host_if: format!("flock{id}"),
         host_mac: String::new(),
         pod_mac: String::new(),
+        flock_network: None,
+        default_route: true,
+        routes: Vec::new(),
     }
 }
 

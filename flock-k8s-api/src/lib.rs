@@ -24,12 +24,12 @@ pub mod settings;
 
 pub use nodeconfig::{
     BgpPeering, BgpSpec, BgpTimers, FamilyDefaults, GracefulRestartSpec, IP_ALGO_ANNOTATION,
-    NeighborSpec, NeighborStatus, NodeConfig, NodeConfigSpec, NodeConfigStatus, SecretKeyRef,
-    ServicesSpec,
+    NeighborSpec, NeighborStatus, NetworkSpec, NodeConfig, NodeConfigSpec, NodeConfigStatus,
+    SecretKeyRef, ServicesSpec,
 };
 pub use nodepool::{NodePool, NodePoolSpec, NodePoolStatus, PoolServicesSpec, PrefixCounts};
 #[cfg(feature = "settings")]
-pub use settings::{NodeSettings, router_id};
+pub use settings::{NodeSettings, SecondaryNetwork, router_id};
 
 /// The label that marks a NodeConfig as written by the pool controller (with [`MANAGED_BY`]).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";

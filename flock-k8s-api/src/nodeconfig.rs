@@ -43,6 +43,35 @@ pub struct NodeConfigSpec {
     /// Which Service addresses the node may announce (docs/services.md). Absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub services: Option<ServicesSpec>,
+    /// Secondary networks (docs/multus.md): address spaces of their own, which a network
+    /// configuration with `"network": NAME` (a NetworkAttachmentDefinition's) attaches a pod
+    /// to beside the cluster network.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<NetworkSpec>,
+}
+
+/// One secondary network of a node (`spec.networks[]`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct NetworkSpec {
+    /// Its name, as the network configuration's `network` names it (a DNS label).
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// This node's IPv6 part of the network's space; either CIDR may be absent, not both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"), extend("format" = "cidr"))]
+    pub cidr6: Option<String>,
+    /// This node's IPv4 part of the network's space.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$"), extend("format" = "cidr"))]
+    pub cidr4: Option<String>,
+    /// What a pod routes through its interface on this network: the whole space (every
+    /// node's CIDRs), and whatever else the network reaches. Absent: this node's CIDRs only.
+    /// A pod's default routes stay the cluster network's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<String>,
+    /// Whether the node announces the network's CIDRs over BGP (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announce: Option<bool>,
 }
 
 /// `spec.services` of a NodeConfig or a NodePool: the ranges Service addresses may come

@@ -12,7 +12,8 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/flock";
 pub const DEL_QUEUE_SUBDIR: &str = "del-queue";
 /// The DEL queue (`delQueueDir`): [`DEL_QUEUE_SUBDIR`] of [`DEFAULT_STATE_DIR`].
 pub const DEFAULT_DEL_QUEUE_DIR: &str = "/var/lib/flock/del-queue";
-/// The pod interfaces' MTU (`mtu`).
+/// The pod interfaces' MTU when the network configuration has no `mtu` and the node's uplink
+/// cannot be found.
 pub const DEFAULT_MTU: u32 = 1500;
 /// How long ADD and CHECK wait for an agent that is not listening (`agentWaitSeconds`): an
 /// agent being upgraded or restarted is back within seconds, and a sandbox that waits for it

@@ -9,8 +9,7 @@ use flock_cni_proto::{CniVersion, NetConf};
 use serde_json::Value;
 
 use crate::defaults::{
-    DEFAULT_AGENT_SOCKET, DEFAULT_AGENT_WAIT_SECONDS, DEFAULT_DEL_QUEUE_DIR, DEFAULT_MTU,
-    MAX_AGENT_WAIT_SECONDS,
+    DEFAULT_AGENT_SOCKET, DEFAULT_AGENT_WAIT_SECONDS, DEFAULT_DEL_QUEUE_DIR, MAX_AGENT_WAIT_SECONDS,
 };
 
 /// The `type` flock's shim is installed as.
@@ -27,8 +26,9 @@ pub struct FlockNetConf {
     pub name: String,
     /// `agentSocket`: where the agent listens.
     pub agent_socket: PathBuf,
-    /// `mtu`: the pod interfaces' MTU, 68..=65535.
-    pub mtu: u32,
+    /// `mtu`: the pod interfaces' MTU, 68..=65535; absent: the agent takes the MTU of the
+    /// node's uplink (the interface its route to the BGP neighbor leaves through).
+    pub mtu: Option<u32>,
     /// `delQueueDir`: where undeliverable DELs wait for the agent.
     pub del_queue_dir: PathBuf,
     /// `agentWaitSeconds`: how long ADD and CHECK wait for an agent that does not listen.
@@ -38,6 +38,12 @@ pub struct FlockNetConf {
     /// `runtimeConfig["io.kubernetes.cri.pod-annotations"]` when the runtime
     /// passed it.
     pub pod_annotations: Option<BTreeMap<String, String>>,
+    /// `network`: the secondary network (a NodeConfig's `spec.networks[].name`) this
+    /// attachment's addresses come from; absent: the cluster network.
+    pub network: Option<String>,
+    /// `routes`: more destinations a secondary network's attachment routes, as written (the
+    /// agent checks them against the node's CIDRs).
+    pub routes: Vec<String>,
 }
 
 impl FlockNetConf {
@@ -65,9 +71,9 @@ impl FlockNetConf {
         let agent_socket = path("agentSocket", DEFAULT_AGENT_SOCKET)?;
         let del_queue_dir = path("delQueueDir", DEFAULT_DEL_QUEUE_DIR)?;
         let mtu = match conf.extra.get("mtu") {
-            None => DEFAULT_MTU,
+            None | Some(Value::Null) => None,
             Some(v) => match v.as_u64() {
-                Some(n @ 68..=65535) => n as u32,
+                Some(n @ 68..=65535) => Some(n as u32),
                 _ => {
                     return Err(invalid(format!(
                         "invalid mtu {v}: expected an integer in 68..=65535"
@@ -110,6 +116,42 @@ impl FlockNetConf {
                 ))
             })?),
         };
+        let network = match conf.extra.get("network") {
+            None | Some(Value::Null) => None,
+            // whether the node has it is the agent's to say
+            Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "invalid network {other}: expected the name of one of the node's \
+                     networks (a NodeConfig's spec.networks[].name)"
+                )));
+            }
+        };
+        let routes = match conf.extra.get("routes") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(list)) if network.is_some() => list
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::String(s) => Ok(s.clone()),
+                    other => Err(invalid(format!(
+                        "invalid routes[{i}] {other}: expected a CIDR string"
+                    ))),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(Value::Array(_)) => {
+                return Err(invalid(
+                    "routes is for a secondary network (with \"network\"): the cluster \
+                     network's pods route everything through it already"
+                        .into(),
+                ));
+            }
+            Some(other) => {
+                return Err(invalid(format!(
+                    "invalid routes {other}: expected a list of CIDRs"
+                )));
+            }
+        };
         Ok(FlockNetConf {
             cni_version: conf.cni_version,
             name: conf.name.clone(),
@@ -119,6 +161,8 @@ impl FlockNetConf {
             agent_wait,
             annotations,
             pod_annotations,
+            network,
+            routes,
         })
     }
 }
@@ -150,7 +194,7 @@ mod tests {
         .unwrap();
         assert_eq!(f.agent_socket, PathBuf::from(DEFAULT_AGENT_SOCKET));
         assert_eq!(f.del_queue_dir, PathBuf::from(DEFAULT_DEL_QUEUE_DIR));
-        assert_eq!(f.mtu, 1500);
+        assert_eq!(f.mtu, None);
         assert!(f.annotations.is_empty() && f.pod_annotations.is_none());
 
         let f = FlockNetConf::from_netconf(&conf(json!({
@@ -160,7 +204,7 @@ mod tests {
             "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"a": "b"}}
         })))
         .unwrap();
-        assert_eq!(f.mtu, 68);
+        assert_eq!(f.mtu, Some(68));
         assert_eq!(f.agent_socket, PathBuf::from("/tmp/a.sock"));
         assert_eq!(f.annotations["flock.fritzlab.net/ip"], "2001:db8::7");
         assert_eq!(f.pod_annotations.unwrap()["a"], "b");

@@ -21,6 +21,9 @@ use crate::pods::PodInfo;
 use crate::store::{AllocationRecord, AttachmentKey, PodRef, RecordState, STORE_FORMAT};
 use flock_k8s_api::NodeSettings;
 
+/// How long the uplink's MTU is taken as read ([`Agent::uplink_mtu`]).
+pub const UPLINK_MTU_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How many host veth names an attachment may try before ADD gives up (each a different
 /// FNV-1a 32 hash: a collision with a live attachment is about one in 4·10⁹ per pair).
 pub const HOST_IF_ATTEMPTS: u32 = 16;
@@ -59,10 +62,99 @@ pub struct NewAttachment<'a> {
     pub host_if: String,
     /// The kernel's boot ID.
     pub boot_id: &'a str,
+    /// The MTU of the veth pair.
+    pub mtu: u32,
+    /// Where the addresses come from and what the pod routes through the attachment.
+    pub routing: Routing,
+}
+
+/// The network an attachment is on, and what the pod routes through it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Routing {
+    /// The cluster network: the pod's default routes.
+    Cluster,
+    /// A secondary network (its name): only these destinations.
+    Secondary {
+        /// `spec.networks[].name`.
+        network: String,
+        /// The network's routes, then the configuration's.
+        routes: Vec<ipnet::IpNet>,
+    },
+}
+
+/// The network a configuration names, resolved against the node's settings: the cluster
+/// network, or one of `spec.networks` with its routes and the configuration's own `routes`
+/// (each refused when it overlaps the cluster network's node CIDRs). Errors are CNI error 7
+/// naming the field and the value.
+pub fn routing(conf: &FlockNetConf, settings: &NodeSettings) -> Result<Routing, HandlerError> {
+    let invalid = |msg: String| {
+        HandlerError::Request(flock_cni_proto::CniError::new(
+            flock_cni_proto::ErrorCode::InvalidNetworkConfig,
+            msg,
+        ))
+    };
+    let Some(name) = &conf.network else {
+        return Ok(Routing::Cluster);
+    };
+    let Some(network) = settings.network(name) else {
+        let known: Vec<&str> = settings.networks.iter().map(|n| n.name.as_str()).collect();
+        return Err(invalid(format!(
+            "network {name:?}: node {}'s NodeConfig has no network of that name (it has: {})",
+            settings.node,
+            if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known.join(", ")
+            }
+        )));
+    };
+    let cluster = settings.cluster_cidrs();
+    let mut routes = network.routes.clone();
+    for (i, text) in conf.routes.iter().enumerate() {
+        let route =
+            flock_k8s_api::settings::secondary_route(&format!("routes[{i}]"), text, &cluster)
+                .map_err(|e| invalid(e.to_string()))?;
+        if !routes.contains(&route) {
+            routes.push(route);
+        }
+    }
+    Ok(Routing::Secondary {
+        network: name.clone(),
+        routes,
+    })
+}
+
+/// The allocation request of a secondary network's attachment: the families the network has
+/// CIDRs of, the pod's `ip-algo` (a workload keeps its prefix on every network), nothing
+/// else of its annotations (anycast and fixed addresses are the cluster network's).
+pub fn secondary_request(
+    network: &flock_k8s_api::SecondaryNetwork,
+    settings: &NodeSettings,
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Result<flock_ipam::PodRequest, flock_ipam::Error> {
+    let ip_algo: std::collections::BTreeMap<String, String> = annotations
+        .iter()
+        .filter(|(k, _)| k.as_str() == flock_k8s_api::IP_ALGO_ANNOTATION)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    flock_ipam::PodRequest::from_annotations(
+        &ip_algo,
+        &flock_ipam::NodeDefaults {
+            ipv6: network.cidr6.is_some(),
+            ipv4: network.cidr4.is_some(),
+            ip_algo: settings.ip_algo.clone(),
+            has_cidr6: network.cidr6.is_some(),
+            has_cidr4: network.cidr4.is_some(),
+        },
+    )
 }
 
 /// The pending record of a new attachment.
 pub fn new_record(a: NewAttachment<'_>) -> AllocationRecord {
+    let (flock_network, default_route, routes) = match a.routing {
+        Routing::Cluster => (None, true, Vec::new()),
+        Routing::Secondary { network, routes } => (Some(network), false, routes),
+    };
     AllocationRecord {
         format: STORE_FORMAT,
         state: RecordState::Pending,
@@ -76,10 +168,13 @@ pub fn new_record(a: NewAttachment<'_>) -> AllocationRecord {
         ipv4: a.allocation.ipv4,
         addresses: a.allocation.addresses,
         anycast: a.anycast,
-        mtu: a.conf.mtu,
+        mtu: a.mtu,
         host_if: a.host_if,
         host_mac: String::new(),
         pod_mac: String::new(),
+        flock_network,
+        default_route,
+        routes,
     }
 }
 
@@ -111,10 +206,24 @@ impl Agent {
             .settings_for_add()
             .await
             .ok_or(HandlerError::NoNodeConfig)?;
+        let routing = routing(&conf, &settings)?;
         let args = CniArgs::parse(&req.args)?;
         let pod = self.resolve_pod(&args, &conf, &req.container_id).await?;
-        let request =
-            flock_ipam::PodRequest::from_annotations(&pod.annotations, &node_defaults(&settings))?;
+        let request = match &routing {
+            Routing::Cluster => flock_ipam::PodRequest::from_annotations(
+                &pod.annotations,
+                &node_defaults(&settings),
+            )?,
+            Routing::Secondary { network, .. } => secondary_request(
+                settings.network(network).expect("resolved by routing()"),
+                &settings,
+                &pod.annotations,
+            )?,
+        };
+        let mtu = match conf.mtu {
+            Some(mtu) => mtu,
+            None => self.uplink_mtu(&settings).await,
+        };
         let identity = flock_embed::Identity {
             namespace: &pod.pod.namespace,
             workload: &pod.workload,
@@ -126,9 +235,13 @@ impl Agent {
         let record = {
             let mut state = self.state();
             let host_if = choose_host_if(&key, |name| state.owns_host_if(name))?;
+            let network = match &routing {
+                Routing::Cluster => None,
+                Routing::Secondary { network, .. } => Some(network.as_str()),
+            };
             let allocation = {
                 let mut rng = self.rng.lock().expect("rng lock");
-                state.allocate(&request, &identity, &mut *rng)?
+                state.allocate(network, &request, &identity, &mut *rng)?
             };
             state.claim_host_if(&host_if);
             new_record(NewAttachment {
@@ -144,6 +257,8 @@ impl Agent {
                 anycast: request.anycast.clone(),
                 host_if,
                 boot_id: &self.boot_id,
+                mtu,
+                routing,
             })
         };
         phases.mark("allocate");
@@ -220,6 +335,38 @@ impl Agent {
             return;
         }
         self.state().release_addresses(record);
+    }
+
+    /// The MTU of a new pod whose network configuration sets none: the MTU of the node's
+    /// interface toward its first BGP neighbor (the route to its address, or the interface
+    /// of an unnumbered session), read again at most every [`UPLINK_MTU_TTL`] so a change
+    /// reaches new pods (existing ones keep theirs); [`DEFAULT_MTU`] without BGP or a route.
+    ///
+    /// [`DEFAULT_MTU`]: flock_rpc::defaults::DEFAULT_MTU
+    pub(super) async fn uplink_mtu(&self, settings: &NodeSettings) -> u32 {
+        if let Some((at, mtu)) = *self.uplink_mtu.lock().expect("uplink mtu lock")
+            && at.elapsed() < UPLINK_MTU_TTL
+        {
+            return mtu;
+        }
+        let neighbor = settings.bgp.as_ref().and_then(|b| b.neighbors.first());
+        let toward = neighbor.and_then(|n| match &n.interface {
+            Some(name) => Some(flock_netns::Toward::Interface(name)),
+            None => n.address.parse().ok().map(flock_netns::Toward::Address),
+        });
+        let found = match toward {
+            Some(toward) => match self.kernel.uplink_mtu(toward).await {
+                Ok(found) => found,
+                Err(e) => {
+                    warn!(error = %error::cause_chain(&e), "reading the uplink's MTU failed");
+                    None
+                }
+            },
+            None => None,
+        };
+        let mtu = found.unwrap_or(flock_rpc::defaults::DEFAULT_MTU);
+        *self.uplink_mtu.lock().expect("uplink mtu lock") = Some((std::time::Instant::now(), mtu));
+        mtu
     }
 
     async fn resolve_pod(

@@ -81,6 +81,8 @@ impl Agent {
                 mtu: flock_rpc::defaults::DEFAULT_MTU,
                 addresses: Vec::new(),
                 anycast: Vec::new(),
+                default_route: true,
+                routes: vec![],
             };
             return self
                 .kernel

@@ -78,6 +78,8 @@ pub struct Agent {
     health: Arc<Health>,
     failpoint: Option<String>,
     tracer: Option<Tracer>,
+    /// The uplink's MTU and when it was read ([`Agent::uplink_mtu`]).
+    uplink_mtu: Mutex<Option<(Instant, u32)>>,
 }
 
 /// What [`Agent::start`] needs. The caller (`main`) reads the environment; the agent does not.
@@ -151,24 +153,29 @@ impl Agent {
                 .await
                 .expect("store open task")?
         };
-        let pools = flock_ipam::Pools::new(
-            parts.settings.as_ref().and_then(|s| s.cidr6),
-            parts.settings.as_ref().and_then(|s| s.cidr4),
-        )
-        .map_err(|e| {
+        let refused = |e: flock_ipam::Error| {
             crate::Error::from(flock_k8s_api::Error::InvalidNodeConfig {
                 field: "spec".into(),
                 value: String::new(),
                 reason: e.to_string(),
             })
-        })?;
+        };
+        let pools = flock_ipam::Pools::new(
+            parts.settings.as_ref().and_then(|s| s.cidr6),
+            parts.settings.as_ref().and_then(|s| s.cidr4),
+        )
+        .map_err(refused)?;
+        let mut state = NodeState::new(pools);
+        state
+            .set_networks(parts.settings.as_ref().map_or(&[][..], |s| &s.networks))
+            .map_err(refused)?;
         let agent = Arc::new(Agent {
             boot_id,
             kernel: parts.kernel,
             store,
             settings_known: tokio::sync::watch::Sender::new(parts.settings.is_some()),
             settings: RwLock::new(parts.settings.map(Arc::new)),
-            state: Arc::new(Mutex::new(NodeState::new(pools))),
+            state: Arc::new(Mutex::new(state)),
             locks: Arc::default(),
             rng: Mutex::new(ChaCha12Rng::from_seed(parts.rng_seed)),
             bird: RwLock::new(None),
@@ -181,6 +188,7 @@ impl Agent {
             health: parts.health,
             failpoint: parts.failpoint.filter(|f| !f.is_empty()),
             tracer: parts.tracer,
+            uplink_mtu: Mutex::new(None),
         });
         let report = agent.reconcile_at_start(records).await?;
         agent.restore_policy_pods();
@@ -212,11 +220,12 @@ impl Agent {
         }
     }
 
+    /// The node's CIDRs of every network (cluster and secondary): each gets a blackhole.
     fn node_cidrs(&self) -> Vec<IpNet> {
         let mut v = Vec::new();
         if let Some(s) = self.settings().as_deref() {
-            v.extend(s.cidr6.map(IpNet::V6));
-            v.extend(s.cidr4.map(IpNet::V4));
+            v.extend(s.cluster_cidrs());
+            v.extend(s.networks.iter().flat_map(|n| n.cidrs()));
         }
         v
     }
@@ -234,10 +243,18 @@ impl Agent {
     /// Replaces the node's settings (a NodeConfig event). Live allocations stay reserved even
     /// when a CIDR changes under them.
     pub async fn set_settings(&self, settings: Option<NodeSettings>) {
-        if let Err(e) = self.state().set_node_cidrs(
-            settings.as_ref().and_then(|s| s.cidr6),
-            settings.as_ref().and_then(|s| s.cidr4),
-        ) {
+        let changed = {
+            let mut state = self.state();
+            state
+                .set_node_cidrs(
+                    settings.as_ref().and_then(|s| s.cidr6),
+                    settings.as_ref().and_then(|s| s.cidr4),
+                )
+                .and_then(|()| {
+                    state.set_networks(settings.as_ref().map_or(&[][..], |s| &s.networks))
+                })
+        };
+        if let Err(e) = changed {
             // NodeSettings were validated with the same rules: this cannot happen, but if
             // it did, the old pools stay in force.
             warn!(error = %e, "new node CIDRs refused by the pools; keeping the old ones");

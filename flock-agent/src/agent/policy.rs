@@ -12,8 +12,13 @@ use super::{Agent, HandlerError, Outcome};
 /// The pod of `record` as the enforcer sees it: every address of the record (its /128,
 /// /32, fixed `addresses`, anycast) with the labels and named ports ADD resolved. `None` for
 /// a record that names no pod (standalone mode, a runtime without `K8S_POD_NAME`): no
-/// NetworkPolicy can select it.
+/// NetworkPolicy can select it; and `None` for a secondary network's attachment: Kubernetes
+/// NetworkPolicy is about the pod's cluster network interface (its `podIPs`), so traffic on
+/// a secondary network is not filtered by it.
 pub fn local_pod(record: &AllocationRecord, info: Option<&PodInfo>) -> Option<LocalPod> {
+    if record.flock_network.is_some() {
+        return None;
+    }
     let pod = record.pod.as_ref()?;
     let mut addresses = record.pooled_addresses();
     addresses.extend(record.anycast.iter().copied());
@@ -85,6 +90,9 @@ mod tests {
             host_if: "flock00000001".into(),
             host_mac: String::new(),
             pod_mac: String::new(),
+            flock_network: None,
+            default_route: true,
+            routes: Vec::new(),
         }
     }
 

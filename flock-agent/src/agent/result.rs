@@ -23,6 +23,8 @@ pub fn pod_spec(record: &AllocationRecord, netns: Option<&str>) -> PodSpec {
         mtu: record.mtu,
         addresses,
         anycast: record.anycast.clone(),
+        default_route: record.default_route,
+        routes: record.routes.clone(),
     }
 }
 
@@ -57,16 +59,21 @@ pub fn cni_result(record: &AllocationRecord) -> CniResult {
         gateway,
         interface: Some(1),
     };
+    // a secondary network's attachment names no gateway for its addresses (a runtime or
+    // Multus takes an interface with a gateway for the pod's default)
+    let gateway = |gw: IpAddr| record.default_route.then_some(gw);
     if let Some(a) = record.ipv6 {
-        ips.push(ip(IpAddr::V6(a), Some(gw6)));
-        let any6 = IpPrefix::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), 0).expect("::/0");
-        routes.push(Route::via(any6, Some(gw6)));
+        ips.push(ip(IpAddr::V6(a), gateway(gw6)));
     }
     if let Some(a) = record.ipv4 {
-        ips.push(ip(IpAddr::V4(a), Some(gw4)));
-        let any4 =
-            IpPrefix::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0).expect("0.0.0.0/0");
-        routes.push(Route::via(any4, Some(gw4)));
+        ips.push(ip(IpAddr::V4(a), gateway(gw4)));
+    }
+    // the routes are the kernel's (pod_spec's), as the runtime would write them
+    for r in pod_spec(record, None).pod_routes() {
+        if let Some(gw) = r.gateway {
+            let dst = IpPrefix::new(r.dst.addr(), r.dst.prefix_len()).expect("a route's prefix");
+            routes.push(Route::via(dst, Some(gw)));
+        }
     }
     for a in &record.addresses {
         ips.push(ip(*a, None));
@@ -103,8 +110,45 @@ mod tests {
             host_if: "flockabc".into(),
             host_mac: "aa:bb:cc:dd:ee:ff".into(),
             pod_mac: "aa:bb:cc:dd:ee:00".into(),
+            flock_network: None,
+            default_route: true,
+            routes: Vec::new(),
         };
         let v = cni_result(&record).to_value(flock_cni_proto::CniVersion::V1_1_0);
         insta::assert_json_snapshot!(v);
+
+        // a secondary network's attachment: no gateway, no default route, its own space
+        let net1 = AllocationRecord {
+            if_name: "net1".into(),
+            ipv6: Some("2001:db8:5:1::7".parse().unwrap()),
+            ipv4: Some("10.245.1.7".parse().unwrap()),
+            addresses: vec![],
+            flock_network: Some("storage".into()),
+            default_route: false,
+            routes: vec![
+                "2001:db8:5::/48".parse().unwrap(),
+                "10.245.0.0/16".parse().unwrap(),
+            ],
+            ..record
+        };
+        let v = cni_result(&net1).to_value(flock_cni_proto::CniVersion::V1_1_0);
+        assert!(
+            v["ips"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|ip| ip.get("gateway").is_none()),
+            "{v}"
+        );
+        assert_eq!(
+            v["routes"],
+            serde_json::json!([
+                { "dst": "2001:db8:5::/48", "gw": "fe80::1" },
+                { "dst": "10.245.0.0/16", "gw": "169.254.1.1" }
+            ])
+        );
+        let spec = pod_spec(&net1, None);
+        assert!(!spec.default_route);
+        assert_eq!(spec.routes, net1.routes);
     }
 }

@@ -122,6 +122,9 @@ mod tests {
             host_if: "flock00000000".into(),
             host_mac: String::new(),
             pod_mac: String::new(),
+            flock_network: None,
+            default_route: true,
+            routes: Vec::new(),
         }
     }
 

@@ -12,7 +12,12 @@ use crate::store::{AllocationRecord, AttachmentKey};
 /// Pools, committed records, and the host veths of ADDs in progress.
 #[derive(Debug)]
 pub struct NodeState {
+    /// The cluster network's pools.
     pools: flock_ipam::Pools,
+    /// Each secondary network's pools, by name: made on first use (a record adopted at
+    /// start-up, before the NodeConfig is known, holds its addresses here too), kept while
+    /// they hold an address after the network left the NodeConfig.
+    secondary: BTreeMap<String, flock_ipam::Pools>,
     records: BTreeMap<AttachmentKey, AllocationRecord>,
     /// Host veths of ADDs whose record is pending: not orphans, not free names.
     in_flight: BTreeSet<String>,
@@ -23,14 +28,59 @@ impl NodeState {
     pub fn new(pools: flock_ipam::Pools) -> NodeState {
         NodeState {
             pools,
+            secondary: BTreeMap::new(),
             records: BTreeMap::new(),
             in_flight: BTreeSet::new(),
         }
     }
 
-    /// The pools (read-only: every change goes through a method that keeps records in step).
+    /// The cluster network's pools (read-only: every change goes through a method that keeps
+    /// records in step).
     pub fn pools(&self) -> &flock_ipam::Pools {
         &self.pools
+    }
+
+    /// A secondary network's pools, if it has any.
+    pub fn network_pools(&self, network: &str) -> Option<&flock_ipam::Pools> {
+        self.secondary.get(network)
+    }
+
+    /// The pools a network's addresses come from: the cluster network's (`None`) or a
+    /// secondary one's, made empty if it has none yet.
+    fn pools_of(&mut self, network: Option<&str>) -> &mut flock_ipam::Pools {
+        match network {
+            None => &mut self.pools,
+            Some(name) => self.secondary.entry(name.to_owned()).or_insert_with(|| {
+                flock_ipam::Pools::new(None, None).expect("pools without CIDRs")
+            }),
+        }
+    }
+
+    /// Sets the secondary networks' CIDRs; live allocations stay reserved, also in a network
+    /// the NodeConfig no longer has (whose pools then hand out nothing).
+    pub fn set_networks(
+        &mut self,
+        networks: &[flock_k8s_api::SecondaryNetwork],
+    ) -> Result<(), flock_ipam::Error> {
+        for n in networks {
+            self.pools_of(Some(&n.name))
+                .set_node_cidrs(n.cidr6, n.cidr4)?;
+        }
+        let gone: Vec<String> = self
+            .secondary
+            .keys()
+            .filter(|k| !networks.iter().any(|n| &n.name == *k))
+            .cloned()
+            .collect();
+        for name in gone {
+            let pools = self.secondary.get_mut(&name).expect("listed above");
+            if pools.snapshot().is_empty() {
+                self.secondary.remove(&name);
+            } else {
+                pools.set_node_cidrs(None, None)?;
+            }
+        }
+        Ok(())
     }
 
     /// Changes the node CIDRs; live allocations stay reserved.
@@ -52,22 +102,25 @@ impl NodeState {
         self.records.values()
     }
 
-    /// Allocates the addresses of a new attachment.
+    /// Allocates the addresses of a new attachment on `network` (`None`: the cluster
+    /// network).
     pub fn allocate(
         &mut self,
+        network: Option<&str>,
         request: &flock_ipam::PodRequest,
         identity: &flock_embed::Identity<'_>,
         rng: &mut impl Rng,
     ) -> Result<flock_ipam::Allocation, flock_ipam::Error> {
-        self.pools.allocate(request, identity, rng)
+        self.pools_of(network).allocate(request, identity, rng)
     }
 
     /// Takes a record found committed at start-up: its addresses are reserved. An address
     /// another record already holds (a store edited by hand) is returned, not reserved twice.
     pub fn adopt(&mut self, record: AllocationRecord) -> Vec<(IpAddr, flock_ipam::Error)> {
         let mut refused = Vec::new();
+        let pools = self.pools_of(record.flock_network.as_deref());
         for addr in record.pooled_addresses() {
-            if let Err(e) = self.pools.reserve(addr) {
+            if let Err(e) = pools.reserve(addr) {
                 refused.push((addr, e));
             }
         }
@@ -91,8 +144,9 @@ impl NodeState {
 
     /// Releases the addresses of a record that was never committed (a failed ADD).
     pub fn release_addresses(&mut self, record: &AllocationRecord) {
+        let pools = self.pools_of(record.flock_network.as_deref());
         for addr in record.pooled_addresses() {
-            self.pools.release(addr);
+            pools.release(addr);
         }
     }
 

@@ -56,6 +56,8 @@ pub struct MemoryState {
     pub anycast: BTreeMap<IpAddr, BTreeSet<String>>,
     /// Blackhole routes.
     pub blackholes: BTreeSet<IpNet>,
+    /// The uplink's MTU ([`Kernel::uplink_mtu`]): `None`, no route to the neighbor.
+    pub uplink_mtu: Option<u32>,
 }
 
 /// The in-memory kernel.
@@ -75,6 +77,11 @@ impl MemoryKernel {
             }),
             faults: Mutex::default(),
         }
+    }
+
+    /// Sets the uplink's MTU ([`Kernel::uplink_mtu`]; `None`: no route to the neighbor).
+    pub fn set_uplink_mtu(&self, mtu: Option<u32>) {
+        self.lock().uplink_mtu = mtu;
     }
 
     /// A copy of the current state.
@@ -249,6 +256,7 @@ impl Kernel for MemoryKernel {
                             dst,
                             gateway: None,
                             dev: spec.host_if.clone(),
+                            onlink: false,
                         },
                     });
                 }
@@ -340,5 +348,13 @@ impl Kernel for MemoryKernel {
 
     fn netns_exists(&self, path: &Path) -> bool {
         self.lock().namespaces.contains(path)
+    }
+
+    fn uplink_mtu<'a>(
+        &'a self,
+        _toward: flock_netns::Toward<'a>,
+    ) -> BoxFuture<'a, Result<Option<u32>, KernelError>> {
+        let mtu = self.lock().uplink_mtu;
+        Box::pin(async move { Ok(mtu) })
     }
 }

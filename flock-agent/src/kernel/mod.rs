@@ -64,6 +64,12 @@ pub trait Kernel: Send + Sync + 'static {
 
     /// Whether a pod's namespace file still exists.
     fn netns_exists(&self, path: &Path) -> bool;
+
+    /// The MTU of the node's interface toward a BGP neighbor (`None`: no route leads there).
+    fn uplink_mtu<'a>(
+        &'a self,
+        toward: flock_netns::Toward<'a>,
+    ) -> BoxFuture<'a, Result<Option<u32>, KernelError>>;
 }
 
 /// The real kernel: `flock-netns` in the node's namespace.
@@ -134,5 +140,16 @@ impl Kernel for NetnsKernel {
 
     fn netns_exists(&self, path: &Path) -> bool {
         path.exists()
+    }
+
+    fn uplink_mtu<'a>(
+        &'a self,
+        toward: flock_netns::Toward<'a>,
+    ) -> BoxFuture<'a, Result<Option<u32>, KernelError>> {
+        Box::pin(async move {
+            Ok(flock_netns::uplink(&self.node, toward)
+                .await?
+                .map(|u| u.mtu))
+        })
     }
 }

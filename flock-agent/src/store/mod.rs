@@ -122,6 +122,25 @@ pub struct AllocationRecord {
     /// Pod interface MAC, once known.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub pod_mac: String,
+    /// The secondary network (`spec.networks[].name`) the addresses come from; absent: the
+    /// cluster network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flock_network: Option<String>,
+    /// Whether the pod's default routes go through this attachment (absent: true, as every
+    /// record of the cluster network).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub default_route: bool,
+    /// Destinations the pod routes through this attachment besides the default routes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<ipnet::IpNet>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl AllocationRecord {

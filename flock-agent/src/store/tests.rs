@@ -26,6 +26,9 @@ fn record(cid: &str) -> AllocationRecord {
         host_if: "flock01234567".into(),
         host_mac: String::new(),
         pod_mac: String::new(),
+        flock_network: None,
+        default_route: true,
+        routes: Vec::new(),
     }
 }
 

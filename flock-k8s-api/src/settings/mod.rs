@@ -11,8 +11,10 @@ use crate::nodeconfig::{IP_ALGO_ANNOTATION, NodeConfig, SecretKeyRef, ServicesSp
 use crate::{Error, Result};
 
 mod bgp;
+mod networks;
 mod pool;
 
+pub use networks::{SecondaryNetwork, route as secondary_route};
 pub use pool::router_id;
 
 use bgp::bird_model;
@@ -43,6 +45,23 @@ pub struct NodeSettings {
     pub password_secrets: Vec<(usize, SecretKeyRef)>,
     /// The neighbors (index in `bgp.neighbors`) whose password is in a file (standalone).
     pub password_files: Vec<(usize, std::path::PathBuf)>,
+    /// Secondary networks (`spec.networks`), by name.
+    pub networks: Vec<SecondaryNetwork>,
+}
+
+impl NodeSettings {
+    /// The cluster network's node CIDRs.
+    pub fn cluster_cidrs(&self) -> Vec<ipnet::IpNet> {
+        let mut v = Vec::new();
+        v.extend(self.cidr6.map(ipnet::IpNet::V6));
+        v.extend(self.cidr4.map(ipnet::IpNet::V4));
+        v
+    }
+
+    /// The secondary network of this name.
+    pub fn network(&self, name: &str) -> Option<&SecondaryNetwork> {
+        self.networks.iter().find(|n| n.name == name)
+    }
 }
 
 impl NodeConfig {
@@ -53,16 +72,7 @@ impl NodeConfig {
             return Err(invalid("metadata.name", "", "the node's name is required"));
         }
         let spec = &self.spec;
-        // The node-CIDR rules (syntax, host bits, sizes) are flock-ipam's.
-        let cidrs = flock_ipam::NodeCidrs::parse(spec.cidr6.as_deref(), spec.cidr4.as_deref())
-            .map_err(|e| match e {
-                flock_ipam::Error::NodeCidr {
-                    family,
-                    value,
-                    problem,
-                } => invalid(family.node_cidr_field(), &value, &problem.to_string()),
-                other => invalid("spec", "", &other.to_string()),
-            })?;
+        let cidrs = node_cidrs("spec", spec.cidr6.as_deref(), spec.cidr4.as_deref())?;
         let (cidr6, cidr4) = (cidrs.cidr6(), cidrs.cidr4());
         let defaults = spec.defaults.clone().unwrap_or_default();
         let default_ipv6 = defaults.ipv6.unwrap_or(true);
@@ -84,10 +94,26 @@ impl NodeConfig {
                 "the node has no spec.cidr4",
             ));
         }
+        let cluster: Vec<ipnet::IpNet> = cidr6
+            .map(ipnet::IpNet::V6)
+            .into_iter()
+            .chain(cidr4.map(ipnet::IpNet::V4))
+            .collect();
+        let networks = networks::networks(&spec.networks, &cluster)?;
         let bgp = spec
             .bgp
             .as_ref()
-            .map(|b| bird_model(b, cidr6, cidr4))
+            .map(|b| {
+                let mut model = bird_model(b, cidr6, cidr4)?;
+                // secondary networks announced as aggregates too, like the node CIDRs
+                model.cidrs.extend(
+                    networks
+                        .iter()
+                        .filter(|n| n.announce)
+                        .flat_map(SecondaryNetwork::cidrs),
+                );
+                Ok::<_, Error>(model)
+            })
             .transpose()?;
         let mut password_secrets = Vec::new();
         let mut password_files = Vec::new();
@@ -146,6 +172,7 @@ impl NodeConfig {
             bgp,
             password_secrets,
             password_files,
+            networks,
         })
     }
 }
@@ -195,7 +222,30 @@ impl ServicesSpec {
     }
 }
 
-fn invalid(field: &str, value: &str, reason: &str) -> Error {
+/// A pair of node CIDRs under `at` (`spec`, `spec.networks[0]`): the rules (syntax, host
+/// bits, sizes) are flock-ipam's; an error names `{at}.cidr6` or `{at}.cidr4`.
+pub(crate) fn node_cidrs(
+    at: &str,
+    cidr6: Option<&str>,
+    cidr4: Option<&str>,
+) -> Result<flock_ipam::NodeCidrs> {
+    flock_ipam::NodeCidrs::parse(cidr6, cidr4).map_err(|e| match e {
+        flock_ipam::Error::NodeCidr {
+            family,
+            value,
+            problem,
+        } => {
+            let field = match family {
+                flock_ipam::Family::V6 => "cidr6",
+                flock_ipam::Family::V4 => "cidr4",
+            };
+            invalid(&format!("{at}.{field}"), &value, &problem.to_string())
+        }
+        other => invalid(at, "", &other.to_string()),
+    })
+}
+
+pub(crate) fn invalid(field: &str, value: &str, reason: &str) -> Error {
     Error::InvalidNodeConfig {
         field: field.to_owned(),
         value: value.to_owned(),

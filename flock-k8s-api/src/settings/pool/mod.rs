@@ -163,6 +163,9 @@ impl NodePool {
                 .services
                 .as_ref()
                 .map(|s| s.for_node(service_cidrs)),
+            // secondary networks are a node's own (a hand-written NodeConfig): a pool hands
+            // out no secondary space
+            networks: Vec::new(),
         }
     }
 }
