@@ -27,7 +27,9 @@ pub use nodeconfig::{
     NeighborSpec, NeighborStatus, NetworkSpec, NodeConfig, NodeConfigSpec, NodeConfigStatus,
     SecretKeyRef, ServicesSpec,
 };
-pub use nodepool::{NodePool, NodePoolSpec, NodePoolStatus, PoolServicesSpec, PrefixCounts};
+pub use nodepool::{
+    NodePool, NodePoolSpec, NodePoolStatus, PoolNetworkSpec, PoolServicesSpec, PrefixCounts,
+};
 #[cfg(feature = "settings")]
 pub use settings::{NodeSettings, SecondaryNetwork, router_id};
 

@@ -64,6 +64,43 @@ pub struct NodePoolSpec {
     /// out, and what the pool's nodes may announce; copied into each NodeConfig.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub services: Option<PoolServicesSpec>,
+    /// Secondary networks (docs/multus.md): each node of the pool gets a prefix of each
+    /// network's space, the one at the same place in it as the node's prefix of `cidr6` in
+    /// the pool (so a network needs room for as many nodes as the pool has), in its
+    /// NodeConfig's `spec.networks`, with the network's whole space among its routes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<PoolNetworkSpec>,
+}
+
+/// One secondary network of a pool (`spec.networks[]`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolNetworkSpec {
+    /// Its name, as the network configuration's `network` names it (a DNS label).
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// The network's IPv6 space.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"), extend("format" = "cidr"))]
+    pub cidr6: Option<String>,
+    /// The prefix length of each node's part of `cidr6`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 120))]
+    pub node_prefix6: Option<u8>,
+    /// The network's IPv4 space.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$"), extend("format" = "cidr"))]
+    pub cidr4: Option<String>,
+    /// The prefix length of each node's part of `cidr4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 8, max = 30))]
+    pub node_prefix4: Option<u8>,
+    /// More destinations pods route through the network (its own space always is).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<String>,
+    /// Whether nodes announce their part of it over BGP (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announce: Option<bool>,
 }
 
 /// `spec.services` of a pool: a NodeConfig's `spec.services`, which each node of the pool

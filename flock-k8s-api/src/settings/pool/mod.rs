@@ -92,6 +92,63 @@ impl NodePool {
                 ));
             }
         };
+        let networks = self.pool_networks()?;
+        let cluster: Vec<ipnet::IpNet> = std::iter::once(ipnet::IpNet::V6(cidr6))
+            .chain(ipv4.map(|v| ipnet::IpNet::V4(v.cidr)))
+            .collect();
+        // node prefixes a space of /space holds of /node (None: more than u128 counts)
+        let nodes = |space: u8, node: u8| 1u128.checked_shl(u32::from(node.saturating_sub(space)));
+        let pool_nodes6 = nodes(cidr6.prefix_len(), spec.node_prefix6);
+        // a network's IPv4 part follows the node's IPv4 prefix when the pool has IPv4,
+        // its IPv6 prefix otherwise
+        let (pool_nodes4, from4) = match ipv4 {
+            Some(v) => (nodes(v.cidr.prefix_len(), v.node_prefix), "spec.cidr4"),
+            None => (pool_nodes6, "spec.cidr6"),
+        };
+        for (i, n) in networks.iter().enumerate() {
+            for (family, net, node_prefix, room, need, from) in [
+                n.v6.map(|(c, p)| {
+                    let room = nodes(c.prefix_len(), p);
+                    ("6", ipnet::IpNet::V6(c), p, room, pool_nodes6, "spec.cidr6")
+                }),
+                n.v4.map(|(c, p)| {
+                    let room = nodes(c.prefix_len(), p);
+                    ("4", ipnet::IpNet::V4(c), p, room, pool_nodes4, from4)
+                }),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                if let Some(c) = cluster
+                    .iter()
+                    .find(|c| c.contains(&net.network()) || net.contains(&c.network()))
+                {
+                    let written = if family == "6" {
+                        &n.spec.cidr6
+                    } else {
+                        &n.spec.cidr4
+                    };
+                    return Err(invalid(
+                        &format!("spec.networks[{i}].cidr{family}"),
+                        written.as_deref().unwrap_or_default(),
+                        &format!("overlaps the pool's {c}"),
+                    ));
+                }
+                if let (Some(room), Some(need)) = (room, need)
+                    && room < need
+                {
+                    return Err(invalid(
+                        &format!("spec.networks[{i}].nodePrefix{family}"),
+                        &node_prefix.to_string(),
+                        &format!(
+                            "{net} holds {room} node prefixes of /{node_prefix}, fewer than \
+                             the {need} of the pool's {from}: each node needs one, at the \
+                             same place"
+                        ),
+                    ));
+                }
+            }
+        }
         let pool = ClusterPool {
             name,
             cidr6,
@@ -163,9 +220,156 @@ impl NodePool {
                 .services
                 .as_ref()
                 .map(|s| s.for_node(service_cidrs)),
-            // secondary networks are a node's own (a hand-written NodeConfig): a pool hands
-            // out no secondary space
-            networks: Vec::new(),
+            // cluster_pool() refuses a pool whose networks do not validate, and nothing is
+            // assigned from such a pool
+            networks: self
+                .pool_networks()
+                .unwrap_or_default()
+                .iter()
+                .map(|n| n.for_node(self.node_places(assignment)))
+                .collect(),
+        }
+    }
+
+    /// Where the node's prefixes are in the pool (0 for the first): of `cidr6`, and of
+    /// `cidr4` when the pool and the node have one (else the same as of `cidr6`).
+    fn node_places(&self, assignment: &flock_ipam::NodeAssignment) -> (u128, u128) {
+        let place = |base: u128, net: u128, host_bits: u8| {
+            net.wrapping_sub(base)
+                .checked_shr(u32::from(host_bits))
+                .unwrap_or(0)
+        };
+        let base6 = self
+            .spec
+            .cidr6
+            .parse::<Ipv6Net>()
+            .map_or(0, |c| u128::from(c.network()));
+        let at6 = place(
+            base6,
+            u128::from(assignment.cidr6.network()),
+            128 - assignment.cidr6.prefix_len(),
+        );
+        let pool4 = self
+            .spec
+            .cidr4
+            .as_deref()
+            .and_then(|c| c.parse::<Ipv4Net>().ok());
+        let at4 = match (pool4, assignment.cidr4) {
+            (Some(pool), Some(node)) => place(
+                u128::from(u32::from(pool.network())),
+                u128::from(u32::from(node.network())),
+                32 - node.prefix_len(),
+            ),
+            _ => at6,
+        };
+        (at6, at4)
+    }
+
+    /// `spec.networks`, parsed; every error names the field and the value.
+    fn pool_networks(&self) -> Result<Vec<PoolNetwork>> {
+        self.spec
+            .networks
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let at = format!("spec.networks[{i}]");
+                let pair = |family: &str, cidr: &Option<String>, prefix: Option<u8>| match (
+                    cidr, prefix,
+                ) {
+                    (None, None) => Ok(None),
+                    (Some(c), Some(p)) => Ok(Some((c.clone(), p))),
+                    (Some(c), None) => Err(invalid(
+                        &format!("{at}.nodePrefix{family}"),
+                        "",
+                        &format!("required with {at}.cidr{family} {c}"),
+                    )),
+                    (None, Some(p)) => Err(invalid(
+                        &format!("{at}.cidr{family}"),
+                        "",
+                        &format!("required with {at}.nodePrefix{family} {p}"),
+                    )),
+                };
+                let v6 = pair("6", &n.cidr6, n.node_prefix6)?
+                    .map(|(c, p)| {
+                        let net = c.parse::<Ipv6Net>().map_err(|_| {
+                            invalid(
+                                &format!("{at}.cidr6"),
+                                &c,
+                                "not an IPv6 CIDR such as 2001:db8:5::/48",
+                            )
+                        })?;
+                        if p < net.prefix_len() || p > 128 {
+                            return Err(invalid(
+                                &format!("{at}.nodePrefix6"),
+                                &p.to_string(),
+                                &format!("not a prefix length within {net}"),
+                            ));
+                        }
+                        Ok((net.trunc(), p))
+                    })
+                    .transpose()?;
+                let v4 = pair("4", &n.cidr4, n.node_prefix4)?
+                    .map(|(c, p)| {
+                        let net = c.parse::<Ipv4Net>().map_err(|_| {
+                            invalid(
+                                &format!("{at}.cidr4"),
+                                &c,
+                                "not an IPv4 CIDR such as 10.245.0.0/16",
+                            )
+                        })?;
+                        if p < net.prefix_len() || p > 32 {
+                            return Err(invalid(
+                                &format!("{at}.nodePrefix4"),
+                                &p.to_string(),
+                                &format!("not a prefix length within {net}"),
+                            ));
+                        }
+                        Ok((net.trunc(), p))
+                    })
+                    .transpose()?;
+                Ok(PoolNetwork {
+                    spec: n.clone(),
+                    v6,
+                    v4,
+                })
+            })
+            .collect()
+    }
+}
+
+/// A pool's secondary network, parsed: its spaces with their node prefix lengths.
+#[derive(Debug, Clone)]
+struct PoolNetwork {
+    spec: crate::nodepool::PoolNetworkSpec,
+    v6: Option<(Ipv6Net, u8)>,
+    v4: Option<(Ipv4Net, u8)>,
+}
+
+impl PoolNetwork {
+    /// The NodeConfig network of the node at these places in the pool (of its IPv6 and IPv4
+    /// prefixes): the node prefix at the same place of each space, the whole spaces and the pool's extra routes as its routes.
+    fn for_node(&self, (at6, at4): (u128, u128)) -> crate::nodeconfig::NetworkSpec {
+        let cidr6 = self.v6.and_then(|(net, p)| {
+            let step = at6.checked_shl(128 - u32::from(p))?;
+            Ipv6Net::new(u128::from(net.network()).checked_add(step)?.into(), p).ok()
+        });
+        let cidr4 = self.v4.and_then(|(net, p)| {
+            let step = u32::try_from(at4).ok()?.checked_shl(32 - u32::from(p))?;
+            Ipv4Net::new(u32::from(net.network()).checked_add(step)?.into(), p).ok()
+        });
+        let mut routes: Vec<String> = self
+            .v6
+            .map(|(n, _)| n.to_string())
+            .into_iter()
+            .chain(self.v4.map(|(n, _)| n.to_string()))
+            .collect();
+        routes.extend(self.spec.routes.iter().cloned());
+        crate::nodeconfig::NetworkSpec {
+            name: self.spec.name.clone(),
+            cidr6: cidr6.map(|c| c.to_string()),
+            cidr4: cidr4.map(|c| c.to_string()),
+            routes,
+            announce: self.spec.announce,
         }
     }
 }

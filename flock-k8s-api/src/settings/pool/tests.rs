@@ -147,3 +147,88 @@ fn router_ids_come_from_the_node_and_are_never_zero() {
     assert_ne!(zero, Ipv4Addr::UNSPECIFIED);
     assert_eq!(zero, router_id("host7", None, &a("2001:db8::/64", None)));
 }
+
+#[test]
+fn each_node_of_a_pool_gets_its_part_of_each_network_at_its_own_place() {
+    let pool = pool_yaml(
+        "rack1",
+        "  cidr4: 10.244.0.0/16
+  nodePrefix4: 24
+  networks:
+    - { name: storage, cidr6: \"2001:db8:5::/48\", nodePrefix6: 64,
+        cidr4: 10.245.0.0/16, nodePrefix4: 24, routes: [\"2001:db8:55::/48\"] }
+    - { name: quiet, cidr6: \"2001:db8:6::/48\", nodePrefix6: 64, announce: false }
+",
+    );
+    pool.cluster_pool().expect("valid");
+    let node = |third: u16, v4: u8| flock_ipam::NodeAssignment {
+        node: "n".into(),
+        pool: "rack1".into(),
+        cidr6: format!("2001:db8:1:{third:x}::/64").parse().unwrap(),
+        cidr4: Some(format!("10.244.{v4}.0/24").parse().unwrap()),
+    };
+    let spec = pool.node_config_spec(&node(0x2a, 0x07), Ipv4Addr::new(10, 0, 0, 1), &[]);
+    assert_eq!(spec.networks.len(), 2);
+    let storage = &spec.networks[0];
+    // the node's /64 is the 42nd of the pool and its /24 the 7th: so are its storage ones
+    assert_eq!(storage.cidr6.as_deref(), Some("2001:db8:5:2a::/64"));
+    assert_eq!(storage.cidr4.as_deref(), Some("10.245.7.0/24"));
+    assert_eq!(
+        storage.routes,
+        ["2001:db8:5::/48", "10.245.0.0/16", "2001:db8:55::/48"]
+    );
+    assert_eq!(storage.announce, None);
+    assert_eq!(spec.networks[1].announce, Some(false));
+    assert_eq!(spec.networks[1].cidr4, None);
+    // and the NodeConfig it makes validates
+    let nc = NodeConfig {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("n".into()),
+            ..Default::default()
+        },
+        spec,
+        status: None,
+    };
+    let settings = nc.settings().expect("valid");
+    assert_eq!(settings.network("storage").unwrap().routes.len(), 3);
+}
+
+#[test]
+fn a_pool_network_too_small_or_overlapping_is_refused_naming_it() {
+    for (extra, field, value, reason) in [
+        (
+            "  networks: [ { name: s, cidr6: \"2001:db8:5::/56\", nodePrefix6: 64 } ]",
+            "spec.networks[0].nodePrefix6",
+            "64",
+            "holds 256 node prefixes of /64, fewer than the 65536 of the pool's spec.cidr6",
+        ),
+        (
+            "  networks: [ { name: s, cidr6: \"2001:db8:1:8000::/49\", nodePrefix6: 64 } ]",
+            "spec.networks[0].cidr6",
+            "2001:db8:1:8000::/49",
+            "overlaps the pool's 2001:db8:1::/48",
+        ),
+        (
+            "  networks: [ { name: s, cidr6: \"2001:db8:5::/48\" } ]",
+            "spec.networks[0].nodePrefix6",
+            "",
+            "required with spec.networks[0].cidr6",
+        ),
+        (
+            "  networks: [ { name: s, cidr6: \"2001:db8:5::/48\", nodePrefix6: 40 } ]",
+            "spec.networks[0].nodePrefix6",
+            "40",
+            "within 2001:db8:5::/48",
+        ),
+        (
+            "  networks: [ { name: S, cidr6: \"2001:db9::/32\", nodePrefix6: 48 } ]",
+            "spec.networks[0].name",
+            "S",
+            "DNS label",
+        ),
+    ] {
+        let (f, v, r) = refused(extra);
+        assert_eq!((f.as_str(), v.as_str()), (field, value), "{extra}: {r}");
+        assert!(r.contains(reason), "{extra}: {r}");
+    }
+}
