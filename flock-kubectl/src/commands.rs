@@ -311,28 +311,37 @@ struct IpamAnswer {
 
 async fn ipam_check_once(cluster: &Cluster, snap: &Snapshot) -> Result<ipam::IpamCheck> {
     let pods: Vec<ApiPod> = cluster.pods().await?.iter().map(ApiPod::of).collect();
-    let cidrs: BTreeMap<&str, Vec<IpNet>> = snap
+    let parsed = |pair: [Option<&String>; 2]| -> Vec<IpNet> {
+        pair.into_iter()
+            .flatten()
+            .filter_map(|c| c.parse().ok())
+            .collect()
+    };
+    // each node's CIDRs: the cluster network's, and each secondary network's by name
+    let cidrs: BTreeMap<&str, ipam::NodeCidrs> = snap
         .configs
         .iter()
         .map(|c| {
-            let cidrs = [c.spec.cidr6.as_ref(), c.spec.cidr4.as_ref()]
-                .into_iter()
-                .flatten()
-                .filter_map(|c| c.parse().ok())
-                .collect();
+            let cidrs = ipam::NodeCidrs {
+                cluster: parsed([c.spec.cidr6.as_ref(), c.spec.cidr4.as_ref()]),
+                networks: c
+                    .spec
+                    .networks
+                    .iter()
+                    .map(|n| (n.name.clone(), parsed([n.cidr6.as_ref(), n.cidr4.as_ref()])))
+                    .collect(),
+            };
             (c.metadata.name.as_deref().unwrap_or_default(), cidrs)
         })
         .collect();
+    let none = ipam::NodeCidrs::default();
     let mut unreadable = Vec::new();
     let mut views = Vec::new();
     for node in &snap.nodes {
         match snap.reports.get(node) {
             Some(Ok(r)) => views.push(NodeView {
                 node,
-                cidrs: cidrs
-                    .get(node.as_str())
-                    .map(Vec::as_slice)
-                    .unwrap_or_default(),
+                cidrs: cidrs.get(node.as_str()).unwrap_or(&none),
                 report: r,
             }),
             Some(Err(e)) => unreadable.push(e.clone()),

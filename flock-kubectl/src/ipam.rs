@@ -64,9 +64,28 @@ pub struct NodeView<'a> {
     /// The node.
     pub node: &'a str,
     /// Its NodeConfig's CIDRs.
-    pub cidrs: &'a [IpNet],
+    pub cidrs: &'a NodeCidrs,
     /// Its agent's report.
     pub report: &'a NodeReport,
+}
+
+/// A node's CIDRs, from its NodeConfig.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeCidrs {
+    /// The cluster network's (`spec.cidr6`, `spec.cidr4`).
+    pub cluster: Vec<IpNet>,
+    /// Each secondary network's (`spec.networks[]`), by name.
+    pub networks: BTreeMap<String, Vec<IpNet>>,
+}
+
+impl NodeCidrs {
+    /// The CIDRs of the network a record's addresses come from.
+    fn of(&self, record: &AllocationRecord) -> &[IpNet] {
+        match &record.flock_network {
+            None => &self.cluster,
+            Some(name) => self.networks.get(name).map_or(&[], Vec::as_slice),
+        }
+    }
 }
 
 /// Something wrong with an address.
@@ -282,8 +301,8 @@ pub fn check(pods: &[ApiPod], nodes: &[NodeView<'_>], mut unreadable: Vec<String
                 (r.ipv4.map(IpAddr::V4), false),
             ] {
                 let Some(addr) = addr else { continue };
-                let cidrs: Vec<IpNet> = n
-                    .cidrs
+                let space = n.cidrs.of(r);
+                let cidrs: Vec<IpNet> = space
                     .iter()
                     .filter(|c| matches!(c, IpNet::V6(_)) == cidr_family)
                     .copied()
@@ -293,7 +312,7 @@ pub fn check(pods: &[ApiPod], nodes: &[NodeView<'_>], mut unreadable: Vec<String
                         node: node.to_owned(),
                         address: addr,
                         pod: pod_name(r),
-                        cidrs: n.cidrs.to_vec(),
+                        cidrs: space.to_vec(),
                     });
                 }
             }
@@ -441,15 +460,66 @@ mod tests {
         r: &NodeReport,
         unreadable: Vec<String>,
     ) -> IpamCheck {
+        let cidrs = NodeCidrs {
+            cluster: cidrs.to_vec(),
+            networks: BTreeMap::from([(
+                "storage".to_owned(),
+                vec!["2001:db8:5:1::/64".parse().unwrap()],
+            )]),
+        };
         check(
             pods,
             &[NodeView {
                 node: "node1",
-                cidrs,
+                cidrs: &cidrs,
                 report: r,
             }],
             unreadable,
         )
+    }
+
+    #[test]
+    fn a_secondary_networks_addresses_are_checked_against_its_own_cidrs() {
+        let c = cidrs();
+        let pods = [api("default/web", "u1", "node1", &["2001:db8:a1::7"])];
+        let eth0 = record(
+            "c1",
+            "default/web",
+            "u1",
+            "2001:db8:a1::7",
+            "10.101.1.7",
+            "flockaaaa0001",
+        );
+        let net1 = |v6: &str| {
+            let mut r = record("c1", "default/web", "u1", v6, "10.101.1.7", "flockaaaa0002");
+            r.if_name = "net1".into();
+            r.ipv4 = None;
+            r.flock_network = Some("storage".into());
+            r
+        };
+        let r = report(
+            vec![
+                stored(eth0.clone(), true),
+                stored(net1("2001:db8:5:1::9"), true),
+            ],
+            &["flockaaaa0001", "flockaaaa0002"],
+            &[],
+        );
+        let found = check_node(&pods, &c, &r, vec![]);
+        assert!(found.findings.is_empty(), "{:?}", found.findings);
+        // the storage record outside storage's CIDR (in the cluster network's): named
+        let r = report(
+            vec![stored(eth0, true), stored(net1("2001:db8:a1::9"), true)],
+            &["flockaaaa0001", "flockaaaa0002"],
+            &[],
+        );
+        let found = check_node(&pods, &c, &r, vec![]);
+        assert!(
+            matches!(&found.findings[..], [Finding::OutOfCidr { cidrs, .. }]
+                if cidrs == &["2001:db8:5:1::/64".parse::<IpNet>().unwrap()]),
+            "{:?}",
+            found.findings
+        );
     }
 
     fn api(pod: &str, uid: &str, node: &str, ips: &[&str]) -> ApiPod {
