@@ -391,6 +391,44 @@ pub fn helm() -> Component {
     }
 }
 
+/// Multus's module path.
+pub const MULTUS_MODULE: &str = "gopkg.in/k8snetworkplumbingwg/multus-cni.v4";
+
+/// Multus, thick plugin: its daemon, its shim and the installer that copies the shim to the
+/// node (what its image holds under `/usr/src/multus-cni/bin`), stamped as its
+/// `hack/build-go.sh` stamps them. The cluster takes its deployment manifest from the same
+/// module ([`Component::source_dir`]).
+pub fn multus() -> Component {
+    let version = versions::MULTUS;
+    let output = |name: &'static str| Output {
+        name,
+        package: format!("{MULTUS_MODULE}/cmd/{name}"),
+        test_binary: false,
+        cgo: false,
+        tags: &[],
+        ldflags: format!(
+            "{STRIP} -X {MULTUS_MODULE}/pkg/multus.version=v{version} \
+             -X {MULTUS_MODULE}/pkg/multus.releaseStatus=,released"
+        ),
+    };
+    Component {
+        name: "multus",
+        version: version.to_owned(),
+        module: "multus".to_owned(),
+        upstream: MULTUS_MODULE,
+        outputs: vec![
+            output("multus-daemon"),
+            output("multus-shim"),
+            output("install_multus"),
+        ],
+    }
+}
+
+/// The add-ons a cluster runs when asked: Multus (`--multus`).
+pub fn addons() -> Vec<Component> {
+    vec![multus()]
+}
+
 /// The tools the test bed runs beside a cluster: Helm.
 pub fn tools() -> Vec<Component> {
     vec![helm()]

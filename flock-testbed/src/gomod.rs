@@ -38,6 +38,7 @@ pub fn write_all() -> Result<()> {
         .into_iter()
         .chain(components::suites())
         .chain(components::tools())
+        .chain(components::addons())
     {
         write(&c, "")?;
     }
@@ -63,6 +64,7 @@ pub fn write_named(names: &[String]) -> Result<()> {
             .chain(components::others())
             .chain(components::suites())
             .chain(components::tools())
+            .chain(components::addons())
             .find(|c| c.name == name.as_str() && c.name != "kubernetes")
             .with_context(|| format!("no component {name:?} has a wrapper module"))?;
         write(&c, "")?;

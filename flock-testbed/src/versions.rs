@@ -58,6 +58,11 @@ pub const NETWORK_POLICY_API: &str = "0.3.0";
 /// it, and `cargo xtask helm` renders `deploy/` from the chart and lints it.
 pub const HELM: &str = "3.22.0";
 
+/// Multus (`gopkg.in/k8snetworkplumbingwg/multus-cni.v4`, the path the Go module proxy serves
+/// it under; `github.com/k8snetworkplumbingwg/multus-cni/v4` is refused), thick plugin:
+/// `cargo xtask cluster up --multus` runs it as the cluster's meta-plugin with flock behind it.
+pub const MULTUS: &str = "4.2.3";
+
 impl Kubernetes {
     /// The newest supported release: what the cluster runs by default.
     pub fn newest() -> Kubernetes {

@@ -82,6 +82,11 @@ fn life_operate() {
 }
 
 #[test]
+fn life_multus() {
+    life("multus");
+}
+
+#[test]
 fn e2e_network() {
     e2e(&["--suite", "network", "--pods", "ipv6"]);
 }

@@ -78,16 +78,52 @@ spec:
     loadBalancerCIDRs: [\"{LB_CIDR6}\", \"{LB_CIDR4}\"]
     externalIPCIDRs: [\"{EXTERNAL_CIDR6}\"]
     followServiceCIDRs: true
+  networks:
+    - name: {STORAGE_NETWORK}
+      cidr6: {storage6}
+      nodePrefix6: 64
+      cidr4: {storage4}
+      nodePrefix4: 24
+      routes: [{storage_routes}]
 ",
                 extra = neighbor_options(node),
                 rack = node.rack,
                 cidr4 = node.pool4,
                 asn = node.asn,
                 gateway = node.gateway,
+                storage6 = storage_space(node).0,
+                storage4 = storage_space(node).1,
+                storage_routes = STORAGE_SPACE
+                    .iter()
+                    .map(|r| format!("\"{r}\""))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             )
         })
         .collect::<Vec<_>>()
         .join("---\n")
+}
+
+/// The secondary network every rack's pool has (`life multus` attaches pods to it through
+/// Multus): a space of its own per rack, in one space of the cluster that every pod routes
+/// through its interface on it.
+pub const STORAGE_NETWORK: &str = "storage";
+/// The storage network's space, what every pod routes through its interface on it: the
+/// racks' IPv6 /48s `2001:db8:d<rack>::/48`, and IPv4 their pools' ranges with the second
+/// octet 10 higher (`10.201.1.0/24` → `10.211.1.0/24`, node3's `10.202.0.0/16` →
+/// `10.212.0.0/16`).
+pub const STORAGE_SPACE: &[&str] = &["2001:db8:d0::/44", "10.211.0.0/16", "10.212.0.0/16"];
+
+/// `node`'s rack's part of the storage network: (IPv6, IPv4), at the place of its pools.
+pub fn storage_space(node: &Node) -> (String, String) {
+    let v6: ipnet::Ipv6Net = node.cidr6.parse().expect("a node's cidr6");
+    let rack = v6.network().segments()[2] & 0xf;
+    let v4: ipnet::Ipv4Net = node.pool4.parse().expect("a rack's pool4");
+    let [a, b, c, d] = v4.network().octets();
+    (
+        format!("2001:db8:d{rack:x}::/48"),
+        format!("{a}.{}.{c}.{d}/{}", b + 10, v4.prefix_len()),
+    )
 }
 
 /// The label a rack's pool selects its nodes by (the kubelets set it).

@@ -138,6 +138,43 @@ pub fn coredns_image() -> String {
 
 /// A root filesystem of busybox-static with every applet linked in `/bin`.
 fn busybox_rootfs() -> Result<Vec<u8>> {
+    Ok(busybox_layer()?.finish())
+}
+
+/// Multus's thick image as its project's `images/Dockerfile.thick` lays it out: its daemon,
+/// shim and installer under `/usr/src/multus-cni/bin`, the daemon the entry point; on
+/// busybox instead of Debian (the binaries are static; a shell is there to look around).
+pub fn build_multus_image(multus: &crate::components::Built) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir()).with_context(|| format!("create {}", dir().display()))?;
+    let mut layer = busybox_layer()?;
+    for d in [
+        "usr",
+        "usr/src",
+        "usr/src/multus-cni",
+        "usr/src/multus-cni/bin",
+    ] {
+        layer.dir(d, 0o755);
+    }
+    for name in ["multus-daemon", "multus-shim", "install_multus"] {
+        let binary = std::fs::read(multus.tool(name))
+            .with_context(|| format!("read {}", multus.tool(name).display()))?;
+        layer.file(&format!("usr/src/multus-cni/bin/{name}"), 0o755, &binary);
+    }
+    let archive = dir().join("multus.oci.tar");
+    std::fs::write(
+        &archive,
+        oci_archive(
+            &super::multus::image(),
+            &["/usr/src/multus-cni/bin/multus-daemon"],
+            &layer.finish(),
+        ),
+    )
+    .with_context(|| format!("write {}", archive.display()))?;
+    Ok(archive)
+}
+
+/// [`busybox_rootfs`], open for more files.
+fn busybox_layer() -> Result<TarBuilder> {
     let busybox = std::fs::read(BUSYBOX)
         .with_context(|| format!("read {BUSYBOX} (apt-get install busybox-static)"))?;
     let applets = sys::output(Command::new(BUSYBOX).arg("--list"))?;
@@ -154,7 +191,7 @@ fn busybox_rootfs() -> Result<Vec<u8>> {
     }
     layer.file("etc/passwd", 0o644, b"root:x:0:0:root:/:/bin/sh\n");
     layer.file("etc/group", 0o644, b"root:x:0:\n");
-    Ok(layer.finish())
+    Ok(layer)
 }
 
 fn build_net_image() -> Result<PathBuf> {

@@ -43,6 +43,7 @@ pub mod e2e;
 pub(crate) mod images;
 pub mod kube;
 pub mod life;
+mod multus;
 mod node;
 mod pki;
 mod proc;
@@ -253,14 +254,15 @@ const USAGE: &str = "usage: cargo xtask cluster [up [OPTIONS]|down|check [FILTER
            SIG Network's ClusterNetworkPolicy conformance suite (network-policy-api's
            TestConformance) against the cluster that is up: the features of the installed
            CRD's channel unless --features; --focus/--skip select its tests (CNP…)
-  life [upgrade] [ready] [routing] [services] [reboot] [join] [leave] [startup] [policy] [operate] | life uninstall
+  life [upgrade] [ready] [routing] [services] [reboot] [join] [leave] [startup] [policy] [operate] [multus] | life uninstall
            against the cluster that is up (all but uninstall unless named): a rolling update
            of flock under traffic, STATUS as the node's Ready condition, BGP failures
            (graceful restart, BFD), LoadBalancer Service addresses at the router, a node's
            reboot (and one while its Node is deleted), a third node joining and leaving (and
            the pool controller's leader killed mid-assignment), 50 pods started at once with
            flock and with ptp, policy-to-nftables latency and agent memory at 10,000 pods,
-           `kubectl flock` against the cluster; uninstall removes flock as it was installed
+           `kubectl flock` against the cluster, flock's secondary networks under Multus
+           (installed for the test unless it is); uninstall removes flock as it was installed
            (helm uninstall, or kubectl delete -f deploy/; then the CRDs and flock-agent
            cleanup) and checks nothing of flock is left and kube-proxy's rules are as they were
   kubectl  run kubectl against the cluster as admin
@@ -270,7 +272,9 @@ OPTIONS of up and build:
   --bins DIR  take flock-agent and flock from DIR instead of `cargo build --release`
   --router bird|frr  the BGP router the nodes peer with: BIRD (unless named) or FRR
   --install helm|manifests  install flock with `helm install` of charts/flock (unless named)
-           or `kubectl apply` of deploy/'s manifests (the chart rendered)";
+           or `kubectl apply` of deploy/'s manifests (the chart rendered)
+  --multus  Multus (thick plugin, built from its module) as the meta-plugin, flock as the
+           cluster network behind it (docs/multus.md)";
 
 /// `cargo xtask cluster …`.
 pub fn cluster(args: &[String]) -> Result<()> {
@@ -350,6 +354,9 @@ pub fn check(filters: &[String]) -> Result<()> {
     step("Kubernetes and its peers", || {
         kube::ensure_release(options.kubernetes)
     })?;
+    step("the add-ons the scenarios install (Multus)", || {
+        crate::components::ensure_all(&crate::components::addons())
+    })?;
     crate::binaries::build(crate::binaries::FLOCK, false)?;
     crate::binaries::build(&[life::OPERATOR_TOOLS], false)?;
     down()?;
@@ -392,6 +399,8 @@ pub struct UpOptions {
     pub router: crate::router::Kind,
     /// How flock is installed: Helm unless named.
     pub installer: deploy::Installer,
+    /// Multus as the meta-plugin, flock behind it (`--multus`).
+    pub multus: bool,
 }
 
 impl Default for UpOptions {
@@ -402,6 +411,7 @@ impl Default for UpOptions {
             bins: None,
             router: crate::router::Kind::Bird,
             installer: deploy::Installer::Helm,
+            multus: false,
         }
     }
 }
@@ -444,6 +454,7 @@ impl UpOptions {
                 "--bins" => options.bins = Some(PathBuf::from(value()?)),
                 "--router" => options.router = value()?.parse()?,
                 "--install" => options.installer = value()?.parse()?,
+                "--multus" => options.multus = true,
                 other => bail!("unknown option {other:?}\n{USAGE}"),
             }
         }
@@ -535,6 +546,11 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
         deploy::install_flock(&repo, &cnp_crd, options.installer)
     })?;
     timings.push(("flock", t.elapsed()));
+    if options.multus {
+        let t = Instant::now();
+        step("Multus (thick), flock behind it", multus::install)?;
+        timings.push(("Multus", t.elapsed()));
+    }
     let t = Instant::now();
     step("CoreDNS", deploy::start_dns)?;
     timings.push(("CoreDNS", t.elapsed()));

@@ -44,6 +44,11 @@ const BINDS: &[(&str, &str)] = &[
     ("/var/log/pods", "var-log-pods"),
     ("/var/log/containers", "var-log-containers"),
     ("/var/log/flock", "var-log-flock"),
+    // Multus (`life multus`): its daemon's socket, the device information it keeps, and the
+    // configuration folder its DaemonSet mounts
+    ("/run/multus", "run-multus"),
+    ("/run/k8s.cni.cncf.io", "run-k8s.cni.cncf.io"),
+    ("/etc/cni/multus", "etc-cni-multus"),
     // The kubelet's device plugin socket is here whatever its --root-dir: two nodes starting
     // at once raced for one socket ("bind: address already in use").
     (

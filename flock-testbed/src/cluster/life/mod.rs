@@ -33,6 +33,10 @@
 //! - **operate**: `kubectl flock` against the cluster — status healthy, with a BIRD and an
 //!   agent frozen; bgp; a leak made on purpose found and released by `ipam check`; `policy
 //!   explain` confirmed by real connections; sysdump; bad input (see [`operate`]).
+//! - **multus**: flock under Multus (thick), as the cluster network and as a secondary
+//!   network: two networks per pod, one default route, traffic over each, the router
+//!   learning both spaces, MTU from the uplink, a wrong NetworkAttachmentDefinition, and the
+//!   agent killed during a burst (see [`multus`]).
 //! - **startup**: a Deployment scaled from 0 to 50 pods on one node with flock, then on the
 //!   other with the reference `ptp` + `host-local` plugins (a conflist put first for the
 //!   run): time to all Ready, and each pod's `RunPodSandbox` from containerd's log.
@@ -45,6 +49,7 @@ use serde_json::Value;
 
 mod join;
 mod leave;
+mod multus;
 mod operate;
 mod policy;
 mod ready;
@@ -73,7 +78,7 @@ pub const OPERATOR_TOOLS: &str = "flock-kubectl";
 /// Every life test, in the order they run.
 pub const ALL: &[&str] = &[
     "upgrade", "ready", "routing", "services", "reboot", "join", "leave", "startup", "policy",
-    "operate",
+    "operate", "multus",
 ];
 
 /// `cargo xtask cluster life ARGS…`.
@@ -101,7 +106,7 @@ pub fn run(args: &[String]) -> Result<()> {
     if which.is_empty() {
         which = ALL.to_vec();
     }
-    if which.contains(&"operate") {
+    if which.contains(&"operate") || which.contains(&"multus") {
         crate::binaries::build(&[OPERATOR_TOOLS], false)?;
     }
     let mut out = String::new();
@@ -134,6 +139,7 @@ pub fn tests(which: &[&str], out: &mut String) -> Vec<String> {
             "routing" => routing::routing(out),
             "startup" => startup(out),
             "operate" => operate::operate(out),
+            "multus" => multus::multus(out),
             _ => Ok(vec![format!("no life test {name:?}")]),
         };
         match result {

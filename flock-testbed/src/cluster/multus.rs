@@ -1,0 +1,110 @@
+//! Multus, thick plugin, as the cluster's meta-plugin with flock behind it: built from its Go
+//! module ([`crate::components::multus`]), its image made here ([`images::build_multus_image`]),
+//! and deployed with its project's own manifest (`deployments/multus-daemonset-thick.yml` of
+//! the same module: the NetworkAttachmentDefinition CRD, its RBAC, its daemon's
+//! configuration and DaemonSet), only the image reference changed. Its installer puts the
+//! shim in each node's `/opt/cni/bin` and its daemon writes `00-multus.conf` in front of
+//! flock's conflist, with flock's network as the cluster network it delegates to.
+//!
+//! [`install`] makes the running cluster a Multus cluster (`cargo xtask cluster up --multus`,
+//! and `life multus` for its test); [`uninstall`] makes it a plain flock cluster again: its
+//! objects deleted, its configuration and shim removed from the nodes, so the runtime calls
+//! flock directly again.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use super::{NODES, images, kube, kubectl, kubectl_stdin, node};
+use crate::components;
+use crate::sys;
+
+/// The image reference in Multus's manifest.
+const UPSTREAM_IMAGE: &str = "ghcr.io/k8snetworkplumbingwg/multus-cni:snapshot-thick";
+/// The configuration Multus's daemon writes in front of the cluster network's.
+pub const MULTUS_CONF: &str = "00-multus.conf";
+/// Multus's DaemonSet.
+const DAEMONSET: &str = "daemonset/kube-multus-ds";
+
+/// The image made here, under the name of Multus's release image.
+pub fn image() -> String {
+    format!(
+        "ghcr.io/k8snetworkplumbingwg/multus-cni:v{}-thick",
+        crate::versions::MULTUS
+    )
+}
+
+/// Multus's thick deployment manifest from its module, on [`image`].
+pub fn manifest() -> Result<String> {
+    let source = components::multus().source_dir()?;
+    let path = source.join("deployments/multus-daemonset-thick.yml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    if !text.contains(UPSTREAM_IMAGE) {
+        bail!("{} names no image {UPSTREAM_IMAGE}", path.display());
+    }
+    Ok(text.replace(UPSTREAM_IMAGE, &image()))
+}
+
+/// Whether Multus is deployed (its DaemonSet exists).
+pub fn installed() -> bool {
+    kubectl(&["-n", "kube-system", "get", DAEMONSET, "-o", "name"]).is_ok()
+}
+
+/// Deploys Multus and waits until every node's runtime calls it: the DaemonSet rolled out
+/// and its configuration in front of flock's on every node.
+pub fn install() -> Result<()> {
+    let multus = components::multus().ensure_built()?;
+    let archive = images::build_multus_image(&multus)?;
+    let kube = kube::ensure_built()?;
+    for n in &NODES {
+        images::import(&kube, &node::containerd_socket(n), &archive)
+            .with_context(|| format!("import Multus's image on {}", n.name))?;
+    }
+    kubectl_stdin(&["apply", "-f", "-"], &manifest()?)?;
+    kubectl(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        DAEMONSET,
+        "--timeout=180s",
+    ])
+    .context("wait for Multus's daemons")?;
+    for n in &NODES {
+        let conf = node::host_path(n, "/etc/cni/net.d")
+            .context("the nodes' CNI configuration folder")?
+            .join(MULTUS_CONF);
+        sys::wait_for(Duration::from_secs(60), || conf.exists())
+            .with_context(|| format!("Multus wrote no {} on {}", conf.display(), n.name))?;
+    }
+    Ok(())
+}
+
+/// Removes Multus: its objects (the CRD with every NetworkAttachmentDefinition), then its
+/// configuration and shim on each node, so that the runtime calls flock again.
+pub fn uninstall() -> Result<()> {
+    kubectl_stdin(
+        &["delete", "--ignore-not-found", "--wait=true", "-f", "-"],
+        &manifest()?,
+    )?;
+    for n in &NODES {
+        for (dir, file) in [
+            ("/etc/cni/net.d", MULTUS_CONF),
+            ("/opt/cni/bin", "multus-shim"),
+        ] {
+            let path = node::host_path(n, dir)
+                .with_context(|| format!("{}'s {dir}", n.name))?
+                .join(file);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("remove {}", path.display())),
+            }
+        }
+        let dir = node::host_path(n, "/etc/cni/net.d").context("CNI folder")?;
+        // the daemon keeps its kubeconfig and whereabouts in multus.d
+        let _ = std::fs::remove_dir_all(dir.join("multus.d"));
+    }
+    Ok(())
+}
