@@ -394,15 +394,16 @@ pub fn helm() -> Component {
 /// Multus's module path.
 pub const MULTUS_MODULE: &str = "gopkg.in/k8snetworkplumbingwg/multus-cni.v4";
 
-/// Multus, thick plugin: its daemon, its shim and the installer that copies the shim to the
-/// node (what its image holds under `/usr/src/multus-cni/bin`), stamped as its
+/// Multus, thick plugin: its daemon, its shim, the installer that copies the shim to the node
+/// and the `passthru` plugin it copies beside it (what its image holds under
+/// `/usr/src/multus-cni/bin`), stamped as its
 /// `hack/build-go.sh` stamps them. The cluster takes its deployment manifest from the same
 /// module ([`Component::source_dir`]).
 pub fn multus() -> Component {
     let version = versions::MULTUS;
-    let output = |name: &'static str| Output {
+    let output = |name: &'static str, dir: &str| Output {
         name,
-        package: format!("{MULTUS_MODULE}/cmd/{name}"),
+        package: format!("{MULTUS_MODULE}/cmd/{dir}"),
         test_binary: false,
         cgo: false,
         tags: &[],
@@ -417,9 +418,11 @@ pub fn multus() -> Component {
         module: "multus".to_owned(),
         upstream: MULTUS_MODULE,
         outputs: vec![
-            output("multus-daemon"),
-            output("multus-shim"),
-            output("install_multus"),
+            output("multus-daemon", "multus-daemon"),
+            output("multus-shim", "multus-shim"),
+            output("install_multus", "install_multus"),
+            // the installer copies it beside the shim
+            output("passthru", "passthru-cni"),
         ],
     }
 }

@@ -142,7 +142,7 @@ fn busybox_rootfs() -> Result<Vec<u8>> {
 }
 
 /// Multus's thick image as its project's `images/Dockerfile.thick` lays it out: its daemon,
-/// shim and installer under `/usr/src/multus-cni/bin`, the daemon the entry point; on
+/// shim, installer and `passthru` plugin under `/usr/src/multus-cni/bin`, the daemon the entry point; on
 /// busybox instead of Debian (the binaries are static; a shell is there to look around).
 pub fn build_multus_image(multus: &crate::components::Built) -> Result<PathBuf> {
     std::fs::create_dir_all(dir()).with_context(|| format!("create {}", dir().display()))?;
@@ -152,10 +152,15 @@ pub fn build_multus_image(multus: &crate::components::Built) -> Result<PathBuf> 
         "usr/src",
         "usr/src/multus-cni",
         "usr/src/multus-cni/bin",
+        "run",
+        "var",
     ] {
         layer.dir(d, 0o755);
     }
-    for name in ["multus-daemon", "multus-shim", "install_multus"] {
+    // as on Debian: the daemon looks for a sandbox's namespace under /var/run/netns, which
+    // its DaemonSet mounts at /run/netns
+    layer.symlink("var/run", "/run");
+    for name in ["multus-daemon", "multus-shim", "install_multus", "passthru"] {
         let binary = std::fs::read(multus.tool(name))
             .with_context(|| format!("read {}", multus.tool(name).display()))?;
         layer.file(&format!("usr/src/multus-cni/bin/{name}"), 0o755, &binary);

@@ -237,8 +237,8 @@ const USAGE: &str = "usage: cargo xtask cluster [up [OPTIONS]|down|check [FILTER
   check    the cluster's scenarios (flock-testbed/tests/cluster.rs: life tests, e2e suites,
            uninstall) under cargo-nextest on one cluster, then down whatever happened (what
            `cargo xtask test` runs last); FILTERS go to nextest (-E 'test(life_upgrade)')
-  build    only build (or find in the cache) Kubernetes and its peers, and the suites'
-           binaries, printing each one's time
+  build    only build (or find in the cache) Kubernetes and its peers, the suites'
+           binaries and the add-ons (Multus), printing each one's time
   gomod [NAME…]  rewrite the Go wrapper modules (flock-testbed/go) from
            flock-testbed/src/versions.rs: every one, or those named (helm, etcd, kubernetes-1.37…)
   e2e [--suite network|dns|networkpolicy|dualstack] [--focus REGEX] [--skip REGEX]
@@ -316,6 +316,7 @@ pub fn cluster(args: &[String]) -> Result<()> {
             let options = UpOptions::parse(args.get(1..).unwrap_or_default())?;
             kube::ensure_release(options.kubernetes)?.with_e2e()?;
             crate::components::ensure_all(&crate::components::suites())?;
+            crate::components::ensure_all(&crate::components::addons())?;
             Ok(())
         }
         Some("gomod") => crate::gomod::write_named(&args[1..]),

@@ -2,7 +2,8 @@
 //! module ([`crate::components::multus`]), its image made here ([`images::build_multus_image`]),
 //! and deployed with its project's own manifest (`deployments/multus-daemonset-thick.yml` of
 //! the same module: the NetworkAttachmentDefinition CRD, its RBAC, its daemon's
-//! configuration and DaemonSet), only the image reference changed. Its installer puts the
+//! configuration and DaemonSet), only the image reference and the daemon's socket folder
+//! changed ([`manifest`]). Its installer puts the
 //! shim in each node's `/opt/cni/bin` and its daemon writes `00-multus.conf` in front of
 //! flock's conflist, with flock's network as the cluster network it delegates to.
 //!
@@ -34,16 +35,31 @@ pub fn image() -> String {
     )
 }
 
-/// Multus's thick deployment manifest from its module, on [`image`].
+/// The daemon's socket folder in Multus's manifest (the container's view of the node's
+/// `/run/multus`).
+const UPSTREAM_SOCKET_DIR: &str = "\"socketDir\": \"/host/run/multus/\"";
+/// Where the test bed's daemons put their socket instead: a folder inside the node's own
+/// `/run/multus`, and the same place as the shim on the node sees it.
+const SOCKET_DIR: &str = "\"socketDir\": \"/host/run/multus/daemon/\",\n        \"daemonSocketDir\": \"/run/multus/daemon/\"";
+
+/// Multus's thick deployment manifest from its module, on [`image`], with one change for two
+/// nodes on one machine: each node's `/run/multus` is a mount of its own here, which the
+/// daemon cannot remove and make again as it does its socket folder at start (`device or
+/// resource busy`), so the socket goes in a folder inside it, and the daemon's configuration
+/// tells the shim where (`daemonSocketDir`, which the daemon copies into `00-multus.conf`).
 pub fn manifest() -> Result<String> {
     let source = components::multus().source_dir()?;
     let path = source.join("deployments/multus-daemonset-thick.yml");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-    if !text.contains(UPSTREAM_IMAGE) {
-        bail!("{} names no image {UPSTREAM_IMAGE}", path.display());
+    for wanted in [UPSTREAM_IMAGE, UPSTREAM_SOCKET_DIR] {
+        if !text.contains(wanted) {
+            bail!("{} has no {wanted}", path.display());
+        }
     }
-    Ok(text.replace(UPSTREAM_IMAGE, &image()))
+    Ok(text
+        .replace(UPSTREAM_IMAGE, &image())
+        .replace(UPSTREAM_SOCKET_DIR, SOCKET_DIR))
 }
 
 /// Whether Multus is deployed (its DaemonSet exists).
@@ -92,6 +108,7 @@ pub fn uninstall() -> Result<()> {
         for (dir, file) in [
             ("/etc/cni/net.d", MULTUS_CONF),
             ("/opt/cni/bin", "multus-shim"),
+            ("/opt/cni/bin", "passthru"),
         ] {
             let path = node::host_path(n, dir)
                 .with_context(|| format!("{}'s {dir}", n.name))?

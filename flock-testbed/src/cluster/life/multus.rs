@@ -273,8 +273,12 @@ fn scale(replicas: usize) -> Result<()> {
 
 pub(super) fn multus(out: &mut String) -> Result<Vec<String>> {
     let had = multus::installed();
-    if !had {
-        multus::install().context("install Multus")?;
+    if !had && let Err(e) = multus::install() {
+        let removed = multus::uninstall();
+        return Err(e.context(match removed {
+            Ok(()) => "install Multus (removed again)".to_owned(),
+            Err(r) => format!("install Multus (and removing it failed: {r:#})"),
+        }));
     }
     let mut failures = Vec::new();
     let result = checks(out, &mut failures);
@@ -623,7 +627,12 @@ fn wrong_network(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
     let _ = writeln!(
         out,
         "\nA NetworkAttachmentDefinition naming network \"nosuch\": the sandbox's error\n  {}",
-        message.lines().next().unwrap_or("(none)").trim()
+        message
+            .lines()
+            .next()
+            .map(|m| m.find("error adding container").map_or(m, |at| &m[at..]))
+            .unwrap_or("(none)")
+            .trim()
     );
     if seen.is_err() || !message.contains("no network of that name") {
         failures.push(format!(
@@ -688,20 +697,28 @@ fn burst(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
         &format!("deployment/{DUO}"),
         "--replicas=8",
     ])?;
-    std::thread::sleep(Duration::from_millis(700));
+    // while the scheduler and the kubelets start the new sandboxes: their ADDs reach an
+    // agent that is gone, or one that is starting again
+    std::thread::sleep(Duration::from_millis(300));
     let agent = pid_in(node1, "flock-agent")?;
     signal(agent, nix::sys::signal::Signal::SIGKILL)?;
     let killed_at = started.elapsed();
-    kubectl(&[
-        "-n",
-        NS,
-        "rollout",
-        "status",
-        &format!("deployment/{DUO}"),
-        "--timeout=240s",
-    ])
-    .context("the burst's pods did not all become ready")?;
+    sys::wait_for(Duration::from_secs(240), || {
+        kubectl(&[
+            "-n",
+            NS,
+            "get",
+            &format!("deployment/{DUO}"),
+            "-o",
+            "jsonpath={.status.readyReplicas}",
+        ])
+        .is_ok_and(|r| r.trim() == "8")
+    })
+    .context("the burst's 8 pods did not all become ready")?;
     let ready_at = started.elapsed();
+    let restarts = super::agent_pod(node1)
+        .map(|p| p["status"]["containerStatuses"][0]["restartCount"].clone())
+        .unwrap_or_default();
     let pods: Vec<Seen> = duo_pods()?
         .iter()
         .map(|p| Seen::of(p))
@@ -756,7 +773,7 @@ fn burst(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
     }
     let _ = writeln!(
         out,
-        "\nBURST (8 pods with both networks; {}'s agent killed -9 at {:.1} s)\n  all ready at {:.1} s; {} addresses on {} pods, none twice: {}; after deleting them: {} allocations left; kubectl flock ipam check: exit {code}",
+        "\nBURST (6 more pods with both networks; {}'s agent killed -9 at {:.1} s, its container's restarts now {restarts})\n  all 8 ready at {:.1} s; {} addresses on {} pods, none twice: {}; after deleting them: {} allocations left; kubectl flock ipam check: exit {code}",
         node1.name,
         killed_at.as_secs_f64(),
         ready_at.as_secs_f64(),
