@@ -25,8 +25,8 @@ use serde_json::Value;
 
 use super::super::deploy::{STORAGE_NETWORK, storage_space};
 use super::super::proc::Place;
-use super::super::{CONTROL, NODES, Node, ROUTER, images, kube, kubectl, kubectl_stdin};
-use super::super::{multus, pki, site};
+use super::super::{NODES, Node, ROUTER, images, kubectl, kubectl_stdin};
+use super::super::{multus, site};
 use super::{pid_in, signal};
 use crate::sys;
 
@@ -34,28 +34,6 @@ use crate::sys;
 const NS: &str = "multus-demo";
 /// The Deployment whose pods have both networks.
 const DUO: &str = "duo";
-
-/// What the test runs `kubectl flock` from.
-fn flock_plugin(args: &[&str]) -> Result<(i32, String)> {
-    let bins = crate::lab::debug_bins();
-    let path = format!(
-        "{}:{}",
-        bins.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let out = Place::Net(CONTROL.to_owned())
-        .command(kube::kubectl())
-        .env("KUBECONFIG", pki::kubeconfig("admin"))
-        .env("PATH", path)
-        .arg("flock")
-        .args(args)
-        .output()
-        .context("run kubectl flock")?;
-    Ok((
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    ))
-}
 
 fn manifests() -> String {
     let nad = |name: &str, extra: &str| {
@@ -765,10 +743,12 @@ fn burst(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
     if !left.is_empty() {
         failures.push(format!("allocations left after the pods went: {left:?}"));
     }
-    let (code, check) = flock_plugin(&["ipam", "check"])?;
+    let check = super::operate::flock(&crate::lab::debug_bins(), &["ipam", "check"])?;
+    let code = check.code;
     if code != 0 {
         failures.push(format!(
-            "kubectl flock ipam check after the burst: exit {code}\n{check}"
+            "kubectl flock ipam check after the burst: exit {code}\n{}",
+            check.stdout
         ));
     }
     let _ = writeln!(

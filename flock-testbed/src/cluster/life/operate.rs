@@ -32,17 +32,17 @@ use crate::sys;
 pub const PLUGIN: &str = "kubectl-flock";
 
 /// What one run of `kubectl flock …` gave.
-struct Run {
+pub(super) struct Run {
     line: String,
-    code: i32,
-    stdout: String,
+    pub(super) code: i32,
+    pub(super) stdout: String,
     stderr: String,
 }
 
 /// `kubectl flock ARGS…` as admin from the control plane's namespace, the plugin found on
 /// `PATH` in `bins` (kubectl takes no flag before a plugin's name: the kubeconfig goes in
 /// `KUBECONFIG`).
-fn flock(bins: &Path, args: &[&str]) -> Result<Run> {
+pub(super) fn flock(bins: &Path, args: &[&str]) -> Result<Run> {
     let path = format!(
         "{}:{}",
         bins.display(),
