@@ -143,8 +143,9 @@ fn busybox_rootfs() -> Result<Vec<u8>> {
 
 /// Multus's thick image as its project's `images/Dockerfile.thick` lays it out: its daemon,
 /// shim, installer and `passthru` plugin under `/usr/src/multus-cni/bin`, the daemon the entry point; on
-/// busybox instead of Debian (the binaries are static; a shell is there to look around).
-pub fn build_multus_image(multus: &crate::components::Built) -> Result<PathBuf> {
+/// busybox instead of Debian (the binaries are static; a shell is there to look around);
+/// named `name`.
+pub fn build_multus_image(multus: &crate::components::Built, name: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(dir()).with_context(|| format!("create {}", dir().display()))?;
     let mut layer = busybox_layer()?;
     for d in [
@@ -169,7 +170,7 @@ pub fn build_multus_image(multus: &crate::components::Built) -> Result<PathBuf> 
     std::fs::write(
         &archive,
         oci_archive(
-            &super::multus::image(),
+            name,
             &["/usr/src/multus-cni/bin/multus-daemon"],
             &layer.finish(),
         ),

@@ -71,7 +71,7 @@ pub fn installed() -> bool {
 /// and its configuration in front of flock's on every node.
 pub fn install() -> Result<()> {
     let multus = components::multus().ensure_built()?;
-    let archive = images::build_multus_image(&multus)?;
+    let archive = images::build_multus_image(&multus, &image())?;
     let kube = kube::ensure_built()?;
     for n in &NODES {
         images::import(&kube, &node::containerd_socket(n), &archive)
