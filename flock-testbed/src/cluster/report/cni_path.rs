@@ -13,7 +13,8 @@ use super::{Report, json};
 use crate::sys;
 
 /// Which path gave the agent the pod's annotations: for one probe pod, node1's shim is
-/// wrapped by a script that records the network configuration the runtime passes on stdin;
+/// wrapped by a script that records the network configuration the runtime (or Multus, in
+/// front of flock) passes on stdin;
 /// the agent takes the annotations from its `runtimeConfig` when they are there (DESIGN §7),
 /// from the pod watcher otherwise.
 pub(super) fn annotations_path(r: &mut Report) -> Result<()> {
@@ -138,6 +139,12 @@ spec:
             "the agent took the annotations from".to_owned(),
             if from_runtime["flock.fritzlab.net/ip-algo"].is_string() {
                 "runtimeConfig (io.kubernetes.cri.pod-annotations); the pod watcher gave the pod itself".into()
+            } else if super::super::multus::installed() {
+                // Multus hands its delegates the runtime configuration it knows (port
+                // mappings, bandwidth, …), not this key: the pod watcher is flock's path there
+                "the pod watcher (Multus, in front of flock, passes its delegates no \
+                 io.kubernetes.cri.pod-annotations)"
+                    .into()
             } else {
                 r.failures.push(
                     "containerd passed no io.kubernetes.cri.pod-annotations: the agent fell back to the pod watcher"
