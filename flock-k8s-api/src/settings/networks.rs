@@ -146,7 +146,8 @@ pub fn route(field: &str, text: &str, cluster: &[IpNet]) -> Result<IpNet> {
     Ok(net)
 }
 
-fn overlap(a: &IpNet, b: &IpNet) -> bool {
+/// Whether two CIDRs share an address.
+pub(super) fn overlap(a: &IpNet, b: &IpNet) -> bool {
     a.contains(&b.network()) || b.contains(&a.network())
 }
 

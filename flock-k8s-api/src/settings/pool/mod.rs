@@ -7,6 +7,7 @@ use flock_ipam::{ClusterPool, LabelRequirement, NodeSelector, PoolCidr4};
 use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+use super::networks::overlap;
 use crate::nodeconfig::{BgpSpec, IP_ALGO_ANNOTATION, NodeConfig, NodeConfigSpec, ServicesSpec};
 use crate::nodepool::{NodePool, PoolServicesSpec, PrefixCounts};
 use crate::{Error, Result};
@@ -119,10 +120,7 @@ impl NodePool {
             .into_iter()
             .flatten()
             {
-                if let Some(c) = cluster
-                    .iter()
-                    .find(|c| c.contains(&net.network()) || net.contains(&c.network()))
-                {
+                if let Some(c) = cluster.iter().find(|c| overlap(c, &net)) {
                     let written = if family == "6" {
                         &n.spec.cidr6
                     } else {
