@@ -878,3 +878,55 @@ fn install_cni_replaces_files_by_rename_never_in_place() {
         serde_json::from_str(&std::fs::read_to_string(&conf_path).expect("read")).expect("json");
     assert_eq!(new["plugins"][0]["mtu"], 9000);
 }
+
+/// No container of flock is privileged: each drops every capability and adds back only what
+/// docs/install.md ("Privileges") says it needs, on a read-only root filesystem, in a pod under
+/// the runtime's default seccomp profile; the controller is not root.
+#[test]
+fn every_container_runs_with_least_privilege() {
+    let mut seen = BTreeSet::new();
+    for (file, index) in [
+        ("deploy/daemonset.yaml", 0),
+        ("deploy/daemonset.yaml", 1),
+        ("deploy/controller.yaml", 0),
+    ] {
+        let docs = documents(file);
+        let pod = docs[index]["spec"]["template"]["spec"].clone();
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{file}#{index}"
+        );
+        let containers = pod["initContainers"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .chain(pod["containers"].as_sequence().into_iter().flatten());
+        for c in containers {
+            let name = c["name"].as_str().expect("name").to_owned();
+            let sc = &c["securityContext"];
+            assert_ne!(sc["privileged"].as_bool(), Some(true), "{name}");
+            assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true), "{name}");
+            let caps = |key: &str| -> Vec<String> {
+                sc["capabilities"][key]
+                    .as_sequence()
+                    .into_iter()
+                    .flatten()
+                    .map(|v| v.as_str().expect("a capability").to_owned())
+                    .collect()
+            };
+            assert_eq!(caps("drop"), ["ALL"], "{name}");
+            let want: &[&str] = match name.as_str() {
+                "agent" => &["NET_ADMIN", "SYS_ADMIN"],
+                "bird" => &["NET_ADMIN", "NET_BIND_SERVICE"],
+                "install-cni" | "controller" => &[],
+                other => panic!("a container nobody expects: {other}"),
+            };
+            assert_eq!(caps("add"), want, "{name}");
+            if name == "controller" {
+                assert_eq!(sc["runAsNonRoot"].as_bool(), Some(true));
+            }
+            seen.insert(name);
+        }
+    }
+    assert_eq!(seen.len(), 4, "{seen:?}");
+}

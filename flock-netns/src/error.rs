@@ -110,6 +110,26 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A sysctl of the node has a value flock cannot work with and cannot be written (a
+    /// read-only `/proc/sys`, as in a container that is not privileged).
+    #[error(
+        "sysctl {path} in {ns} is {actual}, flock needs {want}, and writing it failed \
+         (set it on the node: sysctl -w {dotted}={want})",
+        dotted = path.replace('/', ".")
+    )]
+    SysctlWanted {
+        /// The path under `/proc/sys`.
+        path: String,
+        /// The namespace.
+        ns: String,
+        /// The value found.
+        actual: String,
+        /// The value flock needs.
+        want: &'static str,
+        /// Why the write failed.
+        #[source]
+        source: io::Error,
+    },
     /// A link that must exist does not.
     #[error("link {ifname} not found in {ns}")]
     LinkNotFound {
@@ -158,6 +178,7 @@ impl Error {
             | Error::Route { source, .. }
             | Error::OpenNetns { source, .. }
             | Error::Sysctl { source, .. }
+            | Error::SysctlWanted { source, .. }
             | Error::Connect { source, .. }
             | Error::NetnsThread { source, .. }
             | Error::EnterNetns { source, .. } => source.raw_os_error(),

@@ -8,7 +8,10 @@ use netlink_packet_route::AddressFamily;
 use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage, CacheInfo,
 };
-use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use netlink_packet_route::link::{
+    AfSpecInet, AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InetDevConf, LinkAttribute, LinkFlags,
+    LinkMessage,
+};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteNextHopFlags, RouteScope,
     RouteType,
@@ -33,6 +36,10 @@ pub(crate) struct Link {
     /// `IFLA_LINK`: for a veth, the peer's index (in the peer's namespace).
     pub(crate) peer_index: Option<u32>,
     pub(crate) kind_veth: bool,
+    /// IPv6 `addr_gen_mode` is `none` (the kernel makes no link-local address).
+    pub(crate) addr_gen_none: bool,
+    /// IPv4 `proxy_arp` is on.
+    pub(crate) proxy_arp: bool,
 }
 
 pub(crate) fn format_mac(bytes: &[u8]) -> String {
@@ -52,6 +59,8 @@ fn parse_link(msg: &LinkMessage) -> Link {
         mtu: 0,
         peer_index: None,
         kind_veth: false,
+        addr_gen_none: false,
+        proxy_arp: false,
     };
     for attr in &msg.attributes {
         match attr {
@@ -68,6 +77,22 @@ fn parse_link(msg: &LinkMessage) -> Link {
                         )
                     )
                 })
+            }
+            LinkAttribute::AfSpecUnspec(specs) => {
+                for spec in specs {
+                    match spec {
+                        AfSpecUnspec::Inet6(attrs) => {
+                            link.addr_gen_none |=
+                                attrs.contains(&AfSpecInet6::AddrGenMode(In6AddrGenMode::None));
+                        }
+                        AfSpecUnspec::Inet(attrs) => {
+                            link.proxy_arp |= attrs
+                                .iter()
+                                .any(|a| matches!(a, AfSpecInet::DevConf(c) if c.proxy_arp != 0));
+                        }
+                        _ => {}
+                    }
+                }
             }
             _ => {}
         }
@@ -119,6 +144,35 @@ pub(crate) async fn link_up(h: &Handle, ns: &str, link: &Link, mtu: Option<u32>)
         .execute()
         .await
         .map_err(|source| Error::link("set up", &link.name, ns, source))
+}
+
+/// Sets what a host veth needs before it goes up, over netlink rather than `/proc/sys` (read-only
+/// in a container that is not privileged): IPv6 `addr_gen_mode` `none` (no kernel-made
+/// link-local address beside `fe80::1`) and IPv4 `proxy_arp` (the pod's ARP for its gateway is
+/// answered). Only what differs is sent.
+pub(crate) async fn link_host_conf(h: &Handle, ns: &str, link: &Link) -> Result<()> {
+    let mut specs = Vec::new();
+    if !link.proxy_arp {
+        let mut conf = InetDevConf::default();
+        conf.proxy_arp = 1;
+        specs.push(AfSpecUnspec::Inet(vec![AfSpecInet::DevConfRequest(conf)]));
+    }
+    if !link.addr_gen_none {
+        specs.push(AfSpecUnspec::Inet6(vec![AfSpecInet6::AddrGenMode(
+            In6AddrGenMode::None,
+        )]));
+    }
+    if specs.is_empty() {
+        return Ok(());
+    }
+    let msg = rtnetlink::LinkUnspec::new_with_index(link.index)
+        .append_extra_attribute(LinkAttribute::AfSpecUnspec(specs))
+        .build();
+    h.link()
+        .set(msg)
+        .execute()
+        .await
+        .map_err(|source| Error::link("set addr_gen_mode and proxy_arp of", &link.name, ns, source))
 }
 
 /// Deletes a link; `Ok(false)` when it was already gone.

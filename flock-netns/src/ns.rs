@@ -205,10 +205,11 @@ pub(crate) fn ensure_sysctls(ns: &str, sysctls: &[Sysctl]) -> Result<()> {
         let actual = read_sysctl(ns, &s.path)?;
         if actual != s.want {
             std::fs::write(format!("/proc/sys/{}", s.path), s.want).map_err(|source| {
-                Error::Sysctl {
-                    op: "write",
+                Error::SysctlWanted {
                     path: s.path.clone(),
                     ns: ns.to_owned(),
+                    actual,
+                    want: s.want,
                     source,
                 }
             })?;

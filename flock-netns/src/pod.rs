@@ -209,8 +209,11 @@ pub struct SetupTiming {
     pub anycast: std::time::Duration,
 }
 
-/// The sysctls of a host veth, with the values flock wants.
-pub(crate) fn host_sysctls(host_if: &str) -> Vec<Sysctl> {
+/// The node's sysctls flock needs, with the values it wants: forwarding of both families.
+/// Written only when they differ, which needs a writable `/proc/sys` (a privileged
+/// container or the node itself); the agent's unprivileged container finds them set by the
+/// node (docs/install.md, "Privileges").
+pub(crate) fn node_sysctls() -> Vec<Sysctl> {
     vec![
         Sysctl {
             path: "net/ipv4/ip_forward".to_owned(),
@@ -220,6 +223,14 @@ pub(crate) fn host_sysctls(host_if: &str) -> Vec<Sysctl> {
             path: "net/ipv6/conf/all/forwarding".to_owned(),
             want: "1",
         },
+    ]
+}
+
+/// The sysctls of a host veth (set over netlink: [`nl::link_host_conf`]) and of the node,
+/// with the values flock wants; what `check` compares.
+pub(crate) fn host_sysctls(host_if: &str) -> Vec<Sysctl> {
+    let mut all = node_sysctls();
+    all.extend([
         Sysctl {
             path: format!("net/ipv6/conf/{host_if}/addr_gen_mode"),
             want: "1",
@@ -228,7 +239,8 @@ pub(crate) fn host_sysctls(host_if: &str) -> Vec<Sysctl> {
             path: format!("net/ipv4/conf/{host_if}/proxy_arp"),
             want: "1",
         },
-    ]
+    ]);
+    all
 }
 
 pub(crate) fn ns_name(path: &std::path::Path) -> String {
@@ -258,11 +270,11 @@ pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
     // The two sides are independent: program them concurrently.
     let host_side = async {
         let started = std::time::Instant::now();
-        // sysctls before the link goes up (addr_gen_mode none: no
-        // kernel-made link-local), then up, then fe80::1.
-        let sysctls = host_sysctls(&host_if);
+        // The node's forwarding, and the link's addr_gen_mode and proxy_arp before it goes
+        // up (addr_gen_mode none: no kernel-made link-local), then up, then fe80::1.
         let ns = nodename.clone();
-        run_in(&node.target, move || ensure_sysctls(&ns, &sysctls)).await?;
+        run_in(&node.target, move || ensure_sysctls(&ns, &node_sysctls())).await?;
+        nl::link_host_conf(&h, &nodename, &host).await?;
         if !host.up || host.mtu != spec.mtu {
             nl::link_up(&h, &nodename, &host, Some(spec.mtu)).await?;
         }

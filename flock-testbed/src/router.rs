@@ -216,15 +216,22 @@ impl Kind {
 
     /// The commands that make the router running in `dir` take the configuration
     /// [`Router::write`] wrote there (`asn`: the router's); `gone`: the peers (addresses, or interfaces of
-    /// unnumbered ones) it had before and has no more, which FRR keeps unless told.
-    /// [`Kind::reload_ok`] reads each one's output.
-    pub fn reload_commands(self, dir: &Path, asn: u32, gone: &[&str]) -> Vec<Vec<String>> {
+    /// unnumbered ones) it had before and has no more, and `withdrawn`: the routes it
+    /// announced before and no more ([`Router::announce`]), both of which FRR keeps unless
+    /// told. [`Kind::reload_ok`] reads each one's output.
+    pub fn reload_commands(
+        self,
+        dir: &Path,
+        asn: u32,
+        gone: &[&str],
+        withdrawn: &[ipnet::IpNet],
+    ) -> Vec<Vec<String>> {
         match self {
             Kind::Bird => vec![self.show_command(dir, "configure")],
             Kind::Frr => {
                 let socket = dir.to_string_lossy().into_owned();
                 let mut commands = Vec::new();
-                if !gone.is_empty() {
+                if !gone.is_empty() || !withdrawn.is_empty() {
                     let mut argv = vec![
                         "vtysh".to_owned(),
                         "--vty_socket".into(),
@@ -236,6 +243,20 @@ impl Kind {
                     ];
                     for peer in gone {
                         argv.extend(["-c".into(), format!("no neighbor {peer}")]);
+                    }
+                    for route in withdrawn {
+                        let family = match route {
+                            ipnet::IpNet::V6(_) => "ipv6",
+                            ipnet::IpNet::V4(_) => "ipv4",
+                        };
+                        argv.extend([
+                            "-c".into(),
+                            format!("address-family {family} unicast"),
+                            "-c".into(),
+                            format!("no network {route}"),
+                            "-c".into(),
+                            "exit-address-family".into(),
+                        ]);
                     }
                     commands.push(argv);
                 }
@@ -472,6 +493,9 @@ pub struct Router<'a> {
     pub own4: &'a str,
     /// The nodes.
     pub peers: Vec<Peer<'a>>,
+    /// Routes it announces to every node besides its own addresses, though nothing behind it
+    /// calls for them (a test's rogue announcements: a default route, a node's own prefix).
+    pub announce: Vec<ipnet::IpNet>,
 }
 
 impl Router<'_> {
@@ -524,6 +548,24 @@ template bgp flocknode {{
             own4 = self.own4,
             asn = self.asn,
         );
+        for (name, family, v6) in [("announce6", "ipv6", true), ("announce4", "ipv4", false)] {
+            let routes: Vec<_> = self
+                .announce
+                .iter()
+                .filter(|r| matches!(r, ipnet::IpNet::V6(_)) == v6)
+                .collect();
+            if routes.is_empty() {
+                continue;
+            }
+            let _ = write!(
+                conf,
+                "\n# Announced though nothing behind the router calls for it.\nprotocol static {name} {{\n  {family};\n"
+            );
+            for r in routes {
+                let _ = writeln!(conf, "  route {r} blackhole;");
+            }
+            conf.push_str("}\n");
+        }
         if self.peers.iter().any(|p| p.bfd) {
             conf.push_str("\nprotocol bfd { }\n");
         }
@@ -614,6 +656,7 @@ exit
  no bgp ebgp-requires-policy
  no bgp default ipv4-unicast
  bgp bestpath as-path multipath-relax
+ no bgp network import-check
  timers bgp 2 6
 ",
             asn = self.asn,
@@ -652,6 +695,12 @@ exit
         ] {
             let _ = writeln!(bgpd, " !\n address-family {family} unicast");
             let _ = writeln!(bgpd, "  network {own}");
+            for r in self.announce.iter().filter(|r| match r {
+                ipnet::IpNet::V6(_) => family == "ipv6",
+                ipnet::IpNet::V4(_) => family == "ipv4",
+            }) {
+                let _ = writeln!(bgpd, "  network {r}");
+            }
             bgpd.push_str("  maximum-paths 8\n");
             for (key, _) in &peers {
                 let _ = writeln!(bgpd, "  neighbor {key} activate");
@@ -719,6 +768,14 @@ mod tests {
         assert!(
             conf.contains("protocol bfd { }") && conf.contains("route 2001:db8::1/128 blackhole;")
         );
+        // what it announces besides its own, each family in a protocol of its own
+        assert!(
+            conf.contains("protocol static announce6 {\n  ipv6;\n  route ::/0 blackhole;\n}")
+                && conf.contains(
+                    "protocol static announce4 {\n  ipv4;\n  route 10.0.0.0/25 blackhole;\n}"
+                ),
+            "{conf}"
+        );
         // BIRD's own parser accepts it (`cargo xtask test` installs bird2).
         let file = std::env::temp_dir().join(format!("router-{}.conf", std::process::id()));
         std::fs::write(&file, &conf).unwrap();
@@ -764,6 +821,7 @@ mod tests {
                     bfd: true,
                 },
             ],
+            announce: vec!["::/0".parse().unwrap(), "10.0.0.0/25".parse().unwrap()],
         }
     }
 
@@ -782,6 +840,9 @@ mod tests {
             " neighbor 2001:db8:1::2 bfd profile flock\n",
             "  network 2001:db8::1/128\n",
             "  network 10.0.0.1/32\n",
+            "  network ::/0\n",
+            "  network 10.0.0.0/25\n",
+            " no bgp network import-check\n",
             "  neighbor to-a activate\n",
         ] {
             assert!(bgpd.contains(line), "{line:?} not in\n{bgpd}");
@@ -874,16 +935,21 @@ mod tests {
     fn a_running_router_takes_a_new_configuration() {
         let dir = Path::new("/run/r");
         assert_eq!(
-            Kind::Bird.reload_commands(dir, 65000, &["2001:db8::9"]),
+            Kind::Bird.reload_commands(dir, 65000, &["2001:db8::9"], &[]),
             [["birdc", "-s", "/run/r/bird.ctl", "configure"]]
         );
-        let frr = Kind::Frr.reload_commands(dir, 65000, &["2001:db8::9", "to-x"]);
+        let frr = Kind::Frr.reload_commands(dir, 65000, &["2001:db8::9", "to-x"], &[]);
         assert_eq!(frr.len(), 2);
         assert!(frr[0].contains(&"router bgp 65000".to_owned()));
         assert!(frr[0].contains(&"no neighbor 2001:db8::9".to_owned()));
         assert!(frr[0].contains(&"no neighbor to-x".to_owned()));
         assert_eq!(&frr[1][3..], ["-f", "/run/r/bgpd.conf"]);
-        assert_eq!(Kind::Frr.reload_commands(dir, 65000, &[]).len(), 1);
+        assert_eq!(Kind::Frr.reload_commands(dir, 65000, &[], &[]).len(), 1);
+        // a route announced before and no more is withdrawn in its family
+        let frr = Kind::Frr.reload_commands(dir, 65000, &[], &["::/0".parse().unwrap()]);
+        assert_eq!(frr.len(), 2);
+        let at = frr[0].iter().position(|a| a == "no network ::/0").unwrap();
+        assert_eq!(frr[0][at - 2], "address-family ipv6 unicast");
         assert!(
             Kind::Bird
                 .reload_ok("BIRD 2.0.12 ready.\nReading configuration from x\nReconfigured\n")

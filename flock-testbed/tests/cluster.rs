@@ -87,6 +87,11 @@ fn life_multus() {
 }
 
 #[test]
+fn life_security() {
+    life("security");
+}
+
+#[test]
 fn e2e_network() {
     e2e(&["--suite", "network", "--pods", "ipv6"]);
 }

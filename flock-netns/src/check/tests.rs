@@ -34,6 +34,8 @@ fn link(index: u32, name: &str) -> Link {
         mtu: 1500,
         peer_index: None,
         kind_veth: true,
+        addr_gen_none: true,
+        proxy_arp: true,
     }
 }
 

@@ -167,6 +167,7 @@ fn router_dir() -> std::path::PathBuf {
 fn router_description<'a>(
     nodes: &[&'a Node],
     passwords: &'a BTreeMap<&str, String>,
+    announce: Vec<ipnet::IpNet>,
 ) -> router::Router<'a> {
     router::Router {
         of: "the cluster",
@@ -185,6 +186,7 @@ fn router_description<'a>(
                 bfd: node.bfd,
             })
             .collect(),
+        announce,
     }
 }
 
@@ -238,7 +240,37 @@ fn write_router_conf() -> Result<()> {
             passwords.insert(n.name, p);
         }
     }
-    router_description(&nodes, &passwords).write(router_kind(), &router_dir())
+    router_description(&nodes, &passwords, announced()?).write(router_kind(), &router_dir())
+}
+
+/// Where the routes the router announces besides its own are kept ([`announce`]).
+fn announced_file() -> std::path::PathBuf {
+    router_dir().join("announced")
+}
+
+/// The routes the router announces now besides its own addresses.
+pub fn announced() -> Result<Vec<ipnet::IpNet>> {
+    let text = match std::fs::read_to_string(announced_file()) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).context("read the router's announced routes"),
+    };
+    text.lines()
+        .map(|l| {
+            l.parse()
+                .with_context(|| format!("{}: {l:?} is no prefix", announced_file().display()))
+        })
+        .collect()
+}
+
+/// Makes the router announce `routes` to every node besides its own addresses (what a rogue
+/// or misconfigured router would send), in place of what it announced so; `&[]` stops.
+pub fn announce(routes: &[ipnet::IpNet]) -> Result<()> {
+    let before = announced()?;
+    let text: String = routes.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(announced_file(), text).context("write the router's announced routes")?;
+    let withdrawn: Vec<ipnet::IpNet> = before.into_iter().filter(|r| !routes.contains(r)).collect();
+    reload_router(&withdrawn)
 }
 
 /// Starts the router's daemons (BIRD, or FRR's zebra, bfdd and bgpd) and waits until it
@@ -285,6 +317,12 @@ pub fn unplug() -> Result<()> {
 }
 
 fn reconfigure_router() -> Result<()> {
+    reload_router(&[])
+}
+
+/// Writes the router's configuration and makes the running router take it; `withdrawn`: the
+/// routes it announced before and no more.
+fn reload_router(withdrawn: &[ipnet::IpNet]) -> Result<()> {
     write_router_conf()?;
     let kind = router_kind();
     let cabled = cabled();
@@ -293,7 +331,7 @@ fn reconfigure_router() -> Result<()> {
         .map(|n| n.addr)
         .collect();
     let router = Place::Net(ROUTER.to_owned());
-    for argv in kind.reload_commands(&router_dir(), ROUTER_ASN, &gone) {
+    for argv in kind.reload_commands(&router_dir(), ROUTER_ASN, &gone, withdrawn) {
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let out = router.run(&argv)?;
         if !kind.reload_ok(&out) {
@@ -453,12 +491,12 @@ mod tests {
     fn router_peers_with_every_node_and_passes_documentation_addresses_only() {
         let passwords = BTreeMap::from([("node1", "s3cret".to_owned())]);
         let nodes: Vec<&Node> = crate::cluster::every_node().collect();
-        let conf = router_description(&nodes, &passwords).bird_conf();
+        let conf = router_description(&nodes, &passwords, Vec::new()).bird_conf();
         for node in &nodes {
             assert!(conf.contains(&format!("neighbor {} as {}", node.addr, node.asn)));
         }
         assert!(conf.contains("password \"s3cret\";") && conf.contains("bfd on;"));
-        let frr = router_description(&nodes, &passwords)
+        let frr = router_description(&nodes, &passwords, Vec::new())
             .frr_conf()
             .integrated();
         assert!(

@@ -141,6 +141,7 @@ pub(super) fn router() -> crate::router::Router<'static> {
                 bfd: node.bfd,
             })
             .collect(),
+        announce: Vec::new(),
     }
 }
 

@@ -37,6 +37,10 @@
 //!   network: two networks per pod, one default route, traffic over each, the router
 //!   learning both spaces, MTU from the uplink, a wrong NetworkAttachmentDefinition, and the
 //!   agent killed during a burst (see [`multus`]).
+//! - **security**: least privilege: flock's processes with the capabilities they need and no
+//!   more, under seccomp, on read-only root filesystems; an ordinary pod unable to reach the
+//!   agent's socket or port or to open a BGP session that installs a route; rogue routes
+//!   from the router filtered (see [`security`]).
 //! - **startup**: a Deployment scaled from 0 to 50 pods on one node with flock, then on the
 //!   other with the reference `ptp` + `host-local` plugins (a conflist put first for the
 //!   run): time to all Ready, and each pod's `RunPodSandbox` from containerd's log.
@@ -55,6 +59,7 @@ mod policy;
 mod ready;
 mod reboot;
 mod routing;
+mod security;
 mod services;
 mod startup;
 mod uninstall;
@@ -78,7 +83,7 @@ pub const OPERATOR_TOOLS: &str = "flock-kubectl";
 /// Every life test, in the order they run.
 pub const ALL: &[&str] = &[
     "upgrade", "ready", "routing", "services", "reboot", "join", "leave", "startup", "policy",
-    "operate", "multus",
+    "operate", "multus", "security",
 ];
 
 /// `cargo xtask cluster life ARGS…`.
@@ -140,6 +145,7 @@ pub fn tests(which: &[&str], out: &mut String) -> Vec<String> {
             "startup" => startup(out),
             "operate" => operate::operate(out),
             "multus" => multus::multus(out),
+            "security" => security::security(out),
             _ => Ok(vec![format!("no life test {name:?}")]),
         };
         match result {
