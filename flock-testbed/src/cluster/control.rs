@@ -128,7 +128,7 @@ fn start_apiserver(kube: &KubeBuild) -> Result<()> {
             format!("--service-account-key-file={}", f("sa.pub")),
             "--authorization-mode=Node,RBAC".to_owned(),
             "--enable-admission-plugins=NodeRestriction".to_owned(),
-            // The flock agent is privileged.
+            // Multus's daemon and some e2e pods run privileged (flock's own pods do not).
             "--allow-privileged=true".to_owned(),
             format!("--audit-policy-file={}", policy.display()),
             format!("--audit-log-path={}", audit_log().display()),
