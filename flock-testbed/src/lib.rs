@@ -17,6 +17,7 @@ pub mod bench;
 pub mod binaries;
 pub mod cluster;
 pub mod components;
+pub mod fuzz;
 pub mod gomod;
 pub mod helm;
 pub mod lab;

@@ -14,6 +14,8 @@
 //!   (`flock_testbed::cluster`).
 //! - `helm [render|check|lint]`: the chart `charts/flock`, and `deploy/` rendered from it
 //!   (`flock_testbed::helm`).
+//! - `fuzz [TARGET…] [--minutes N]`: the fuzz targets of `fuzz/` under cargo-fuzz on nightly
+//!   (`flock_testbed::fuzz`).
 //!
 //! xtask is only the dispatcher: everything it runs lives in the `flock-testbed` crate.
 
@@ -60,6 +62,7 @@ fn main() -> Result<()> {
         "lab" => lab::lab(&rest),
         "cluster" => cluster::cluster(&rest),
         "helm" => flock_testbed::helm::helm_command(&rest),
+        "fuzz" => flock_testbed::fuzz::fuzz(&rest),
         bench::HANDOFF_DAEMON => bench::handoff_daemon(&rest),
         _ => {
             eprintln!(
@@ -68,10 +71,12 @@ fn main() -> Result<()> {
                  \x20      cargo xtask lab [up|down|check|faults]\n\
                  \x20      cargo xtask cluster [up|down|check|build|kubectl ARGS…]\n\
                  \x20      cargo xtask helm [render|check|lint]\n\
+                 \x20      cargo xtask fuzz [TARGET…] [--minutes N]\n\
                  \n  test   install what the suite needs and run every test (as root)\
                  \n  bench  ADD/DEL latency and pods/s of each subject, written into BENCHMARKS.md (as root)\
                  \n  lab    two routed nodes, a router and four pods in namespaces; `down` removes them, `check` = up + down on debug builds (as root)\
                  \n  helm   the chart charts/flock: render deploy/ from it, or lint it and check deploy/ against it\
+                 \n  fuzz   every fuzz target (or those named) for N minutes each (1 unless said) with cargo-fuzz on nightly; a table of executions and crashes\
                  \n  cluster  Kubernetes 1.35-1.37 in namespaces with flock deployed from deploy/; `cargo xtask cluster help` (as root)"
             );
             if command.is_empty() || command == "help" || command == "--help" {
@@ -192,6 +197,8 @@ fn test(filters: &[String]) -> Result<()> {
         }
         // The chart lints clean and deploy/ is what it renders.
         flock_testbed::helm::check()?;
+        // The fuzz targets build, and pass over their corpora (crash inputs kept with fixes).
+        flock_testbed::fuzz::check()?;
         // Last, the cluster's scenarios on the debug binaries, one cluster for all of them
         // (the first run on a machine builds Kubernetes and its peers into /var/cache/flock),
         // then the cluster down whatever happened.
