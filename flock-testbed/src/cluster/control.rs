@@ -45,6 +45,12 @@ pub fn start(kube: &KubeBuild) -> Result<()> {
     Ok(())
 }
 
+/// Kills the apiserver (SIGKILL) and starts it again; returns once it is ready.
+pub fn restart_apiserver(kube: &KubeBuild) -> Result<()> {
+    proc::kill_daemon("kube-apiserver")?;
+    start_apiserver(kube)
+}
+
 fn start_etcd(kube: &KubeBuild) -> Result<()> {
     let data = dir().join("etcd");
     let data = data.to_string_lossy();

@@ -294,6 +294,14 @@ fn containerd_config(node: &Node, kube: &KubeBuild) -> String {
 const PODS_CPU_CGROUP: &str = "k8s.io";
 const PODS_CPU_SHARES: u32 = 2048;
 
+/// Kills `node`'s containerd (SIGKILL; its shims and so the pods' containers live on) and
+/// starts it again; returns once it answers.
+pub fn restart_containerd(node: &Node, kube: &KubeBuild) -> Result<()> {
+    let here = place(node)?;
+    proc::kill_daemon(&format!("{}-containerd", node.name))?;
+    start_containerd(node, &here, kube)
+}
+
 fn start_containerd(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
     let d = dir(node).join("containerd");
     std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;

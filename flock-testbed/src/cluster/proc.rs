@@ -161,6 +161,27 @@ pub fn spawn(
     Ok(pid)
 }
 
+/// Kills daemon `name` (SIGKILL, as a crash) and waits until it is gone; its pid, or `None`
+/// when it was not running.
+pub fn kill_daemon(name: &str) -> Result<Option<u32>> {
+    let Some(pid) = alive(name) else {
+        return Ok(None);
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .with_context(|| format!("kill {name} ({pid})"))?;
+    let started = Instant::now();
+    while flock_testkit::is_alive(pid) {
+        if started.elapsed() > Duration::from_secs(10) {
+            bail!("{name} ({pid}) still runs 10 s after SIGKILL");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(Some(pid))
+}
+
 /// The pid recorded for daemon `name`, if it is still alive.
 pub fn alive(name: &str) -> Option<u32> {
     std::fs::read_to_string(pid_path(name))

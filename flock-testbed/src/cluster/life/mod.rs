@@ -41,6 +41,9 @@
 //!   more, under seccomp, on read-only root filesystems; an ordinary pod unable to reach the
 //!   agent's socket or port or to open a BGP session that installs a route; rogue routes
 //!   from the router filtered (see [`security`]).
+//! - **chaos** (not in [`ALL`]: `life chaos [--minutes N] [--seed S]`): pod churn while
+//!   agents, BIRDs, the controller's leader, the apiserver, containerd and whole nodes fail at
+//!   random from a printed seed, with flock's invariants checked throughout (see [`chaos`]).
 //! - **startup**: a Deployment scaled from 0 to 50 pods on one node with flock, then on the
 //!   other with the reference `ptp` + `host-local` plugins (a conflist put first for the
 //!   run): time to all Ready, and each pod's `RunPodSandbox` from containerd's log.
@@ -51,6 +54,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+mod chaos;
 mod join;
 mod leave;
 mod multus;
@@ -91,6 +95,27 @@ pub fn run(args: &[String]) -> Result<()> {
     sys::require_root("cargo xtask cluster life")?;
     if !Path::new(RUN_DIR).exists() {
         bail!("no cluster is up: `cargo xtask cluster up` first");
+    }
+    if args.first().map(String::as_str) == Some("chaos") {
+        let options = chaos::Options::parse(&args[1..])?;
+        crate::binaries::build(&[OPERATOR_TOOLS], false)?;
+        let mut out = String::new();
+        let t = Instant::now();
+        let result = chaos::chaos(&mut out, &options);
+        print!("{out}");
+        eprintln!(
+            "cluster: life: chaos: done in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        let failures = result?;
+        if failures.is_empty() {
+            return Ok(());
+        }
+        bail!(
+            "chaos: {} violation(s):\n  {}",
+            failures.len(),
+            failures.join("\n  ")
+        );
     }
     let mut which: Vec<&str> = Vec::new();
     for a in args {

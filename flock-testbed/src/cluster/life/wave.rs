@@ -166,7 +166,7 @@ pub(super) fn delete_wave() -> Result<String> {
 }
 
 /// The controller holding the Lease: its pod's name and its process.
-fn leader() -> Result<(String, u32)> {
+pub(super) fn leader() -> Result<(String, u32)> {
     let holder = kubectl(&[
         "-n",
         "kube-system",
