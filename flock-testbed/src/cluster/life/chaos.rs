@@ -367,6 +367,22 @@ fn churn(seed: u64, stop: &AtomicBool, c: &Churned) {
     }
 }
 
+/// Every pod of the cluster with its own addresses (not on the host network), not
+/// terminating and not finished.
+fn live_pods() -> Result<Vec<Live>> {
+    Ok(super::pods_in(None, "")?
+        .into_iter()
+        .filter(|p| !p.host_network && !p.finished)
+        .map(|p| Live {
+            key: p.key(),
+            node: p.node,
+            ips: p.ips,
+            ready: p.ready,
+            running: p.running,
+        })
+        .collect())
+}
+
 /// A pod as the checks need it.
 #[derive(Debug, Clone)]
 struct Live {
@@ -375,42 +391,6 @@ struct Live {
     ips: Vec<String>,
     ready: bool,
     running: bool,
-}
-
-/// Every pod of the cluster with its own addresses (not on the host network), not
-/// terminating and not finished.
-fn live_pods() -> Result<Vec<Live>> {
-    let v = crate::cluster::report::json(&["get", "pods", "-A", "-o", "json"])?;
-    Ok(v["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| {
-            !p["metadata"]["deletionTimestamp"].is_string()
-                && p["spec"]["hostNetwork"] != true
-                && !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
-        })
-        .map(|p| Live {
-            key: format!(
-                "{}/{}",
-                p["metadata"]["namespace"].as_str().unwrap_or("?"),
-                p["metadata"]["name"].as_str().unwrap_or("?")
-            ),
-            node: p["spec"]["nodeName"].as_str().unwrap_or("").to_owned(),
-            ips: p["status"]["podIPs"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|ip| ip["ip"].as_str().map(str::to_owned))
-                .collect(),
-            ready: p["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True"),
-            running: p["status"]["phase"] == "Running",
-        })
-        .collect())
 }
 
 /// Addresses on two live pods.
@@ -670,14 +650,7 @@ pub(super) fn chaos(out: &mut String, o: &Options) -> Result<Vec<String>> {
         o.minutes,
         o.seed
     );
-    let _ = kubectl(&[
-        "delete",
-        "namespace",
-        NS,
-        "--ignore-not-found",
-        "--wait=true",
-    ]);
-    kubectl(&["create", "namespace", NS])?;
+    super::fresh_namespace(NS)?;
     kubectl_stdin(&["apply", "-f", "-"], &manifests())?;
     kubectl(&[
         "-n",

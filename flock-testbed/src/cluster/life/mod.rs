@@ -185,28 +185,31 @@ pub fn tests(which: &[&str], out: &mut String) -> Vec<String> {
     failures
 }
 
-/// One pod of the demo namespace, as the report needs it.
+/// One pod, as the reports need it.
 #[derive(Clone, Debug)]
 struct PodView {
+    namespace: String,
     name: String,
     node: String,
     ips: Vec<String>,
     ready: bool,
+    /// `status.phase` is `Running`.
+    running: bool,
+    /// `status.phase` is `Succeeded` or `Failed`: its sandbox and addresses are gone.
+    finished: bool,
+    /// `spec.hostNetwork`: the node's addresses, none of flock's.
+    host_network: bool,
     /// When its containers last started (the earliest of them; RFC 3339, seconds).
     started: Option<String>,
 }
 
-fn pods(namespace: &str, selector: &str) -> Result<Vec<PodView>> {
-    let v: Value = serde_json::from_str(&kubectl(&[
-        "-n", namespace, "get", "pods", "-l", selector, "-o", "json",
-    ])?)
-    .context("parse kubectl get pods")?;
-    Ok(v["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| !p["metadata"]["deletionTimestamp"].is_string())
-        .map(|p| PodView {
+impl PodView {
+    fn of(p: &Value) -> PodView {
+        PodView {
+            namespace: p["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("?")
+                .to_owned(),
             name: p["metadata"]["name"].as_str().unwrap_or("?").to_owned(),
             node: p["spec"]["nodeName"].as_str().unwrap_or("").to_owned(),
             ips: p["status"]["podIPs"]
@@ -220,6 +223,9 @@ fn pods(namespace: &str, selector: &str) -> Result<Vec<PodView>> {
                 .into_iter()
                 .flatten()
                 .any(|c| c["type"] == "Ready" && c["status"] == "True"),
+            running: p["status"]["phase"] == "Running",
+            finished: matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")),
+            host_network: p["spec"]["hostNetwork"] == true,
             started: p["status"]["containerStatuses"]
                 .as_array()
                 .into_iter()
@@ -231,8 +237,50 @@ fn pods(namespace: &str, selector: &str) -> Result<Vec<PodView>> {
                 })
                 .collect::<Option<Vec<String>>>()
                 .and_then(|t| t.into_iter().min()),
-        })
+        }
+    }
+
+    /// `namespace/name`.
+    fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The pods of `namespace` (every namespace: `None`) that `selector` picks, not terminating.
+fn pods_in(namespace: Option<&str>, selector: &str) -> Result<Vec<PodView>> {
+    let mut args = vec!["get", "pods", "-o", "json"];
+    match namespace {
+        Some(ns) => args.extend(["-n", ns]),
+        None => args.push("-A"),
+    }
+    if !selector.is_empty() {
+        args.extend(["-l", selector]);
+    }
+    let v: Value = serde_json::from_str(&kubectl(&args)?).context("parse kubectl get pods")?;
+    Ok(v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| !p["metadata"]["deletionTimestamp"].is_string())
+        .map(PodView::of)
         .collect())
+}
+
+fn pods(namespace: &str, selector: &str) -> Result<Vec<PodView>> {
+    pods_in(Some(namespace), selector)
+}
+
+/// Deletes `ns` if it is there (waiting until it is gone) and creates it afresh.
+fn fresh_namespace(ns: &str) -> Result<()> {
+    let _ = kubectl(&[
+        "delete",
+        "namespace",
+        ns,
+        "--ignore-not-found",
+        "--wait=true",
+    ]);
+    kubectl(&["create", "namespace", ns])?;
+    Ok(())
 }
 
 /// The agent pod on `n`.

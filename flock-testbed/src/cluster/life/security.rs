@@ -144,14 +144,7 @@ pub(super) fn security(out: &mut String) -> Result<Vec<String>> {
     specs(out, &mut failures)?;
     let n = &NODES[0];
     let other = &NODES[1];
-    let _ = kubectl(&[
-        "delete",
-        "namespace",
-        NS,
-        "--ignore-not-found",
-        "--wait=true",
-    ]);
-    kubectl(&["create", "namespace", NS])?;
+    super::fresh_namespace(NS)?;
     let result = (|| -> Result<()> {
         ordinary_pod(out, n, &mut failures)?;
         rogue_speaker(out, n, other, &mut failures)?;
