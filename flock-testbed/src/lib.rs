@@ -21,6 +21,7 @@ pub mod fuzz;
 pub mod gomod;
 pub mod helm;
 pub mod lab;
+pub mod revision;
 pub mod router;
 pub mod scenario;
 pub mod sys;

@@ -403,26 +403,72 @@ fn install_manifests(repo: &Path) -> Result<()> {
     ] {
         apply_crd(&deploy.join(format!("crds/{crd}.yaml")), crd)?;
     }
-    kubectl(&["apply", "-f", &deploy.join("rbac.yaml").to_string_lossy()])?;
     // The pools, and the controller that writes each node's NodeConfig from its pool.
+    kubectl_stdin(&["apply", "-f", "-"], &nodepools())?;
+    apply_controller(repo, images::FLOCK)?;
+    wait_node_configs()?;
+    apply_daemonsets(repo, images::FLOCK)
+}
+
+/// The RBAC and the controller's Deployment of `repo/deploy`, running `image`.
+fn apply_controller(repo: &Path, image: &str) -> Result<()> {
+    let deploy = repo.join("deploy");
+    kubectl(&["apply", "-f", &deploy.join("rbac.yaml").to_string_lossy()])?;
     kubectl(&[
         "apply",
         "-f",
         &deploy.join("controller-rbac.yaml").to_string_lossy(),
     ])?;
-    kubectl_stdin(&["apply", "-f", "-"], &nodepools())?;
     let controller_path = deploy.join("controller.yaml");
     let controller = std::fs::read_to_string(&controller_path)
         .with_context(|| format!("read {}", controller_path.display()))?;
-    kubectl_stdin(
-        &["apply", "-f", "-"],
-        &with_release_grace(&with_image(&controller, images::FLOCK)?)?,
-    )?;
-    wait_node_configs()?;
-    let ds_path = deploy.join("daemonset.yaml");
+    let controller = with_image(&controller, image)?;
+    // a revision from before the release grace has none to shorten
+    let controller = if controller.contains("FLOCK_RELEASE_GRACE") {
+        with_release_grace(&controller)?
+    } else {
+        controller
+    };
+    kubectl_stdin(&["apply", "-f", "-"], &controller)?;
+    Ok(())
+}
+
+/// The DaemonSets of `repo/deploy`, running `image`.
+fn apply_daemonsets(repo: &Path, image: &str) -> Result<()> {
+    let ds_path = repo.join("deploy/daemonset.yaml");
     let ds =
         std::fs::read_to_string(&ds_path).with_context(|| format!("read {}", ds_path.display()))?;
-    kubectl_stdin(&["apply", "-f", "-"], &with_image(&ds, images::FLOCK)?)?;
+    kubectl_stdin(&["apply", "-f", "-"], &with_image(&ds, image)?)?;
+    Ok(())
+}
+
+/// Rolls flock to the version whose sources are `repo` (its RBAC, controller and DaemonSets,
+/// as `kubectl apply` of its `deploy/`), running `image`. The CRDs stay the newest: a
+/// rollback of the software leaves the API's schema as it is (as Helm does with a chart's
+/// CRDs). Waits for nothing.
+pub fn apply_version(repo: &Path, image: &str) -> Result<()> {
+    apply_controller(repo, image)?;
+    apply_daemonsets(repo, image)
+}
+
+/// Waits (up to 300 s) until flock's two DaemonSets and the controller's Deployment are rolled
+/// out.
+pub fn wait_rolled_out() -> Result<()> {
+    for what in [
+        "daemonset/flock",
+        "daemonset/flock-bird",
+        "deployment/flock-controller",
+    ] {
+        kubectl(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            what,
+            "--timeout=300s",
+        ])
+        .with_context(|| format!("the rollout of {what}"))?;
+    }
     Ok(())
 }
 

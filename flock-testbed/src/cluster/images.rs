@@ -240,10 +240,24 @@ fn ensure_base_image() -> Result<()> {
 
 /// flock's image from `deploy/Dockerfile`, stage `prebuilt`, with the binaries in `bins`.
 fn build_flock_image(bins: &Path, repo: &Path) -> Result<PathBuf> {
+    build_flock_image_as(bins, repo, FLOCK, "flock")
+}
+
+/// flock's image named `image` from the binaries in `bins` and the Dockerfile of `repo`
+/// (`deploy/Dockerfile`'s `prebuilt` stage), saved as `NAME.oci.tar`; a revision without a
+/// controller of its own has no `flock-controller`, and its Dockerfile copies none.
+pub fn build_flock_image_as(bins: &Path, repo: &Path, image: &str, name: &str) -> Result<PathBuf> {
     ensure_base_image()?;
-    let context = dir().join("flock-context");
+    let context = dir().join(format!("{name}-context"));
+    if context.exists() {
+        std::fs::remove_dir_all(&context)
+            .with_context(|| format!("empty {}", context.display()))?;
+    }
     std::fs::create_dir_all(&context).with_context(|| format!("create {}", context.display()))?;
     for bin in ["flock-agent", "flock-controller", "flock"] {
+        if bin == "flock-controller" && !bins.join(bin).exists() {
+            continue;
+        }
         std::fs::copy(bins.join(bin), context.join(bin))
             .with_context(|| format!("copy {} into the image context", bins.join(bin).display()))?;
     }
@@ -261,7 +275,7 @@ fn build_flock_image(bins: &Path, repo: &Path) -> Result<PathBuf> {
         .arg(format!("BASE={BASE}"))
         .arg("-f")
         .arg(repo.join("deploy/Dockerfile"))
-        .args(["-t", FLOCK])
+        .args(["-t", image])
         .arg(&context)
         .output()
         .context("spawn podman build")?;
@@ -278,12 +292,12 @@ fn build_flock_image(bins: &Path, repo: &Path) -> Result<PathBuf> {
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
-    let archive = dir().join("flock.oci.tar");
+    let archive = dir().join(format!("{name}.oci.tar"));
     sys::output(
         podman()
             .args(["save", "--format", "oci-archive", "-o"])
             .arg(&archive)
-            .arg(FLOCK),
+            .arg(image),
     )?;
     Ok(archive)
 }

@@ -223,7 +223,7 @@ pub fn kubectl_stdin(args: &[&str], input: &str) -> Result<String> {
 }
 
 /// The repository (for `deploy/`).
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map(Path::to_path_buf)

@@ -117,6 +117,31 @@ pub fn run(args: &[String]) -> Result<()> {
             failures.join("\n  ")
         );
     }
+    if args.first().map(String::as_str) == Some("upgrade")
+        && args.get(1).map(String::as_str) == Some("--from")
+    {
+        let rev = match args.get(2) {
+            None => crate::revision::DEFAULT_FROM.to_owned(),
+            Some(rev) if args.len() == 3 => rev.clone(),
+            _ => bail!(
+                "usage: cargo xtask cluster life upgrade --from REV (default {})",
+                crate::revision::DEFAULT_FROM
+            ),
+        };
+        let mut out = String::new();
+        let t = Instant::now();
+        let result = upgrade::upgrade_from(&mut out, &rev);
+        print!("{out}");
+        eprintln!(
+            "cluster: life: upgrade --from {rev}: done in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        let failures = result?;
+        if failures.is_empty() {
+            return Ok(());
+        }
+        bail!("upgrade --from {rev}:\n  {}", failures.join("\n  "));
+    }
     let mut which: Vec<&str> = Vec::new();
     for a in args {
         match a.as_str() {

@@ -153,6 +153,33 @@ fn roll(since: &str) -> Result<String> {
 }
 
 pub(super) fn upgrade(out: &mut String) -> Result<Vec<String>> {
+    rolled(
+        out,
+        "rolling update of daemonset/flock",
+        roll,
+        RolledOut::Agents,
+    )
+}
+
+/// What a roll replaces, and so what [`rolled`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RolledOut {
+    /// The agents' DaemonSet.
+    Agents,
+    /// Every part of flock: both DaemonSets and the controller.
+    Everything,
+}
+
+/// A roll of flock under probes: a ping to each address of the other node's prober and a GET
+/// of the Service every 50 ms from a pod on each node, with `web` scaled up and down
+/// meanwhile; `start` begins the roll (given the cluster's time at the start) and says how.
+/// Lost pings, failed GETs, failed pod creations and changed addresses are failures.
+fn rolled(
+    out: &mut String,
+    what: &str,
+    start: impl FnOnce(&str) -> Result<String>,
+    waits: RolledOut,
+) -> Result<Vec<String>> {
     let mut failures = Vec::new();
     let pingers = pods(DEMO_NS, "app=anycast")?;
     let [a, b] = pingers.as_slice() else {
@@ -186,7 +213,7 @@ pub(super) fn upgrade(out: &mut String) -> Result<Vec<String>> {
     std::thread::sleep(Duration::from_secs(2));
 
     let t = Instant::now();
-    let how = roll(&since)?;
+    let how = start(&since)?;
     // Pods come and go while the agents are replaced, one node after the other.
     let scaling = std::thread::spawn(|| -> Result<()> {
         super::super::deploy::scale_web(
@@ -199,14 +226,18 @@ pub(super) fn upgrade(out: &mut String) -> Result<Vec<String>> {
         )?;
         Ok(())
     });
-    let rollout = kubectl(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "daemonset/flock",
-        "--timeout=300s",
-    ]);
+    let rollout = match waits {
+        RolledOut::Agents => kubectl(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "daemonset/flock",
+            "--timeout=300s",
+        ])
+        .map(drop),
+        RolledOut::Everything => super::super::deploy::wait_rolled_out(),
+    };
     let rollout_took = t.elapsed();
     let scaled = scaling
         .join()
@@ -278,7 +309,7 @@ pub(super) fn upgrade(out: &mut String) -> Result<Vec<String>> {
 
     let _ = writeln!(
         out,
-        "UPGRADE (rolling update of daemonset/flock by {how}: agents {} -> {}; web scaled {} -> {} -> {} meanwhile; probes every {PROBE_INTERVAL} s)",
+        "UPGRADE ({what} by {how}: agents {} -> {}; web scaled {} -> {} -> {} meanwhile; probes every {PROBE_INTERVAL} s)",
         agents_before.join(" "),
         agents_after.join(" "),
         super::super::deploy::WEB_REPLICAS,
@@ -306,6 +337,199 @@ pub(super) fn upgrade(out: &mut String) -> Result<Vec<String>> {
     ];
     sys::table(out, &["", ""], &summary);
     out.push('\n');
+    Ok(failures)
+}
+
+/// `life upgrade --from REV`: flock at REV installed, then rolled to the working tree and
+/// back (a rollback), each roll under [`rolled`]'s probes; between them the other version's
+/// shim adds and deletes a pod through the agent that runs (the RPC across versions, both
+/// ways), and each agent's start-up report shows it read the store the other wrote. The
+/// cluster ends on the working tree's build, as it came up.
+pub(super) fn upgrade_from(out: &mut String, rev: &str) -> Result<Vec<String>> {
+    use crate::cluster::deploy::{self, Installer};
+    use crate::cluster::{NODES, images, kube, node};
+    if deploy::installed_with() == Installer::Helm {
+        bail!(
+            "life upgrade --from rolls between revisions' deploy/ manifests: bring the cluster \
+             up with `--install manifests` (the default), not Helm"
+        );
+    }
+    let repo = crate::cluster::repo_root();
+    let kube = kube::ensure_built()?;
+    let old = crate::revision::build(&repo, rev)?;
+    let old_image = format!("localhost/flock:{}", old.short);
+    let archive = images::build_flock_image_as(
+        &old.bins,
+        &old.src,
+        &old_image,
+        &format!("flock-{}", old.short),
+    )?;
+    for n in &NODES {
+        images::import(&kube, &node::containerd_socket(n), &archive)
+            .with_context(|| format!("import {old_image} on {}", n.name))?;
+    }
+    let new_shim = crate::lab::debug_bins().join("flock");
+    let old_shim = old.bins.join("flock");
+    let mut failures = Vec::new();
+
+    let t = Instant::now();
+    deploy::apply_version(&old.src, &old_image)?;
+    deploy::wait_rolled_out()?;
+    let _ = writeln!(
+        out,
+        "UPGRADE FROM {rev} ({}): installed from its deploy/ with {old_image} in {:.1} s",
+        old.short,
+        t.elapsed().as_secs_f64()
+    );
+    failures.extend(startup_reports(out, rev)?);
+    failures.extend(shim_with_agent(
+        out,
+        &NODES[0],
+        &new_shim,
+        "the working tree's shim",
+        rev,
+    )?);
+    failures.extend(rolled(
+        out,
+        &format!("upgrade from {rev} to the working tree"),
+        |_| {
+            deploy::apply_version(&repo, images::FLOCK)?;
+            Ok(format!("kubectl apply of deploy/ with {}", images::FLOCK))
+        },
+        RolledOut::Everything,
+    )?);
+    failures.extend(startup_reports(out, "the working tree")?);
+    failures.extend(shim_with_agent(
+        out,
+        &NODES[0],
+        &old_shim,
+        &format!("{rev}'s shim"),
+        "the working tree",
+    )?);
+    failures.extend(rolled(
+        out,
+        &format!("rollback from the working tree to {rev}"),
+        |_| {
+            deploy::apply_version(&old.src, &old_image)?;
+            Ok(format!("kubectl apply of {rev}'s deploy/ with {old_image}"))
+        },
+        RolledOut::Everything,
+    )?);
+    failures.extend(startup_reports(out, rev)?);
+    // back to the build the cluster came up with
+    deploy::apply_version(&repo, images::FLOCK)?;
+    deploy::wait_rolled_out()?;
+    out.push('\n');
+    Ok(failures)
+}
+
+/// Each node's agent's start-up report (the running container's log): what it found in the
+/// store it started on; a store or record it refused is a failure.
+fn startup_reports(out: &mut String, version: &str) -> Result<Vec<String>> {
+    let mut failures = Vec::new();
+    for p in pods("kube-system", "app.kubernetes.io/name=flock")? {
+        let log = kubectl(&["-n", "kube-system", "logs", &p.name, "-c", "agent"])?;
+        let report = log
+            .lines()
+            .find(|l| l.contains("start-up reconcile done"))
+            .map_or("(no start-up report in its log)", str::trim);
+        let _ = writeln!(out, "  agent of {version} on {}: {report}", p.node);
+        for refused in log
+            .lines()
+            .filter(|l| l.contains("store format") || l.contains("record format"))
+        {
+            failures.push(format!(
+                "the agent of {version} on {} refused what the other version wrote: {}",
+                p.node,
+                refused.trim()
+            ));
+        }
+    }
+    Ok(failures)
+}
+
+/// A pod added and deleted on `n` through `shim` (put in the node's `/opt/cni/bin/flock` for
+/// the while) and the agent of `agent` running there: the RPC between the two versions.
+fn shim_with_agent(
+    out: &mut String,
+    n: &crate::cluster::Node,
+    shim: &std::path::Path,
+    shim_is: &str,
+    agent: &str,
+) -> Result<Vec<String>> {
+    use crate::cluster::{images, kubectl_stdin, node};
+    const POD: &str = "shim-compat";
+    let bin = node::host_path(n, "/opt/cni/bin").context("the node's /opt/cni/bin")?;
+    let installed = bin.join("flock");
+    let kept = bin.join(".flock.kept");
+    let trial = bin.join(".flock.trial");
+    std::fs::copy(shim, &trial).with_context(|| format!("copy {}", shim.display()))?;
+    std::fs::rename(&installed, &kept).context("keep the installed shim")?;
+    std::fs::rename(&trial, &installed).context("put the other version's shim in place")?;
+    let result = (|| -> Result<(Vec<String>, Duration)> {
+        let t = Instant::now();
+        kubectl_stdin(
+            &["apply", "-f", "-"],
+            &format!(
+                "apiVersion: v1
+kind: Pod
+metadata: {{ name: {POD}, namespace: {DEMO_NS} }}
+spec:
+  nodeName: {}
+  terminationGracePeriodSeconds: 1
+  containers:
+    - {{ name: c, image: {}, imagePullPolicy: Never, command: [sleep, infinity] }}
+",
+                n.name,
+                images::NET
+            ),
+        )?;
+        kubectl(&[
+            "-n",
+            DEMO_NS,
+            "wait",
+            "--for=condition=Ready",
+            &format!("pod/{POD}"),
+            "--timeout=90s",
+        ])?;
+        let ips = pods(DEMO_NS, "")?
+            .into_iter()
+            .find(|p| p.name == POD)
+            .map(|p| p.ips)
+            .unwrap_or_default();
+        kubectl(&[
+            "-n",
+            DEMO_NS,
+            "delete",
+            "pod",
+            POD,
+            "--wait=true",
+            "--timeout=60s",
+        ])?;
+        Ok((ips, t.elapsed()))
+    })();
+    std::fs::rename(&kept, &installed).context("put the installed shim back")?;
+    let mut failures = Vec::new();
+    match result {
+        Ok((ips, took)) => {
+            let _ = writeln!(
+                out,
+                "  {shim_is} with the agent of {agent} on {}: pod added ({}) and deleted in {:.1} s",
+                n.name,
+                ips.join(" "),
+                took.as_secs_f64()
+            );
+            if ips.len() != 2 {
+                failures.push(format!(
+                    "{shim_is} with the agent of {agent}: the pod got {ips:?}, not an address of each family"
+                ));
+            }
+        }
+        Err(e) => {
+            let _ = kubectl(&["-n", DEMO_NS, "delete", "pod", POD, "--wait=false"]);
+            failures.push(format!("{shim_is} with the agent of {agent}: {e:#}"));
+        }
+    }
     Ok(failures)
 }
 
