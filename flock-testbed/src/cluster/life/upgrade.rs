@@ -350,8 +350,9 @@ pub(super) fn upgrade_from(out: &mut String, rev: &str) -> Result<Vec<String>> {
     use crate::cluster::{NODES, images, kube, node};
     if deploy::installed_with() == Installer::Helm {
         bail!(
-            "life upgrade --from rolls between revisions' deploy/ manifests: bring the cluster \
-             up with `--install manifests` (the default), not Helm"
+            "life upgrade --from rolls between revisions' deploy/ manifests (a revision may have \
+             no chart), and this cluster was installed with Helm: bring it up with \
+             `cargo xtask cluster up --install manifests`"
         );
     }
     let repo = crate::cluster::repo_root();
