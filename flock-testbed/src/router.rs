@@ -496,6 +496,11 @@ pub struct Router<'a> {
     /// Routes it announces to every node besides its own addresses, though nothing behind it
     /// calls for them (a test's rogue announcements: a default route, a node's own prefix).
     pub announce: Vec<ipnet::IpNet>,
+    /// A BFD session going down starts a graceful restart of its BGP session rather than
+    /// ending it (BIRD's `bfd graceful`, FRR's `bfd check-control-plane-failure`): a node's
+    /// BIRD restarting loses nothing, a dead link keeps the node's routes for the restart
+    /// time (docs/bgp.md, "Graceful restart and BFD").
+    pub bfd_graceful: bool,
 }
 
 impl Router<'_> {
@@ -576,7 +581,11 @@ template bgp flocknode {{
             }
             let _ = writeln!(conf, "  neighbor {} as {};", peer.addr, peer.asn);
             if peer.bfd {
-                conf.push_str("  bfd on;\n");
+                conf.push_str(if self.bfd_graceful {
+                    "  bfd graceful;\n"
+                } else {
+                    "  bfd on;\n"
+                });
             }
             if let Some(password) = peer.password {
                 let _ = writeln!(conf, "  password \"{password}\";");
@@ -687,6 +696,9 @@ exit
             }
             if peer.bfd {
                 let _ = writeln!(bgpd, " neighbor {key} bfd profile flock");
+                if self.bfd_graceful {
+                    let _ = writeln!(bgpd, " neighbor {key} bfd check-control-plane-failure");
+                }
             }
         }
         for (family, own) in [
@@ -794,6 +806,21 @@ mod tests {
         let mut no_bfd = router.clone();
         no_bfd.peers.truncate(1);
         assert!(!no_bfd.bird_conf().contains("protocol bfd"));
+        let mut graceful = router.clone();
+        graceful.bfd_graceful = true;
+        assert!(graceful.bird_conf().contains("  bfd graceful;\n"));
+        assert!(
+            graceful
+                .frr_conf()
+                .bgpd
+                .contains(" neighbor 2001:db8:1::2 bfd check-control-plane-failure\n")
+        );
+        assert!(
+            !router
+                .frr_conf()
+                .bgpd
+                .contains("check-control-plane-failure")
+        );
     }
 
     fn two_peers() -> Router<'static> {
@@ -822,6 +849,7 @@ mod tests {
                 },
             ],
             announce: vec!["::/0".parse().unwrap(), "10.0.0.0/25".parse().unwrap()],
+            bfd_graceful: false,
         }
     }
 

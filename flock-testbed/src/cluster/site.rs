@@ -168,6 +168,7 @@ fn router_description<'a>(
     nodes: &[&'a Node],
     passwords: &'a BTreeMap<&str, String>,
     announce: Vec<ipnet::IpNet>,
+    bfd_graceful: bool,
 ) -> router::Router<'a> {
     router::Router {
         of: "the cluster",
@@ -187,6 +188,7 @@ fn router_description<'a>(
             })
             .collect(),
         announce,
+        bfd_graceful,
     }
 }
 
@@ -240,7 +242,59 @@ fn write_router_conf() -> Result<()> {
             passwords.insert(n.name, p);
         }
     }
-    router_description(&nodes, &passwords, announced()?).write(router_kind(), &router_dir())
+    router_description(
+        &nodes,
+        &passwords,
+        announced()?,
+        bfd_graceful_file().exists(),
+    )
+    .write(router_kind(), &router_dir())
+}
+
+/// Present while the router's BFD sessions restart BGP gracefully ([`bfd_graceful`]).
+fn bfd_graceful_file() -> std::path::PathBuf {
+    router_dir().join("bfd-graceful")
+}
+
+/// Whether the router's BFD sessions restart BGP gracefully now.
+pub fn is_bfd_graceful() -> bool {
+    bfd_graceful_file().exists()
+}
+
+/// Makes a BFD session going down start a graceful restart at the router (`on`) or end the
+/// BGP session (the test bed's default): docs/bgp.md, "Graceful restart and BFD".
+pub fn bfd_graceful(on: bool) -> Result<()> {
+    if on {
+        std::fs::write(bfd_graceful_file(), "").context("mark BFD graceful")?;
+    } else if bfd_graceful_file().exists() {
+        std::fs::remove_file(bfd_graceful_file()).context("unmark BFD graceful")?;
+    }
+    reload_router(&[])?;
+    // FRR applies the file's lines over what runs: a line gone is not undone
+    if !on && router_kind() == Kind::Frr {
+        let mut argv = vec![
+            "vtysh".to_owned(),
+            "--vty_socket".to_owned(),
+            router_dir().to_string_lossy().into_owned(),
+            "-c".to_owned(),
+            "configure terminal".to_owned(),
+            "-c".to_owned(),
+            format!("router bgp {ROUTER_ASN}"),
+        ];
+        for n in cabled().into_iter().filter(|n| n.bfd) {
+            argv.extend([
+                "-c".to_owned(),
+                format!("no neighbor {} bfd check-control-plane-failure", n.addr),
+            ]);
+        }
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let out = Place::Net(ROUTER.to_owned()).run(&argv)?;
+        anyhow::ensure!(
+            Kind::Frr.reload_ok(&out),
+            "FRR kept check-control-plane-failure: {out}"
+        );
+    }
+    Ok(())
 }
 
 /// Where the routes the router announces besides its own are kept ([`announce`]).
@@ -491,12 +545,12 @@ mod tests {
     fn router_peers_with_every_node_and_passes_documentation_addresses_only() {
         let passwords = BTreeMap::from([("node1", "s3cret".to_owned())]);
         let nodes: Vec<&Node> = crate::cluster::every_node().collect();
-        let conf = router_description(&nodes, &passwords, Vec::new()).bird_conf();
+        let conf = router_description(&nodes, &passwords, Vec::new(), false).bird_conf();
         for node in &nodes {
             assert!(conf.contains(&format!("neighbor {} as {}", node.addr, node.asn)));
         }
         assert!(conf.contains("password \"s3cret\";") && conf.contains("bfd on;"));
-        let frr = router_description(&nodes, &passwords, Vec::new())
+        let frr = router_description(&nodes, &passwords, Vec::new(), false)
             .frr_conf()
             .integrated();
         assert!(

@@ -142,6 +142,7 @@ pub(super) fn router() -> crate::router::Router<'static> {
             })
             .collect(),
         announce: Vec::new(),
+        bfd_graceful: false,
     }
 }
 

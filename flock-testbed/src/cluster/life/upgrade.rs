@@ -369,16 +369,40 @@ pub(super) fn upgrade_from(out: &mut String, rev: &str) -> Result<Vec<String>> {
         images::import(&kube, &node::containerd_socket(n), &archive)
             .with_context(|| format!("import {old_image} on {}", n.name))?;
     }
+    // A roll between versions restarts BIRD too (the image changes). On a session with BFD, a
+    // router in `bfd on` mode ends the session the moment BIRD's BFD stops and loses the
+    // node's traffic until BIRD is back (about 1.3 s; docs/bgp.md, "Graceful restart and
+    // BFD"); in `bfd graceful` mode it restarts gracefully. The rolls run with the latter,
+    // as an operator who wants hitless upgrades configures the router.
+    let was_graceful = crate::cluster::site::is_bfd_graceful();
+    crate::cluster::site::bfd_graceful(true)?;
+    let result = rolls(out, rev, &repo, &old, &old_image);
+    crate::cluster::site::bfd_graceful(was_graceful)?;
+    result
+}
+
+/// The rolls of [`upgrade_from`]: install `old`, upgrade, rollback, and back to the working
+/// tree.
+fn rolls(
+    out: &mut String,
+    rev: &str,
+    repo: &std::path::Path,
+    old: &crate::revision::Revision,
+    old_image: &str,
+) -> Result<Vec<String>> {
+    use crate::cluster::deploy;
+    use crate::cluster::{NODES, images};
     let new_shim = crate::lab::debug_bins().join("flock");
     let old_shim = old.bins.join("flock");
     let mut failures = Vec::new();
 
     let t = Instant::now();
-    deploy::apply_version(&old.src, &old_image)?;
+    deploy::apply_version(&old.src, old_image)?;
     deploy::wait_rolled_out()?;
     let _ = writeln!(
         out,
-        "UPGRADE FROM {rev} ({}): installed from its deploy/ with {old_image} in {:.1} s",
+        "UPGRADE FROM {rev} ({}): installed from its deploy/ with {old_image} in {:.1} s; the \
+         router's BFD sessions in `bfd graceful` mode for the rolls",
         old.short,
         t.elapsed().as_secs_f64()
     );
@@ -394,7 +418,7 @@ pub(super) fn upgrade_from(out: &mut String, rev: &str) -> Result<Vec<String>> {
         out,
         &format!("upgrade from {rev} to the working tree"),
         |_| {
-            deploy::apply_version(&repo, images::FLOCK)?;
+            deploy::apply_version(repo, images::FLOCK)?;
             Ok(format!("kubectl apply of deploy/ with {}", images::FLOCK))
         },
         RolledOut::Everything,
@@ -411,14 +435,14 @@ pub(super) fn upgrade_from(out: &mut String, rev: &str) -> Result<Vec<String>> {
         out,
         &format!("rollback from the working tree to {rev}"),
         |_| {
-            deploy::apply_version(&old.src, &old_image)?;
+            deploy::apply_version(&old.src, old_image)?;
             Ok(format!("kubectl apply of {rev}'s deploy/ with {old_image}"))
         },
         RolledOut::Everything,
     )?);
     failures.extend(startup_reports(out, rev)?);
     // back to the build the cluster came up with
-    deploy::apply_version(&repo, images::FLOCK)?;
+    deploy::apply_version(repo, images::FLOCK)?;
     deploy::wait_rolled_out()?;
     out.push('\n');
     Ok(failures)
