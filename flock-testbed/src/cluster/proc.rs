@@ -172,14 +172,27 @@ pub fn kill_daemon(name: &str) -> Result<Option<u32>> {
         nix::sys::signal::Signal::SIGKILL,
     )
     .with_context(|| format!("kill {name} ({pid})"))?;
+    // Gone means every thread gone: the leader of a multithreaded process (the apiserver,
+    // containerd) is a zombie while its other threads still exit and still hold its sockets,
+    // and a successor started then found the apiserver's port in use.
     let started = Instant::now();
-    while flock_testkit::is_alive(pid) {
+    while !exited(pid) {
         if started.elapsed() > Duration::from_secs(10) {
             bail!("{name} ({pid}) still runs 10 s after SIGKILL");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(Some(pid))
+}
+
+/// Whether every thread of `pid` has exited (reaped, or a zombie with no thread left).
+fn exited(pid: u32) -> bool {
+    if flock_testkit::is_alive(pid) {
+        return false;
+    }
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| tasks.flatten().count() <= 1)
+        .unwrap_or(true)
 }
 
 /// The pid recorded for daemon `name`, if it is still alive.

@@ -710,7 +710,6 @@ pub(super) fn chaos(out: &mut String, o: &Options) -> Result<Vec<String>> {
             eprintln!("cluster: life: chaos: {:>6.0} s: {fault}", at.as_secs_f64());
             if let Err(e) = fault.apply(&kube) {
                 failures.push(format!("{fault} at {:.0} s: {e:#}", at.as_secs_f64()));
-                continue;
             }
             *faults.entry(fault.kind()).or_default() += 1;
             let (settle, wrong) = after_fault(&baseline)?;
