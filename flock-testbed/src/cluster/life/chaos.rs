@@ -227,22 +227,16 @@ spec:
         image = images::NET
     );
     for n in &NODES {
-        let _ = write!(
-            m,
-            "---
-apiVersion: v1
-kind: Pod
-metadata: {{ name: {}, namespace: {NS}, labels: {{ role: prober }} }}
-spec:
-  nodeName: {}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - {{ name: c, image: {}, imagePullPolicy: Never, command: [sleep, infinity] }}
-",
-            prober(n),
+        m.push_str("---\n");
+        m.push_str(&super::pinned_pod(
+            NS,
+            &prober(n),
+            "role: prober",
             n.name,
-            images::NET
-        );
+            images::NET,
+            "[sleep, infinity]",
+            "",
+        ));
     }
     m
 }
@@ -252,19 +246,7 @@ fn prober(n: &Node) -> String {
 }
 
 fn lone_pod(name: &str, n: &Node) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{ name: {name}, namespace: {NS}, labels: {{ app: chaos-lone }} }}
-spec:
-  nodeName: {}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - {{ name: c, image: {}, imagePullPolicy: Never }}
-",
-        n.name,
-        images::NET
-    )
+    super::pinned_pod(NS, name, "app: chaos-lone", n.name, images::NET, "", "")
 }
 
 const POLICY: &str = "apiVersion: networking.k8s.io/v1

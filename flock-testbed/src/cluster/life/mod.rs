@@ -295,6 +295,44 @@ fn pods(namespace: &str, selector: &str) -> Result<Vec<PodView>> {
     pods_in(Some(namespace), selector)
 }
 
+/// A pod of one container `c` bound to node `node` (no scheduler), gone within a second of its
+/// deletion: `labels` as YAML flow mapping entries (`app: x`, or empty), `command` a YAML
+/// flow sequence (`[sleep, infinity]`, or empty for the image's own), and `extra` appended
+/// to the container (more of its fields, then the pod's `volumes`, indented to match).
+fn pinned_pod(
+    namespace: &str,
+    name: &str,
+    labels: &str,
+    node: &str,
+    image: &str,
+    command: &str,
+    extra: &str,
+) -> String {
+    let labels = if labels.is_empty() {
+        String::new()
+    } else {
+        format!(", labels: {{ {labels} }}")
+    };
+    let command = if command.is_empty() {
+        String::new()
+    } else {
+        format!("\n      command: {command}")
+    };
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata: {{ name: {name}, namespace: {namespace}{labels} }}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: {image}
+      imagePullPolicy: Never{command}
+{extra}"
+    )
+}
+
 /// Deletes `ns` if it is there (waiting until it is gone) and creates it afresh.
 fn fresh_namespace(ns: &str) -> Result<()> {
     let _ = kubectl(&[
@@ -575,4 +613,37 @@ pub(super) fn pool_counts(pool: &str) -> Result<(String, String, String)> {
 
 pub(super) fn ms(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pinned_pod;
+
+    #[test]
+    fn a_pinned_pod_is_the_pod_it_says() {
+        let pod: serde_yaml::Value = serde_yaml::from_str(&pinned_pod(
+            "ns",
+            "p",
+            "app: x",
+            "node1",
+            "img",
+            "[sleep, infinity]",
+            "      securityContext:\n        capabilities: { add: [NET_ADMIN] }\n  volumes: []\n",
+        ))
+        .unwrap();
+        assert_eq!(pod["metadata"]["labels"]["app"], "x");
+        assert_eq!(pod["spec"]["nodeName"], "node1");
+        let c = &pod["spec"]["containers"][0];
+        assert_eq!(
+            (c["name"].as_str(), c["image"].as_str()),
+            (Some("c"), Some("img"))
+        );
+        assert_eq!(c["command"][1], "infinity");
+        assert_eq!(c["securityContext"]["capabilities"]["add"][0], "NET_ADMIN");
+        assert!(pod["spec"]["volumes"].is_sequence());
+        let bare: serde_yaml::Value =
+            serde_yaml::from_str(&pinned_pod("ns", "p", "", "n", "img", "", "")).unwrap();
+        assert!(bare["metadata"]["labels"].is_null());
+        assert!(bare["spec"]["containers"][0]["command"].is_null());
+    }
 }

@@ -228,20 +228,14 @@ fn leak(bins: &Path, out: &mut String, failures: &mut Vec<String>) -> Result<()>
     let n = &NODES[1];
     kubectl_stdin(
         &["apply", "-f", "-"],
-        &format!(
-            "apiVersion: v1
-kind: Pod
-metadata: {{ name: {LEAKER}, namespace: {DEMO_NS} }}
-spec:
-  nodeName: {node}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: c
-      image: {image}
-      imagePullPolicy: Never
-      command: [sleep, infinity]",
-            node = n.name,
-            image = crate::cluster::images::NET
+        &super::pinned_pod(
+            DEMO_NS,
+            LEAKER,
+            "",
+            n.name,
+            crate::cluster::images::NET,
+            "[sleep, infinity]",
+            "",
         ),
     )?;
     kubectl(&[

@@ -324,21 +324,7 @@ fn specs(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
 }
 
 fn pod_yaml(name: &str, n: &Node, image: &str, command: &str, extra: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{ name: {name}, namespace: {NS} }}
-spec:
-  nodeName: {node}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: c
-      image: {image}
-      imagePullPolicy: Never
-      command: {command}
-{extra}",
-        node = n.name
-    )
+    super::pinned_pod(NS, name, "", n.name, image, command, extra)
 }
 
 fn wait_ready(pod: &str) -> Result<()> {

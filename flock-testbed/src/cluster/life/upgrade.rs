@@ -495,18 +495,14 @@ fn shim_with_agent(
         let t = Instant::now();
         kubectl_stdin(
             &["apply", "-f", "-"],
-            &format!(
-                "apiVersion: v1
-kind: Pod
-metadata: {{ name: {POD}, namespace: {DEMO_NS} }}
-spec:
-  nodeName: {}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - {{ name: c, image: {}, imagePullPolicy: Never, command: [sleep, infinity] }}
-",
+            &super::pinned_pod(
+                DEMO_NS,
+                POD,
+                "",
                 n.name,
-                images::NET
+                images::NET,
+                "[sleep, infinity]",
+                "",
             ),
         )?;
         kubectl(&[
