@@ -342,8 +342,14 @@ fn leak(bins: &Path, out: &mut String, failures: &mut Vec<String>) -> Result<()>
     refused.show(out);
     refused.expect(1, &["released 0"], failures);
 
-    // the runtime cleans up at last: gone from the node too
-    node::place(n)?.run(&["ip", "netns", "delete", &netns_name])?;
+    // the runtime cleans up at last: gone from the node too (the kubelet's own retry may have
+    // had containerd remove the pin already)
+    let pin = node::host_path(n, "/run/netns")
+        .context("the node's /run/netns")?
+        .join(&netns_name);
+    if pin.exists() {
+        node::place(n)?.run(&["ip", "netns", "delete", &netns_name])?;
+    }
     let found = flock(bins, &["ipam", "check", "-o", "json"])?;
     let leaks: Vec<Value> = serde_json::from_str::<Value>(&found.stdout)
         .map(|v| {
