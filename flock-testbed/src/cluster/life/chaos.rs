@@ -32,9 +32,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use serde_json::Value;
 
-use super::{pid_in, router_routes, signal};
+use super::{PodView, pid_in, router_routes, signal};
 use crate::cluster::proc::Place;
 use crate::cluster::{NODES, Node, control, images, kube, kubectl, kubectl_stdin, node, site};
 use crate::sys;
@@ -351,36 +350,19 @@ fn churn(seed: u64, stop: &AtomicBool, c: &Churned) {
 
 /// Every pod of the cluster with its own addresses (not on the host network), not
 /// terminating and not finished.
-fn live_pods() -> Result<Vec<Live>> {
+fn live_pods() -> Result<Vec<PodView>> {
     Ok(super::pods_in(None, "")?
         .into_iter()
         .filter(|p| !p.host_network && !p.finished)
-        .map(|p| Live {
-            key: p.key(),
-            node: p.node,
-            ips: p.ips,
-            ready: p.ready,
-            running: p.running,
-        })
         .collect())
 }
 
-/// A pod as the checks need it.
-#[derive(Debug, Clone)]
-struct Live {
-    key: String,
-    node: String,
-    ips: Vec<String>,
-    ready: bool,
-    running: bool,
-}
-
 /// Addresses on two live pods.
-fn duplicates(pods: &[Live]) -> Vec<String> {
-    let mut by_ip: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+fn duplicates(pods: &[PodView]) -> Vec<String> {
+    let mut by_ip: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for p in pods {
         for ip in &p.ips {
-            by_ip.entry(ip).or_default().push(&p.key);
+            by_ip.entry(ip).or_default().push(p.key());
         }
     }
     by_ip
@@ -426,11 +408,11 @@ fn settled() -> bool {
 }
 
 /// Ready pods on the other node that the prober on `from` cannot ping, per family.
-fn unreachable_from(from: &Node, pods: &[Live]) -> Result<Vec<String>> {
+fn unreachable_from(from: &Node, pods: &[PodView]) -> Result<Vec<String>> {
     // the run's own pods: another test's NetworkPolicies may isolate its pods
     let targets: Vec<&str> = pods
         .iter()
-        .filter(|p| p.key.starts_with(&format!("{NS}/")))
+        .filter(|p| p.namespace == NS)
         .filter(|p| p.ready && p.running && p.node != from.name && !p.ips.is_empty())
         .flat_map(|p| p.ips.iter().map(String::as_str))
         .collect();
@@ -445,9 +427,9 @@ fn unreachable_from(from: &Node, pods: &[Live]) -> Result<Vec<String>> {
     let failed: BTreeSet<&str> = out.split_whitespace().collect();
     Ok(pods
         .iter()
-        .filter(|p| p.key.starts_with(&format!("{NS}/")))
+        .filter(|p| p.namespace == NS)
         .filter(|p| p.ips.iter().any(|ip| failed.contains(ip.as_str())))
-        .map(|p| format!("{} ({}) from {}", p.key, p.ips.join(" "), prober(from)))
+        .map(|p| format!("{} ({}) from {}", p.key(), p.ips.join(" "), prober(from)))
         .collect())
 }
 
@@ -490,31 +472,21 @@ fn after_fault(baseline: &BTreeMap<&str, Vec<String>>) -> Result<(Duration, Vec<
     Ok((settle, wrong))
 }
 
-/// The records of `n`'s agent (`flock-agent allocations --json` on its store).
-fn records(n: &Node) -> Result<Vec<Value>> {
-    let store = node::host_path(n, "/var/lib/flock").context("the node's /var/lib/flock")?;
-    let v: Value = serde_json::from_str(&sys::output(
-        std::process::Command::new(crate::lab::debug_bins().join("flock-agent"))
-            .args(["allocations", "--json", "--state-dir"])
-            .arg(&store),
-    )?)?;
-    Ok(v.as_array().cloned().unwrap_or_default())
-}
-
 /// The end state's violations on every node.
 fn end_state() -> Result<Vec<String>> {
     let mut wrong = Vec::new();
     let pods = live_pods()?;
     for n in &NODES {
-        let recs = records(n)?;
         let mut held: BTreeSet<String> = BTreeSet::new();
         let mut pod_addrs: BTreeSet<String> = BTreeSet::new();
-        for r in &recs {
+        let mut allocated: BTreeSet<String> = BTreeSet::new();
+        for r in &super::agent_records(n)? {
             let key = format!(
                 "{}/{}",
                 r["pod"]["namespace"].as_str().unwrap_or("?"),
                 r["pod"]["name"].as_str().unwrap_or("?")
             );
+            allocated.insert(key.clone());
             let ips: Vec<String> = ["ipv6", "ipv4"]
                 .iter()
                 .filter_map(|f| r[*f].as_str().map(str::to_owned))
@@ -532,7 +504,7 @@ fn end_state() -> Result<Vec<String>> {
             held.insert(r["hostIf"].as_str().unwrap_or("").to_owned());
             // a secondary network's attachment has addresses of its own, not the pod's
             let secondary = r["flockNetwork"].is_string();
-            match pods.iter().find(|p| p.key == key && p.node == n.name) {
+            match pods.iter().find(|p| p.key() == key && p.node == n.name) {
                 None => wrong.push(format!(
                     "{}: an allocation of {key} ({}) without its pod",
                     n.name,
@@ -546,31 +518,20 @@ fn end_state() -> Result<Vec<String>> {
             }
         }
         for p in pods.iter().filter(|p| p.node == n.name && p.running) {
-            if !recs.iter().any(|r| {
-                format!(
-                    "{}/{}",
-                    r["pod"]["namespace"].as_str().unwrap_or("?"),
-                    r["pod"]["name"].as_str().unwrap_or("?")
-                ) == p.key
-            }) {
+            if !allocated.contains(&p.key()) {
                 wrong.push(format!(
                     "{}: running pod {} has no allocation",
-                    n.name, p.key
+                    n.name,
+                    p.key()
                 ));
             }
         }
-        let net = Place::Net(n.ns());
-        let links = net.run(&["ip", "-o", "link", "show", "type", "veth"])?;
-        for l in links.lines() {
-            let name = l
-                .split(": ")
-                .nth(1)
-                .and_then(|s| s.split('@').next())
-                .unwrap_or("");
-            if name.starts_with("flock") && !held.contains(name) {
+        for name in super::flock_veths(n)? {
+            if !held.contains(&name) {
                 wrong.push(format!("{}: veth {name} without a record", n.name));
             }
         }
+        let net = Place::Net(n.ns());
         for family in ["-6", "-4"] {
             let routes = net.run(&["ip", family, "route", "show"])?;
             for l in routes.lines() {

@@ -523,11 +523,32 @@ fn holdings(n: &Node) -> (String, usize) {
     ])
     .map(|s| s.trim().to_owned())
     .unwrap_or_else(|e| format!("? ({e:#})"));
-    let veths = Place::Net(n.ns())
-        .run(&["ip", "-o", "link", "show", "type", "veth"])
-        .map(|o| o.lines().filter(|l| l.contains(": flock")).count())
-        .unwrap_or(0);
+    let veths = flock_veths(n).map_or(0, |v| v.len());
     (counts, veths)
+}
+
+/// The names of flock's host veths (`flock…`) in `n`'s network namespace.
+fn flock_veths(n: &Node) -> Result<Vec<String>> {
+    let links = Place::Net(n.ns()).run(&["ip", "-o", "link", "show", "type", "veth"])?;
+    Ok(links
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|name| name.split('@').next().unwrap_or(name))
+        .filter(|name| name.starts_with("flock"))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// The records of `n`'s agent: `flock-agent allocations --json` on the node's store.
+fn agent_records(n: &Node) -> Result<Vec<Value>> {
+    let store = super::node::host_path(n, "/var/lib/flock").context("the node's /var/lib/flock")?;
+    let records: Value = serde_json::from_str(&sys::output(
+        std::process::Command::new(crate::lab::debug_bins().join("flock-agent"))
+            .args(["allocations", "--json", "--state-dir"])
+            .arg(&store),
+    )?)
+    .context("parse flock-agent allocations --json")?;
+    Ok(records.as_array().cloned().unwrap_or_default())
 }
 
 /// The router's BGP routes through `n`.

@@ -248,17 +248,9 @@ fn leak(bins: &Path, out: &mut String, failures: &mut Vec<String>) -> Result<()>
     ])?;
     // its record: the container ID and the namespace to leave behind
     let store = node::host_path(n, "/var/lib/flock").context("the node's /var/lib/flock")?;
-    let records: Value = serde_json::from_str(&sys::output(
-        Command::new(crate::lab::debug_bins().join("flock-agent"))
-            .args(["allocations", "--json", "--state-dir"])
-            .arg(&store),
-    )?)?;
-    let record = records
-        .as_array()
+    let record = super::agent_records(n)?
         .into_iter()
-        .flatten()
         .find(|r| r["pod"]["name"] == LEAKER)
-        .cloned()
         .context("no record of the leaking pod")?;
     let cid = record["containerId"]
         .as_str()
