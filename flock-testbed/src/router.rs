@@ -215,23 +215,16 @@ impl Kind {
     }
 
     /// The commands that make the router running in `dir` take the configuration
-    /// [`Router::write`] wrote there (`asn`: the router's); `gone`: the peers (addresses, or interfaces of
-    /// unnumbered ones) it had before and has no more, and `withdrawn`: the routes it
-    /// announced before and no more ([`Router::announce`]), both of which FRR keeps unless
-    /// told. [`Kind::reload_ok`] reads each one's output.
-    pub fn reload_commands(
-        self,
-        dir: &Path,
-        asn: u32,
-        gone: &[&str],
-        withdrawn: &[ipnet::IpNet],
-    ) -> Vec<Vec<String>> {
+    /// [`Router::write`] wrote there (`asn`: the router's); `dropped`: what it had before and
+    /// its new configuration no longer has, which FRR keeps unless told. [`Kind::reload_ok`]
+    /// reads each one's output.
+    pub fn reload_commands(self, dir: &Path, asn: u32, dropped: &Dropped<'_>) -> Vec<Vec<String>> {
         match self {
             Kind::Bird => vec![self.show_command(dir, "configure")],
             Kind::Frr => {
                 let socket = dir.to_string_lossy().into_owned();
                 let mut commands = Vec::new();
-                if !gone.is_empty() || !withdrawn.is_empty() {
+                if !dropped.is_empty() {
                     let mut argv = vec![
                         "vtysh".to_owned(),
                         "--vty_socket".into(),
@@ -241,10 +234,16 @@ impl Kind {
                         "-c".into(),
                         format!("router bgp {asn}"),
                     ];
-                    for peer in gone {
+                    for peer in dropped.peers {
                         argv.extend(["-c".into(), format!("no neighbor {peer}")]);
                     }
-                    for route in withdrawn {
+                    for peer in dropped.bfd_graceful {
+                        argv.extend([
+                            "-c".into(),
+                            format!("no neighbor {peer} bfd check-control-plane-failure"),
+                        ]);
+                    }
+                    for route in dropped.announced {
                         let family = match route {
                             ipnet::IpNet::V6(_) => "ipv6",
                             ipnet::IpNet::V4(_) => "ipv4",
@@ -458,6 +457,25 @@ pub fn parse_bfd_up(kind: Kind, text: &str) -> usize {
             .iter()
             .filter(|p| p["status"].as_str() == Some("up"))
             .count(),
+    }
+}
+
+/// What a running router had and the configuration it is to take no longer has
+/// ([`Kind::reload_commands`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dropped<'a> {
+    /// Peers: addresses, or interfaces of unnumbered ones.
+    pub peers: &'a [&'a str],
+    /// Routes it announced ([`Router::announce`]).
+    pub announced: &'a [ipnet::IpNet],
+    /// Peers (as in `peers`) whose BFD it ran in graceful mode ([`Router::bfd_graceful`]) and
+    /// now runs in plain mode.
+    pub bfd_graceful: &'a [&'a str],
+}
+
+impl Dropped<'_> {
+    fn is_empty(&self) -> bool {
+        self.peers.is_empty() && self.announced.is_empty() && self.bfd_graceful.is_empty()
     }
 }
 
@@ -963,21 +981,60 @@ mod tests {
     fn a_running_router_takes_a_new_configuration() {
         let dir = Path::new("/run/r");
         assert_eq!(
-            Kind::Bird.reload_commands(dir, 65000, &["2001:db8::9"], &[]),
+            Kind::Bird.reload_commands(
+                dir,
+                65000,
+                &Dropped {
+                    peers: &["2001:db8::9"],
+                    ..Dropped::default()
+                }
+            ),
             [["birdc", "-s", "/run/r/bird.ctl", "configure"]]
         );
-        let frr = Kind::Frr.reload_commands(dir, 65000, &["2001:db8::9", "to-x"], &[]);
+        let frr = Kind::Frr.reload_commands(
+            dir,
+            65000,
+            &Dropped {
+                peers: &["2001:db8::9", "to-x"],
+                ..Dropped::default()
+            },
+        );
         assert_eq!(frr.len(), 2);
         assert!(frr[0].contains(&"router bgp 65000".to_owned()));
         assert!(frr[0].contains(&"no neighbor 2001:db8::9".to_owned()));
         assert!(frr[0].contains(&"no neighbor to-x".to_owned()));
         assert_eq!(&frr[1][3..], ["-f", "/run/r/bgpd.conf"]);
-        assert_eq!(Kind::Frr.reload_commands(dir, 65000, &[], &[]).len(), 1);
+        assert_eq!(
+            Kind::Frr
+                .reload_commands(dir, 65000, &Dropped::default())
+                .len(),
+            1
+        );
         // a route announced before and no more is withdrawn in its family
-        let frr = Kind::Frr.reload_commands(dir, 65000, &[], &["::/0".parse().unwrap()]);
+        let frr = Kind::Frr.reload_commands(
+            dir,
+            65000,
+            &Dropped {
+                announced: &["::/0".parse().unwrap()],
+                ..Dropped::default()
+            },
+        );
         assert_eq!(frr.len(), 2);
         let at = frr[0].iter().position(|a| a == "no network ::/0").unwrap();
         assert_eq!(frr[0][at - 2], "address-family ipv6 unicast");
+        // a peer's BFD back from graceful mode to plain
+        let frr = Kind::Frr.reload_commands(
+            dir,
+            65000,
+            &Dropped {
+                bfd_graceful: &["2001:db8:1::2"],
+                ..Dropped::default()
+            },
+        );
+        assert!(
+            frr[0]
+                .contains(&"no neighbor 2001:db8:1::2 bfd check-control-plane-failure".to_owned())
+        );
         assert!(
             Kind::Bird
                 .reload_ok("BIRD 2.0.12 ready.\nReading configuration from x\nReconfigured\n")

@@ -264,37 +264,25 @@ pub fn is_bfd_graceful() -> bool {
 /// Makes a BFD session going down start a graceful restart at the router (`on`) or end the
 /// BGP session (the test bed's default): docs/bgp.md, "Graceful restart and BFD".
 pub fn bfd_graceful(on: bool) -> Result<()> {
+    let was = bfd_graceful_file().exists();
     if on {
         std::fs::write(bfd_graceful_file(), "").context("mark BFD graceful")?;
-    } else if bfd_graceful_file().exists() {
+    } else if was {
         std::fs::remove_file(bfd_graceful_file()).context("unmark BFD graceful")?;
     }
-    reload_router(&[])?;
-    // FRR applies the file's lines over what runs: a line gone is not undone
-    if !on && router_kind() == Kind::Frr {
-        let mut argv = vec![
-            "vtysh".to_owned(),
-            "--vty_socket".to_owned(),
-            router_dir().to_string_lossy().into_owned(),
-            "-c".to_owned(),
-            "configure terminal".to_owned(),
-            "-c".to_owned(),
-            format!("router bgp {ROUTER_ASN}"),
-        ];
-        for n in cabled().into_iter().filter(|n| n.bfd) {
-            argv.extend([
-                "-c".to_owned(),
-                format!("no neighbor {} bfd check-control-plane-failure", n.addr),
-            ]);
-        }
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let out = Place::Net(ROUTER.to_owned()).run(&argv)?;
-        anyhow::ensure!(
-            Kind::Frr.reload_ok(&out),
-            "FRR kept check-control-plane-failure: {out}"
-        );
-    }
-    Ok(())
+    let plain_again: Vec<&str> = if was && !on {
+        cabled()
+            .into_iter()
+            .filter(|n| n.bfd)
+            .map(|n| n.addr)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    reload_router(router::Dropped {
+        bfd_graceful: &plain_again,
+        ..router::Dropped::default()
+    })
 }
 
 /// Where the routes the router announces besides its own are kept ([`announce`]).
@@ -324,7 +312,10 @@ pub fn announce(routes: &[ipnet::IpNet]) -> Result<()> {
     let text: String = routes.iter().map(|r| format!("{r}\n")).collect();
     std::fs::write(announced_file(), text).context("write the router's announced routes")?;
     let withdrawn: Vec<ipnet::IpNet> = before.into_iter().filter(|r| !routes.contains(r)).collect();
-    reload_router(&withdrawn)
+    reload_router(router::Dropped {
+        announced: &withdrawn,
+        ..router::Dropped::default()
+    })
 }
 
 /// Starts the router's daemons (BIRD, or FRR's zebra, bfdd and bgpd) and waits until it
@@ -371,12 +362,12 @@ pub fn unplug() -> Result<()> {
 }
 
 fn reconfigure_router() -> Result<()> {
-    reload_router(&[])
+    reload_router(router::Dropped::default())
 }
 
-/// Writes the router's configuration and makes the running router take it; `withdrawn`: the
-/// routes it announced before and no more.
-fn reload_router(withdrawn: &[ipnet::IpNet]) -> Result<()> {
+/// Writes the router's configuration and makes the running router take it; `dropped`: what it
+/// had before besides peers (which this finds: the nodes no longer cabled) and has no more.
+fn reload_router(dropped: router::Dropped<'_>) -> Result<()> {
     write_router_conf()?;
     let kind = router_kind();
     let cabled = cabled();
@@ -384,8 +375,12 @@ fn reload_router(withdrawn: &[ipnet::IpNet]) -> Result<()> {
         .filter(|n| !cabled.iter().any(|c| c.name == n.name))
         .map(|n| n.addr)
         .collect();
+    let dropped = router::Dropped {
+        peers: &gone,
+        ..dropped
+    };
     let router = Place::Net(ROUTER.to_owned());
-    for argv in kind.reload_commands(&router_dir(), ROUTER_ASN, &gone, withdrawn) {
+    for argv in kind.reload_commands(&router_dir(), ROUTER_ASN, &dropped) {
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let out = router.run(&argv)?;
         if !kind.reload_ok(&out) {
