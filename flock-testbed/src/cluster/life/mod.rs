@@ -99,15 +99,7 @@ pub fn run(args: &[String]) -> Result<()> {
     if args.first().map(String::as_str) == Some("chaos") {
         let options = chaos::Options::parse(&args[1..])?;
         crate::binaries::build(&[OPERATOR_TOOLS], false)?;
-        let mut out = String::new();
-        let t = Instant::now();
-        let result = chaos::chaos(&mut out, &options);
-        print!("{out}");
-        eprintln!(
-            "cluster: life: chaos: done in {:.1} s",
-            t.elapsed().as_secs_f64()
-        );
-        let failures = result?;
+        let failures = alone("chaos", |out| chaos::chaos(out, &options))?;
         if failures.is_empty() {
             return Ok(());
         }
@@ -128,15 +120,9 @@ pub fn run(args: &[String]) -> Result<()> {
                 crate::revision::DEFAULT_FROM
             ),
         };
-        let mut out = String::new();
-        let t = Instant::now();
-        let result = upgrade::upgrade_from(&mut out, &rev);
-        print!("{out}");
-        eprintln!(
-            "cluster: life: upgrade --from {rev}: done in {:.1} s",
-            t.elapsed().as_secs_f64()
-        );
-        let failures = result?;
+        let failures = alone(&format!("upgrade --from {rev}"), |out| {
+            upgrade::upgrade_from(out, &rev)
+        })?;
         if failures.is_empty() {
             return Ok(());
         }
@@ -172,6 +158,20 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         bail!("life tests failed:\n  {}", failures.join("\n  "))
     }
+}
+
+/// Runs one test that takes options of its own (`chaos`, `upgrade --from`): prints its report
+/// and how long it took; returns what missed its goal.
+fn alone(name: &str, test: impl FnOnce(&mut String) -> Result<Vec<String>>) -> Result<Vec<String>> {
+    let mut out = String::new();
+    let t = Instant::now();
+    let result = test(&mut out);
+    print!("{out}");
+    eprintln!(
+        "cluster: life: {name}: done in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    result
 }
 
 /// Runs the named tests, their tables into `out`; returns what missed its goal.
