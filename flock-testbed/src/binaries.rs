@@ -91,12 +91,15 @@ pub fn shim_rustc_flags(specs: &Path) -> Vec<String> {
 /// Cargo's target folder ([`crate::sys::use_target_dir`], else `CARGO_TARGET_DIR`, else
 /// `target/` of the workspace).
 pub fn target_dir() -> PathBuf {
-    if let Some(dir) = crate::sys::target_dir_override() {
-        return dir.to_owned();
-    }
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
+    chosen_target_dir().unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// The target folder chosen for every cargo ([`crate::sys::use_target_dir`], else
+/// `CARGO_TARGET_DIR`), if one was: a crate of a workspace of its own (`fuzz/`) builds there too.
+pub fn chosen_target_dir() -> Option<PathBuf> {
+    crate::sys::target_dir_override()
+        .map(Path::to_owned)
+        .or_else(|| std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from))
 }
 
 /// The workspace's root folder.

@@ -77,9 +77,10 @@ pub fn check() -> Result<()> {
     Ok(())
 }
 
-/// Where cargo puts the fuzz crate's binaries.
+/// Where [`check`]'s cargo puts the fuzz crate's binaries: the folder chosen for every cargo
+/// (in CI, the machine's cache), else the fuzz workspace's own `target/`.
 fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| dir().join("target"), PathBuf::from)
+    crate::binaries::chosen_target_dir().unwrap_or_else(|| dir().join("target"))
 }
 
 /// One target's round.
