@@ -22,7 +22,7 @@ use ipnet::IpNet;
 use rand_chacha::ChaCha12Rng;
 use rand_core::SeedableRng;
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::kernel::Kernel;
 use crate::metrics::{Component, Health, Metrics};
@@ -59,7 +59,7 @@ pub const DEFAULT_POD_WAIT: Duration = Duration::from_secs(10);
 /// The agent: state shared by every request.
 pub struct Agent {
     kernel: Arc<dyn Kernel>,
-    store: Store,
+    store: Arc<Store>,
     boot_id: String,
     settings: RwLock<Option<Arc<NodeSettings>>>,
     /// Whether the agent has heard whether its node has a NodeConfig (false in Kubernetes mode
@@ -172,7 +172,7 @@ impl Agent {
         let agent = Arc::new(Agent {
             boot_id,
             kernel: parts.kernel,
-            store,
+            store: Arc::new(store),
             settings_known: tokio::sync::watch::Sender::new(parts.settings.is_some()),
             settings: RwLock::new(parts.settings.map(Arc::new)),
             state: Arc::new(Mutex::new(state)),
@@ -192,6 +192,7 @@ impl Agent {
         });
         let report = agent.reconcile_at_start(records).await?;
         agent.restore_policy_pods();
+        agent.stock_spares();
         Ok((agent, report))
     }
 
@@ -478,6 +479,7 @@ impl Agent {
         self.metrics
             .store_write_seconds
             .observe(started.elapsed().as_secs_f64());
+        self.stock_spares();
         match outcome {
             Ok(()) => {
                 self.health.set_problem(Component::Store, None);
@@ -489,6 +491,22 @@ impl Agent {
                 Err(HandlerError::Store(e))
             }
         }
+    }
+
+    /// Tops up the store's spare files on a blocking thread when they run low, so that no
+    /// ADD creates a file on its path (see `store`). A failure only costs later writes the
+    /// file they then create.
+    fn stock_spares(&self) {
+        if !self.store.claim_stock() {
+            return;
+        }
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || match store.stock() {
+            Ok(created) => debug!(created, "stocked the store's spare files"),
+            Err(e) => {
+                warn!(error = %error::cause_chain(&e), "could not stock the store's spare files")
+            }
+        });
     }
 
     /// Deletes a record from the store (not from the node state).

@@ -285,3 +285,48 @@ fn a_spare_removed_behind_the_agents_back_is_made_anew() {
     store.put(&a).unwrap();
     assert_eq!(Store::read(dir.path()).unwrap(), vec![a, c]);
 }
+
+#[test]
+fn a_stocked_store_writes_a_burst_of_pods_into_files_it_already_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    assert!(store.claim_stock(), "an open store has no spare");
+    assert!(!store.claim_stock(), "one stock at a time");
+    assert_eq!(store.stock().unwrap(), SPARE_STOCK);
+    assert!(!store.claim_stock(), "stocked");
+    let stocked: std::collections::HashSet<u64> = spares_in(store.dir())
+        .iter()
+        .map(|n| inode(&store.dir().join(n)))
+        .collect();
+    assert_eq!(stocked.len(), SPARE_STOCK);
+    // Each pod's pending and committed writes take a stocked file, and give one back but the
+    // one its record keeps: no new file until the stock runs low.
+    let pods = SPARE_STOCK - SPARE_LOW;
+    let mut written = Vec::new();
+    for i in 0..pods {
+        let mut r = record(&format!("p{i:04}"));
+        store.put(&r).unwrap();
+        r.state = RecordState::Committed;
+        store.put(&r).unwrap();
+        let path = store.dir().join(r.key().file_name());
+        assert!(
+            stocked.contains(&inode(&path)),
+            "{} is a new file",
+            path.display()
+        );
+        written.push(r);
+    }
+    assert_eq!(spares_in(store.dir()).len(), SPARE_LOW);
+    assert!(!store.claim_stock(), "not below the low mark yet");
+    store.put(&record("last")).unwrap();
+    assert!(store.claim_stock());
+    assert_eq!(store.stock().unwrap(), SPARE_STOCK - SPARE_LOW + 1);
+    // Stocked spares are empty files: never read as records, removed at the next open.
+    written.push(record("last"));
+    written.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+    let mut read = Store::read(dir.path()).unwrap();
+    read.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+    assert_eq!(read, written);
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    assert!(spares_in(store.dir()).is_empty());
+}
