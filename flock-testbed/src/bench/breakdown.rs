@@ -127,12 +127,19 @@ impl Breakdown {
             .push(d);
     }
 
+    /// Adds another round's samples.
+    pub fn absorb(&mut self, round: Breakdown) {
+        for (key, samples) in round.samples {
+            self.samples.entry(key).or_default().extend(samples);
+        }
+    }
+
     fn get(&self, op: &str, phase: &str) -> Option<&Vec<Duration>> {
         self.samples.get(&(op.to_owned(), phase.to_owned()))
     }
 }
 
-/// The breakdown table (markdown), the floor rows under it, and the goal of issue 13 checked.
+/// The breakdown table (markdown) and the floor rows under it.
 pub fn render(b: &Breakdown, floor: &Floor) -> String {
     let mut out = String::from(
         "| phase (sequential) | ADD p50 | ADD p99 | DEL p50 | DEL p99 |\n|---|---:|---:|---:|---:|\n",
@@ -206,30 +213,6 @@ pub fn render(b: &Breakdown, floor: &Floor) -> String {
     out
 }
 
-/// ADD p50 against 1.5 × (kernel floor + VERSION exec p50), in ms: (measured, bound).
-///
-/// The kernel floor is the smaller of two p50s of the same `flock_netns::setup`: alone
-/// (`floor.setup`) and inside the agent (its `kernel` phase). On a shared VM either can come
-/// out higher — idle vCPUs wake slowly, a busy machine steals time — and the smaller one
-/// makes the goal the stricter.
-pub fn add_goal(add_seq: &[Duration], floor: &Floor, breakdown: Option<&Breakdown>) -> (f64, f64) {
-    let alone = percentile_ms(&floor.setup, 50.0);
-    let in_agent = breakdown
-        .and_then(|b| b.get("ADD", "kernel"))
-        .map_or(f64::INFINITY, |s| percentile_ms(s, 50.0));
-    let bound = 1.5 * (alone.min(in_agent) + percentile_ms(&floor.version_exec, 50.0));
-    (percentile_ms(add_seq, 50.0), bound)
-}
-
-/// 1.5 × (p50 of the floor's setups after a shim exec + VERSION exec p50), in ms; `None`
-/// when the floor has no such setups.
-pub fn add_bound_after_exec(floor: &Floor) -> Option<f64> {
-    (!floor.setup_after_exec.is_empty() && !floor.version_exec.is_empty()).then(|| {
-        1.5 * (percentile_ms(&floor.setup_after_exec, 50.0)
-            + percentile_ms(&floor.version_exec, 50.0))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,7 +274,7 @@ mod tests {
     }
 
     #[test]
-    fn the_floor_after_an_exec_gives_a_second_bound_and_rows_of_its_own() {
+    fn the_floor_after_an_exec_and_the_idle_round_trip_get_rows_of_their_own() {
         let ms = |v: &[u64]| {
             v.iter()
                 .map(|&us| Duration::from_micros(us))
@@ -303,11 +286,7 @@ mod tests {
             idle_round_trip: ms(&[90, 100, 110]),
             ..Floor::default()
         };
-        // No setups after an exec (fewer than one pod, or an older harness): no second bound.
-        assert_eq!(add_bound_after_exec(&floor), None);
         floor.setup_after_exec = ms(&[600, 650, 700]);
-        let bound = add_bound_after_exec(&floor).unwrap();
-        assert!((bound - 1.5 * (0.650 + 0.170)).abs() < 1e-9, "{bound}");
         let table = render(&Breakdown::default(), &floor);
         assert!(
             table.contains(

@@ -15,20 +15,32 @@ use super::handoff::handed_off_adds;
 /// Pods taken at some concurrency, and the wall time they took.
 pub type Burst = (usize, Duration);
 
-/// Pods per second of a burst.
-fn pods_per_s(burst: Option<Burst>) -> Option<f64> {
-    burst.map(|(n, wall)| n as f64 / wall.as_secs_f64())
+/// Pods per second of each burst.
+pub fn pods_per_s(bursts: &[Burst]) -> Vec<f64> {
+    bursts
+        .iter()
+        .map(|(n, wall)| *n as f64 / wall.as_secs_f64())
+        .collect()
+}
+
+/// The median pods per second of `bursts` (the lower middle of an even count); `None` when
+/// there is none.
+pub fn median_pods_per_s(bursts: &[Burst]) -> Option<f64> {
+    let mut rates = pods_per_s(bursts);
+    rates.sort_by(f64::total_cmp);
+    rates.get(rates.len().saturating_sub(1) / 2).copied()
 }
 
 impl Floor {
-    /// Pods per second of [`setup_concurrent`](Self::setup_concurrent).
+    /// Pods per second of [`setup_concurrent`](Self::setup_concurrent), the rounds' median.
     pub fn concurrent_pods_per_s(&self) -> Option<f64> {
-        pods_per_s(self.setup_concurrent)
+        median_pods_per_s(&self.setup_concurrent)
     }
 
-    /// Pods per second of [`handed_off_concurrent`](Self::handed_off_concurrent).
+    /// Pods per second of [`handed_off_concurrent`](Self::handed_off_concurrent), the
+    /// rounds' median.
     pub fn handed_off_pods_per_s(&self) -> Option<f64> {
-        pods_per_s(self.handed_off_concurrent)
+        median_pods_per_s(&self.handed_off_concurrent)
     }
 }
 
@@ -270,7 +282,7 @@ async fn floor_cycles(
     tokio::time::sleep(Duration::from_secs(2)).await;
     if !burst.is_empty() {
         let (_, wall) = handed_off_adds(burst, concurrency, node_path, bin_dir)?;
-        floor.handed_off_concurrent = Some((burst.len(), wall));
+        floor.handed_off_concurrent.push((burst.len(), wall));
         teardown_all(&node, burst).await?;
     }
     // As before a subject's concurrent phase: let the kernel finish with the torn-down pods.
@@ -298,7 +310,9 @@ async fn floor_cycles(
     for task in tasks {
         task.await.context("a kernel floor task")??;
     }
-    floor.setup_concurrent = Some((conc_specs.len(), start.elapsed()));
+    floor
+        .setup_concurrent
+        .push((conc_specs.len(), start.elapsed()));
     teardown_all(&node, &conc_specs).await?;
     Ok(floor)
 }

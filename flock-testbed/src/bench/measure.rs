@@ -148,9 +148,9 @@ fn measure(
     let daemon_cpu_per_add = match (subject.daemon_pid(), cpu_before) {
         (Some(pid), Some(before)) => {
             let ticks = cpu_ticks(pid)?.saturating_sub(before);
-            Some(ticks_to_duration(ticks) / u32::try_from(atts.len()).unwrap_or(u32::MAX))
+            vec![ticks_to_duration(ticks) / u32::try_from(atts.len()).unwrap_or(u32::MAX)]
         }
-        _ => None,
+        _ => Vec::new(),
     };
     let (del_conc, _) = concurrently(&atts, opts.concurrency, |a| {
         runtime
@@ -175,7 +175,7 @@ fn measure(
         del_seq,
         add_conc,
         del_conc,
-        add_conc_wall,
+        add_conc_bursts: vec![(atts.len(), add_conc_wall)],
         rss_kib,
         daemon_cpu_per_add,
         version_exec,

@@ -43,6 +43,8 @@ struct Options {
     /// Pods up when a daemon's RSS is read (extra ones are added untimed).
     rss_pods: usize,
     concurrency: usize,
+    /// Rounds of the floor and flock, alternately (each subject but flock runs once).
+    rounds: usize,
     only: Option<Vec<String>>,
     write: bool,
 }
@@ -50,13 +52,14 @@ struct Options {
 /// The most pods a phase can have (the kernel floor numbers `5 × pods` from 1 in 16 bits).
 const MAX_PODS: usize = 13_107;
 
-const USAGE: &str = "usage: cargo xtask bench [--pods N] [--concurrency C] [--rss-pods N] [--subjects reference,flock] [--no-write]";
+const USAGE: &str = "usage: cargo xtask bench [--pods N] [--concurrency C] [--rss-pods N] [--rounds R] [--subjects reference,flock] [--no-write]";
 
 fn parse_options(args: &[String]) -> Result<Options> {
     let mut opts = Options {
         pods: 100,
         rss_pods: 250,
         concurrency: 10,
+        rounds: 3,
         only: None,
         write: true,
     };
@@ -79,6 +82,10 @@ fn parse_options(args: &[String]) -> Result<Options> {
                 let v = value("--concurrency")?;
                 opts.concurrency = v.parse().with_context(|| format!("--concurrency {v:?}"))?;
             }
+            "--rounds" => {
+                let v = value("--rounds")?;
+                opts.rounds = v.parse().with_context(|| format!("--rounds {v:?}"))?;
+            }
             "--subjects" => {
                 let v = value("--subjects")?;
                 opts.only = Some(v.split(',').map(str::to_owned).collect());
@@ -87,8 +94,8 @@ fn parse_options(args: &[String]) -> Result<Options> {
             other => bail!("unknown bench argument {other:?}\n{USAGE}"),
         }
     }
-    if opts.pods == 0 || opts.concurrency == 0 {
-        bail!("--pods and --concurrency must be at least 1");
+    if opts.pods == 0 || opts.concurrency == 0 || opts.rounds == 0 {
+        bail!("--pods, --concurrency and --rounds must be at least 1");
     }
     // The kernel floor numbers five times as many pods from one /112 and one /16.
     if opts.pods > MAX_PODS {
@@ -108,10 +115,12 @@ struct Figures {
     del_seq: Vec<Duration>,
     add_conc: Vec<Duration>,
     del_conc: Vec<Duration>,
-    add_conc_wall: Duration,
+    /// Each round's concurrent ADD phase: (pods, wall time).
+    add_conc_bursts: Vec<Burst>,
+    /// The daemon's RSS with `rss_pods` pods, the most of any round.
     rss_kib: Option<u64>,
-    /// The daemon's CPU time (user + system) per ADD of the concurrent phase.
-    daemon_cpu_per_add: Option<Duration>,
+    /// The daemon's CPU time (user + system) per ADD of each round's concurrent phase.
+    daemon_cpu_per_add: Vec<Duration>,
     /// The plugin exec'd for `VERSION` by the same runtime.
     version_exec: Vec<Duration>,
     /// Per phase of the sequential ADDs and DELs, from the daemon's trace.
@@ -119,9 +128,37 @@ struct Figures {
 }
 
 impl Figures {
-    /// ADD throughput of the concurrent phase: pods over its wall time.
+    /// ADD throughput of the concurrent phase, pods over its wall time: the median of the
+    /// rounds'.
     fn add_pods_per_s(&self) -> f64 {
-        self.add_conc.len() as f64 / self.add_conc_wall.as_secs_f64()
+        floor::median_pods_per_s(&self.add_conc_bursts).unwrap_or(f64::NAN)
+    }
+
+    /// The daemon's CPU time per ADD: the median of the rounds'.
+    fn daemon_cpu_per_add(&self) -> Option<Duration> {
+        let mut per_round = self.daemon_cpu_per_add.clone();
+        per_round.sort_unstable();
+        per_round
+            .get(per_round.len().saturating_sub(1) / 2)
+            .copied()
+    }
+
+    /// Adds another round's figures of the same subject: its samples, its concurrent
+    /// phase, the larger RSS.
+    fn absorb(&mut self, round: Figures) {
+        self.add_seq.extend(round.add_seq);
+        self.del_seq.extend(round.del_seq);
+        self.add_conc.extend(round.add_conc);
+        self.del_conc.extend(round.del_conc);
+        self.add_conc_bursts.extend(round.add_conc_bursts);
+        self.rss_kib = self.rss_kib.max(round.rss_kib);
+        self.daemon_cpu_per_add.extend(round.daemon_cpu_per_add);
+        self.version_exec.extend(round.version_exec);
+        match (&mut self.breakdown, round.breakdown) {
+            (Some(b), Some(more)) => b.absorb(more),
+            (b @ None, more) => *b = more,
+            (Some(_), None) => {}
+        }
     }
 }
 
@@ -172,42 +209,64 @@ pub fn bench(args: &[String]) -> Result<()> {
     packages.dedup();
     let release_dir = build(&packages, true)?;
 
-    // The kernel floor first, on a quiet kernel.
-    let floor = if selected.iter().any(|s| s.key() == "flock") {
-        eprintln!(
-            "xtask bench: floor — flock-netns alone, {n} pods one at a time and as many each \
-             after a shim exec; {n} ADDs through the shim to a daemon that keeps no books one at \
-             a time and {n} at concurrency {c}; {n} with flock-netns alone at concurrency {c}",
-            n = opts.pods,
-            c = opts.concurrency
-        );
-        Some(floor::measure_kernel_floor(
-            opts.pods,
-            opts.concurrency,
-            &release_dir,
-        )?)
-    } else {
-        None
-    };
+    // flock and its floor in rounds, alternately (floor, flock, floor, flock…), so that the
+    // machine's drift lands on both and not in their ratio; every other subject once, after.
     let scratch = std::env::temp_dir().join(format!("flock-bench-{}", std::process::id()));
-    let mut all = Vec::new();
+    let mut all: Vec<Figures> = Vec::new();
+    let mut floor: Option<Floor> = None;
+    let mut rounds: Vec<report::Round> = Vec::new();
     let outcome = (|| -> Result<()> {
         for subject in &mut selected {
-            let work_dir = scratch.join(subject.key());
-            std::fs::create_dir_all(&work_dir)
-                .with_context(|| format!("create {}", work_dir.display()))?;
-            eprintln!(
-                "xtask bench: {} — {} pods, concurrency {}",
-                subject.label(),
-                opts.pods,
-                opts.concurrency
-            );
-            all.push(run_subject(
-                subject.as_mut(),
-                &opts,
-                &work_dir,
-                &release_dir,
-            )?);
+            let rounds_of_it = if subject.key() == "flock" {
+                opts.rounds
+            } else {
+                1
+            };
+            let mut merged: Option<Figures> = None;
+            for round in 1..=rounds_of_it {
+                let round_floor = if subject.key() == "flock" {
+                    eprintln!(
+                        "xtask bench: round {round} of {rounds_of_it}: floor — flock-netns alone, \
+                         {n} pods one at a time and as many each after a shim exec; {n} ADDs \
+                         through the shim to a daemon that keeps no books one at a time and {n} \
+                         at concurrency {c}; {n} with flock-netns alone at concurrency {c}",
+                        n = opts.pods,
+                        c = opts.concurrency
+                    );
+                    Some(floor::measure_kernel_floor(
+                        opts.pods,
+                        opts.concurrency,
+                        &release_dir,
+                    )?)
+                } else {
+                    None
+                };
+                let work_dir = scratch.join(format!("{}-{round}", subject.key()));
+                std::fs::create_dir_all(&work_dir)
+                    .with_context(|| format!("create {}", work_dir.display()))?;
+                eprintln!(
+                    "xtask bench: round {round} of {rounds_of_it}: {} — {} pods, concurrency {}",
+                    subject.label(),
+                    opts.pods,
+                    opts.concurrency
+                );
+                let figures = run_subject(subject.as_mut(), &opts, &work_dir, &release_dir)?;
+                std::fs::remove_dir_all(&work_dir)
+                    .with_context(|| format!("remove {}", work_dir.display()))?;
+                if let Some(mut round_floor) = round_floor {
+                    round_floor.version_exec = figures.version_exec.clone();
+                    rounds.push(report::Round::of(&figures, &round_floor));
+                    match &mut floor {
+                        Some(f) => f.absorb(round_floor),
+                        None => floor = Some(round_floor),
+                    }
+                }
+                match &mut merged {
+                    Some(m) => m.absorb(figures),
+                    None => merged = Some(figures),
+                }
+            }
+            all.extend(merged);
         }
         Ok(())
     })();
@@ -215,14 +274,8 @@ pub fn bench(args: &[String]) -> Result<()> {
     outcome?;
 
     let mut table = render_table(&all, &opts);
-    if let (Some(flock), Some(mut floor)) = (all.iter().find(|f| f.key == "flock"), floor) {
-        floor.version_exec = flock.version_exec.clone();
-        table.push_str(&render_breakdown(
-            flock,
-            &floor,
-            opts.pods,
-            opts.concurrency,
-        ));
+    if let (Some(flock), Some(floor)) = (all.iter().find(|f| f.key == "flock"), &floor) {
+        table.push_str(&render_breakdown(flock, floor, &rounds, &opts));
     }
     println!("{table}");
     if opts.write {
@@ -261,16 +314,32 @@ pub struct Floor {
     pub idle_round_trip: Vec<Duration>,
     /// ADDs of as many more pods through the shim, exec'd by the runtime stand-in, to a
     /// stand-in daemon that decodes, sets up and answers, and keeps no books (see
-    /// [`handed_off_adds`]): what a CNI of a shim and a node agent reaches here without
-    /// flock's bookkeeping.
+    /// [`handoff::handed_off_adds`]): what a CNI of a shim and a node agent reaches here
+    /// without flock's bookkeeping.
     pub handed_off_add: Vec<Duration>,
     /// ADDs of as many more pods to such a daemon, `concurrency` at a time, as the bench's
-    /// runtime threads make a subject's, on a node emptied and settled: (pods, wall time).
-    pub handed_off_concurrent: Option<Burst>,
-    /// `flock_netns::setup` of as many more pods, `concurrency` at a time: (pods, wall time).
-    /// What the kernel allows a node to take at that concurrency with nothing but the kernel
-    /// work: the ceiling of a CNI's ADD throughput here.
-    pub setup_concurrent: Option<Burst>,
+    /// runtime threads make a subject's, on a node emptied and settled: (pods, wall time),
+    /// one per round.
+    pub handed_off_concurrent: Vec<Burst>,
+    /// `flock_netns::setup` of as many more pods, `concurrency` at a time: (pods, wall time),
+    /// one per round. What the kernel allows a node to take at that concurrency with nothing
+    /// but the kernel work: the ceiling of a CNI's ADD throughput here.
+    pub setup_concurrent: Vec<Burst>,
+}
+
+impl Floor {
+    /// Adds another round's floor: its samples and its bursts.
+    fn absorb(&mut self, round: Floor) {
+        self.setup.extend(round.setup);
+        self.detach.extend(round.detach);
+        self.version_exec.extend(round.version_exec);
+        self.setup_after_exec.extend(round.setup_after_exec);
+        self.idle_round_trip.extend(round.idle_round_trip);
+        self.handed_off_add.extend(round.handed_off_add);
+        self.handed_off_concurrent
+            .extend(round.handed_off_concurrent);
+        self.setup_concurrent.extend(round.setup_concurrent);
+    }
 }
 
 /// Nearest-rank percentile, in milliseconds.
@@ -299,5 +368,8 @@ mod tests {
         assert!(parse_options(&args("--pods x")).is_err());
         assert!(parse_options(&args("--pods 0")).is_err());
         assert!(parse_options(&args("--what")).is_err());
+        assert_eq!(parse_options(&args("--rounds 5")).expect("ok").rounds, 5);
+        assert_eq!(parse_options(&args("")).expect("ok").rounds, 3);
+        assert!(parse_options(&args("--rounds 0")).is_err());
     }
 }
