@@ -71,8 +71,76 @@ pub struct Component {
     pub module: String,
     /// The upstream Go module it requires.
     pub upstream: &'static str,
+    /// Modules the wrapper requires at a version of their own: those upstream's `go.mod` does
+    /// not name, which `go mod tidy` would otherwise take at their newest (a dependency
+    /// without a `go.mod` of its own brings in its tests' imports), raising every module they
+    /// need above what upstream was released with.
+    pub pins: &'static [(&'static str, &'static str)],
+    /// Changes to upstream's source for the test bed ([`Patch`]), each said where it is made
+    /// and why.
+    pub patches: &'static [Patch],
     /// What is built.
     pub outputs: Vec<Output>,
+}
+
+/// A change to upstream's source, made in a copy of it at build time (the module cache stays
+/// as served).
+#[derive(Debug, Clone, Copy)]
+pub enum Patch {
+    /// In `file` (relative to upstream's module root), `old` replaced by `new`: it must occur
+    /// exactly `count` times, so a patch written for one version is refused by another.
+    Replace {
+        /// Relative to upstream's module root.
+        file: &'static str,
+        /// The text replaced.
+        old: &'static str,
+        /// What replaces it.
+        new: &'static str,
+        /// How many times `old` occurs in upstream's file.
+        count: usize,
+    },
+    /// A file added to upstream's source.
+    Add {
+        /// Relative to upstream's module root.
+        file: &'static str,
+        /// Its content.
+        text: &'static str,
+    },
+}
+
+/// Makes each of `patches` in the source tree at `dir`.
+fn apply_patches(dir: &Path, patches: &[Patch]) -> Result<()> {
+    for patch in patches {
+        match *patch {
+            Patch::Replace {
+                file,
+                old,
+                new,
+                count,
+            } => {
+                let path = dir.join(file);
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("read {}", path.display()))?;
+                let found = text.matches(old).count();
+                if found != count {
+                    bail!(
+                        "{file} holds {found} of the text a patch replaces, not {count}: the \
+                         patch is for another version:\n{old}"
+                    );
+                }
+                std::fs::write(&path, text.replace(old, new))
+                    .with_context(|| format!("write {}", path.display()))?;
+            }
+            Patch::Add { file, text } => {
+                let path = dir.join(file);
+                if path.exists() {
+                    bail!("a patch adds {file}, which upstream has");
+                }
+                std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A finished build: where its binaries are.
@@ -139,6 +207,9 @@ pub fn kubernetes(k: Kubernetes) -> Component {
         version: k.to_string(),
         module: k.module_dir(),
         upstream: "k8s.io/kubernetes",
+        patches: &[],
+        pins: &[],
+
         outputs,
     }
 }
@@ -168,6 +239,9 @@ pub fn kubernetes_e2e(k: Kubernetes) -> Component {
         version: k.to_string(),
         module: k.module_dir(),
         upstream: "k8s.io/kubernetes",
+        patches: &[],
+        pins: &[],
+
         outputs,
     }
 }
@@ -209,6 +283,9 @@ fn containerd_release(version: &str, module: &str, upstream: &'static str) -> Co
         version: version.to_owned(),
         module: module.to_owned(),
         upstream,
+        patches: &[],
+        pins: &[],
+
         outputs: vec![
             cmd("containerd", &["urfave_cli_no_docs", "no_btrfs"]),
             cmd(
@@ -228,6 +305,9 @@ pub fn runc() -> Component {
         version: version.to_owned(),
         module: "runc".to_owned(),
         upstream: "github.com/opencontainers/runc",
+        patches: &[],
+        pins: &[],
+
         outputs: vec![Output {
             name: "runc",
             package: "github.com/opencontainers/runc".to_owned(),
@@ -247,6 +327,9 @@ pub fn etcd() -> Component {
         version: version.to_owned(),
         module: "etcd".to_owned(),
         upstream: "go.etcd.io/etcd/server/v3",
+        patches: &[],
+        pins: &[],
+
         outputs: vec![Output {
             name: "etcd",
             package: "go.etcd.io/etcd/server/v3".to_owned(),
@@ -266,6 +349,9 @@ pub fn coredns() -> Component {
         version: version.to_owned(),
         module: "coredns".to_owned(),
         upstream: "github.com/coredns/coredns",
+        patches: &[],
+        pins: &[],
+
         outputs: vec![Output {
             name: "coredns",
             package: "github.com/coredns/coredns".to_owned(),
@@ -278,7 +364,7 @@ pub fn coredns() -> Component {
 }
 
 /// The reference CNI plugins the test bed uses: loopback (every sandbox), ptp and host-local
-/// (the comparisons), portmap, bandwidth and tuning (the chains).
+/// (the comparisons), bridge (kube-router's pods), portmap, bandwidth and tuning (the chains).
 pub fn cni_plugins() -> Component {
     let version = versions::CNI_PLUGINS;
     let plugin = |name: &'static str, dir: &str| Output {
@@ -296,9 +382,13 @@ pub fn cni_plugins() -> Component {
         version: version.to_owned(),
         module: "cni-plugins".to_owned(),
         upstream: "github.com/containernetworking/plugins",
+        patches: &[],
+        pins: &[],
+
         outputs: vec![
             plugin("loopback", "main"),
             plugin("ptp", "main"),
+            plugin("bridge", "main"),
             plugin("host-local", "ipam"),
             plugin("portmap", "meta"),
             plugin("bandwidth", "meta"),
@@ -322,6 +412,9 @@ pub fn network_policy_api() -> Component {
         version: versions::NETWORK_POLICY_API.to_owned(),
         module: "network-policy-api".to_owned(),
         upstream: "sigs.k8s.io/network-policy-api",
+        patches: &[],
+        pins: &[],
+
         outputs: vec![
             Output {
                 name: "conformance.test",
@@ -377,6 +470,9 @@ pub fn helm() -> Component {
         version: version.to_owned(),
         module: "helm".to_owned(),
         upstream: "helm.sh/helm/v3",
+        patches: &[],
+        pins: &[],
+
         outputs: vec![Output {
             name: "helm",
             package: "helm.sh/helm/v3/cmd/helm".to_owned(),
@@ -417,6 +513,9 @@ pub fn multus() -> Component {
         version: version.to_owned(),
         module: "multus".to_owned(),
         upstream: MULTUS_MODULE,
+        patches: &[],
+        pins: &[],
+
         outputs: vec![
             output("multus-daemon", "multus-daemon"),
             output("multus-shim", "multus-shim"),
@@ -430,6 +529,107 @@ pub fn multus() -> Component {
 /// The add-ons a cluster runs when asked: Multus (`--multus`).
 pub fn addons() -> Vec<Component> {
     vec![multus()]
+}
+
+/// kube-router's module path.
+pub const KUBE_ROUTER_MODULE: &str = "github.com/cloudnativelabs/kube-router/v2";
+
+/// kube-router, stamped as its Makefile stamps it: a comparison peer (`cargo xtask cluster up
+/// --cni kube-router`), run only inside the test bed.
+pub fn kube_router() -> Component {
+    let version = versions::KUBE_ROUTER;
+    Component {
+        name: "kube-router",
+        version: version.to_owned(),
+        module: "kube-router".to_owned(),
+        upstream: KUBE_ROUTER_MODULE,
+        // docker v25.0.3+incompatible (no go.mod) brings in its tests' imports: the versions
+        // of its `vendor.mod`, which upstream's build resolves to.
+        patches: &[],
+        pins: &[
+            (
+                "github.com/Azure/go-ansiterm",
+                "v0.0.0-20210617225240-d185dfc1b5a1",
+            ),
+            ("github.com/cenkalti/backoff/v4", "v4.2.1"),
+            (
+                "go.opentelemetry.io/otel/exporters/otlp/otlptrace",
+                "v1.19.0",
+            ),
+            ("go.opentelemetry.io/proto/otlp", "v1.0.0"),
+        ],
+
+        outputs: vec![Output {
+            name: "kube-router",
+            package: format!("{KUBE_ROUTER_MODULE}/cmd/kube-router"),
+            test_binary: false,
+            cgo: false,
+            tags: &[],
+            ldflags: format!("{STRIP} -X {KUBE_ROUTER_MODULE}/pkg/version.Version=v{version}"),
+        }],
+    }
+}
+
+/// kube-network-policies' module path.
+pub const KUBE_NETWORK_POLICIES_MODULE: &str = "sigs.k8s.io/kube-network-policies";
+
+/// kube-network-policies (its one command, `cmd`, which upstream's image names `netpol`): a
+/// comparison peer (`cargo xtask cluster up --policy kube-network-policies`), run only inside
+/// the test bed.
+pub fn kube_network_policies() -> Component {
+    Component {
+        name: "kube-network-policies",
+        version: versions::KUBE_NETWORK_POLICIES.to_owned(),
+        module: "kube-network-policies".to_owned(),
+        upstream: KUBE_NETWORK_POLICIES_MODULE,
+        patches: KUBE_NETWORK_POLICIES_PATCHES,
+        pins: &[],
+
+        outputs: vec![Output {
+            name: "netpol",
+            package: format!("{KUBE_NETWORK_POLICIES_MODULE}/cmd"),
+            test_binary: false,
+            cgo: false,
+            tags: &[],
+            ldflags: STRIP.to_owned(),
+        }],
+    }
+}
+
+/// The one change to kube-network-policies: the kernels the test bed runs on may lack
+/// nftables' `queue` expression (`CONFIG_NFT_QUEUE`; this machine's does), and with it
+/// upstream's ruleset fails to load as a whole and enforces nothing (it fails open, saying so
+/// only in its log). Its two `queue` statements become the xtables `NFQUEUE` target through
+/// nftables' compat expression, which such kernels have: the same rules, sets, chains and queue,
+/// the same verdicts from the same userspace code.
+const KUBE_NETWORK_POLICIES_PATCHES: &[Patch] = &[
+    Patch::Replace {
+        file: "pkg/networkpolicy/controller.go",
+        old: "\tqueue := &expr.Queue{Num: uint16(c.config.QueueID)}\n\tif c.config.FailOpen {\n\t\tqueue.Flag = expr.QueueFlagBypass\n\t}\n",
+        new: "\tqueue := nfqueueTarget(uint16(c.config.QueueID), c.config.FailOpen)\n",
+        count: 2,
+    },
+    Patch::Add {
+        file: "pkg/networkpolicy/zz_testbed_nfqueue.go",
+        text: include_str!("../go/kube-network-policies/overlay/nfqueue.go.in"),
+    },
+];
+
+/// The CNIs and policy engines flock is compared with in the test bed, built only when a
+/// cluster runs one.
+pub fn peers() -> Vec<Component> {
+    vec![kube_router(), kube_network_policies()]
+}
+
+/// Every component with a wrapper module of its own besides the cluster's (whose Kubernetes
+/// module is one per release): the tests', the suites', the tools, the add-ons and the peers.
+pub fn beside_the_cluster() -> Vec<Component> {
+    let mut all = others();
+    all.extend(suites());
+    all.extend(tools());
+    all.extend(addons());
+    all.extend(peers());
+    all
 }
 
 /// The tools the test bed runs beside a cluster: Helm.
@@ -511,6 +711,29 @@ impl Component {
         Ok(PathBuf::from(dir))
     }
 
+    /// Upstream's source with [`Component::patches`] applied, copied beside the component's
+    /// binaries: a patched component is built there, as upstream's own module, with upstream's
+    /// `go.mod` and `go.sum` (Go refuses to overlay files of the module cache).
+    fn patched_source(&self) -> Result<PathBuf> {
+        let source = self.source_dir()?;
+        let dir = self.dir().join("src");
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(self.dir())
+            .with_context(|| format!("create {}", self.dir().display()))?;
+        // The module cache's files are read-only: copied writable.
+        sys::run(
+            Command::new("cp")
+                .args(["-r", "--no-preserve=mode"])
+                .arg(&source)
+                .arg(&dir),
+        )?;
+        apply_patches(&dir, self.patches)
+            .with_context(|| format!("patch {} v{}", self.upstream, self.version))?;
+        Ok(dir)
+    }
+
     /// What a build depends on: the module files and every build command. A stamp that names
     /// another recipe is a build to redo.
     fn recipe(&self) -> Result<String> {
@@ -521,6 +744,10 @@ impl Component {
             hash.update(&text);
         }
         hash.update(format!("{:?}", self.outputs).as_bytes());
+        // Only when there are any: the recipes of the builds made before patches stay theirs.
+        if !self.patches.is_empty() {
+            hash.update(format!("{:?}", self.patches).as_bytes());
+        }
         let digest = hash.finalize();
         Ok(digest.iter().fold(String::new(), |mut s, b| {
             let _ = write!(s, "{b:02x}");
@@ -610,7 +837,11 @@ impl Component {
     }
 
     fn build_one(&self, output: &Output, bin: &Path) -> Result<()> {
-        let mut cmd = go_command(&self.module_dir())?;
+        let mut cmd = if self.patches.is_empty() {
+            go_command(&self.module_dir())?
+        } else {
+            go_command(&self.patched_source()?)?
+        };
         cmd.arg(if output.test_binary { "test" } else { "build" });
         if output.test_binary {
             cmd.arg("-c");
@@ -697,8 +928,7 @@ mod tests {
                 .into_iter()
                 .filter(|c| c.name != "kubernetes"),
         );
-        all.extend(others());
-        all.extend(suites());
+        all.extend(beside_the_cluster());
         for c in all {
             let path = c.module_dir().join("go.mod");
             let text = std::fs::read_to_string(&path)
@@ -717,6 +947,35 @@ mod tests {
                 c.module
             );
         }
+    }
+
+    #[test]
+    fn a_patch_changes_exactly_what_it_names_or_refuses() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("pkg")).unwrap();
+        std::fs::write(dir.path().join("pkg/a.go"), "x := 1\ny := 2\nx := 1\n").unwrap();
+        let replace = |count| Patch::Replace {
+            file: "pkg/a.go",
+            old: "x := 1\n",
+            new: "x := f()\n",
+            count,
+        };
+        let add = Patch::Add {
+            file: "pkg/b.go",
+            text: "func f() int { return 1 }\n",
+        };
+        let err = apply_patches(dir.path(), &[replace(1)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("pkg/a.go holds 2 of the text"), "{err}");
+        apply_patches(dir.path(), &[replace(2), add]).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("pkg/a.go")).unwrap(),
+            "x := f()\ny := 2\nx := f()\n"
+        );
+        assert!(dir.path().join("pkg/b.go").exists());
+        let err = apply_patches(dir.path(), &[add]).unwrap_err().to_string();
+        assert!(err.contains("adds pkg/b.go, which upstream has"), "{err}");
     }
 
     #[test]

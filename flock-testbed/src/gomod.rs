@@ -34,12 +34,7 @@ pub fn write_all() -> Result<()> {
             write(&c, "")?;
         }
     }
-    for c in components::others()
-        .into_iter()
-        .chain(components::suites())
-        .chain(components::tools())
-        .chain(components::addons())
-    {
+    for c in components::beside_the_cluster() {
         write(&c, "")?;
     }
     Ok(())
@@ -61,10 +56,7 @@ pub fn write_named(names: &[String]) -> Result<()> {
         }
         let c = components::cluster(Kubernetes::newest())
             .into_iter()
-            .chain(components::others())
-            .chain(components::suites())
-            .chain(components::tools())
-            .chain(components::addons())
+            .chain(components::beside_the_cluster())
             .find(|c| c.name == name.as_str() && c.name != "kubernetes")
             .with_context(|| format!("no component {name:?} has a wrapper module"))?;
         write(&c, "")?;
@@ -180,6 +172,13 @@ pub fn go_mod(c: &Component, extra: &str) -> String {
          require {} v{}\n\n",
         c.module, c.upstream, c.version
     );
+    if !c.pins.is_empty() {
+        out.push_str("require (\n");
+        for (module, version) in c.pins {
+            let _ = writeln!(out, "\t{module} {version}");
+        }
+        out.push_str(")\n\n");
+    }
     if !extra.is_empty() {
         out.push_str(extra);
         out.push('\n');
@@ -315,9 +314,7 @@ mod tests {
                 .into_iter()
                 .filter(|c| c.name != "kubernetes"),
         );
-        all.extend(components::others());
-        all.extend(components::suites());
-        all.extend(components::tools());
+        all.extend(components::beside_the_cluster());
         for c in all {
             let path = c.module_dir().join("go.mod");
             let text = std::fs::read_to_string(&path)

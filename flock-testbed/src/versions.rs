@@ -63,6 +63,14 @@ pub const HELM: &str = "3.22.0";
 /// `cargo xtask cluster up --multus` runs it as the cluster's meta-plugin with flock behind it.
 pub const MULTUS: &str = "4.2.3";
 
+/// kube-router (`github.com/cloudnativelabs/kube-router/v2`): the routed BGP CNI most like
+/// flock, a comparison peer of `cargo xtask cluster up --cni kube-router` only (never shipped).
+/// The Go module proxy serves this version alone; security flaws are reported for it.
+pub const KUBE_ROUTER: &str = "2.1.0";
+/// kube-network-policies (`sigs.k8s.io/kube-network-policies`): SIG Network's reference
+/// NetworkPolicy implementation, a comparison peer of `--policy kube-network-policies` only.
+pub const KUBE_NETWORK_POLICIES: &str = "0.8.0";
+
 impl Kubernetes {
     /// The newest supported release: what the cluster runs by default.
     pub fn newest() -> Kubernetes {

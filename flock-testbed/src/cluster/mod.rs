@@ -317,6 +317,7 @@ pub fn cluster(args: &[String]) -> Result<()> {
             kube::ensure_release(options.kubernetes)?.with_e2e()?;
             crate::components::ensure_all(&crate::components::suites())?;
             crate::components::ensure_all(&crate::components::addons())?;
+            crate::components::ensure_all(&crate::components::peers())?;
             Ok(())
         }
         Some("gomod") => crate::gomod::write_named(&args[1..]),
