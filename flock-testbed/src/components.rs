@@ -611,7 +611,7 @@ const KUBE_NETWORK_POLICIES_PATCHES: &[Patch] = &[
     },
     Patch::Add {
         file: "pkg/networkpolicy/zz_testbed_nfqueue.go",
-        text: include_str!("../go/kube-network-policies/overlay/nfqueue.go.in"),
+        text: include_str!("../go/kube-network-policies/patch/nfqueue.go.in"),
     },
 ];
 
