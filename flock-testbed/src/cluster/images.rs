@@ -179,6 +179,55 @@ pub fn build_multus_image(multus: &crate::components::Built, name: &str) -> Resu
     Ok(archive)
 }
 
+/// kube-router's image as its project's Dockerfile lays it out (the binary at
+/// `/usr/local/bin/kube-router`, the entry point, with the iptables, ipset and iproute2 it
+/// runs), on the Debian base instead of Alpine; named `name`. Cached under
+/// `cache_dir()/images/peers` until the binary changes.
+pub fn build_kube_router_image(binary: &Path, name: &str) -> Result<PathBuf> {
+    let dir = peers_dir()?;
+    build_debian_image(
+        &dir,
+        &E2eImage {
+            name: name.to_owned(),
+            containerfile: format!(
+                "FROM {BASE}\n\
+                 RUN apt-get update && apt-get install -y --no-install-recommends \
+                 iptables ipset iproute2 && rm -rf /var/lib/apt/lists/*\n\
+                 COPY kube-router /usr/local/bin/kube-router\n\
+                 WORKDIR /root\n\
+                 ENTRYPOINT [\"/usr/local/bin/kube-router\"]\n"
+            ),
+            files: vec![("kube-router", binary.to_owned())],
+        },
+    )
+}
+
+/// An image of one static binary at `path` (its entry point) on busybox (a shell to look
+/// around), named `name`: kube-network-policies' (upstream's is distroless, `/bin/netpol`).
+pub fn build_static_image(binary: &Path, path: &str, name: &str) -> Result<PathBuf> {
+    let dir = peers_dir()?;
+    let archive = dir.join(format!("{}.oci.tar", archive_stem(name)));
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if modified(&archive).is_some() && modified(&archive) >= modified(binary) {
+        return Ok(archive);
+    }
+    let bytes = std::fs::read(binary).with_context(|| format!("read {}", binary.display()))?;
+    let mut layer = busybox_layer()?;
+    layer.file(path, 0o755, &bytes);
+    let part = dir.join(format!("{}.part.tar", archive_stem(name)));
+    std::fs::write(&part, oci_archive(name, &[], &layer.finish()))
+        .with_context(|| format!("write {}", part.display()))?;
+    std::fs::rename(&part, &archive).with_context(|| format!("rename to {}", archive.display()))?;
+    Ok(archive)
+}
+
+/// `cache_dir()/images/peers`, created: the peers' images, kept across clusters.
+fn peers_dir() -> Result<PathBuf> {
+    let dir = cache_dir().join("images/peers");
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    Ok(dir)
+}
+
 /// [`busybox_rootfs`], open for more files.
 fn busybox_layer() -> Result<TarBuilder> {
     let busybox = std::fs::read(BUSYBOX)

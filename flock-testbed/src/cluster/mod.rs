@@ -45,6 +45,7 @@ pub mod kube;
 pub mod life;
 mod multus;
 mod node;
+pub mod peers;
 mod pki;
 mod proc;
 mod report;
@@ -274,7 +275,12 @@ OPTIONS of up and build:
   --install helm|manifests  install flock with `helm install` of charts/flock (unless named)
            or `kubectl apply` of deploy/'s manifests (the chart rendered)
   --multus  Multus (thick plugin, built from its module) as the meta-plugin, flock as the
-           cluster network behind it (docs/multus.md)";
+           cluster network behind it (docs/multus.md)
+  --cni flock|kube-router|ptp  the pod network: flock (unless named), or a peer it is
+           compared with, built from its module and deployed as its project documents it:
+           kube-router (BGP to the router) or ptp + host-local (static routes at the router);
+           run only in the test bed, never shipped
+  --policy kube-network-policies  SIG Network's NetworkPolicy implementation over --cni ptp";
 
 /// `cargo xtask cluster …`.
 pub fn cluster(args: &[String]) -> Result<()> {
@@ -403,6 +409,10 @@ pub struct UpOptions {
     pub installer: deploy::Installer,
     /// Multus as the meta-plugin, flock behind it (`--multus`).
     pub multus: bool,
+    /// The pod network: flock unless named (`--cni`).
+    pub cni: peers::Cni,
+    /// A NetworkPolicy engine over a CNI without one (`--policy`).
+    pub policy: Option<peers::Policy>,
 }
 
 impl Default for UpOptions {
@@ -414,6 +424,8 @@ impl Default for UpOptions {
             router: crate::router::Kind::Bird,
             installer: deploy::Installer::Helm,
             multus: false,
+            cni: peers::Cni::Flock,
+            policy: None,
         }
     }
 }
@@ -457,8 +469,14 @@ impl UpOptions {
                 "--router" => options.router = value()?.parse()?,
                 "--install" => options.installer = value()?.parse()?,
                 "--multus" => options.multus = true,
+                "--cni" => options.cni = value()?.parse()?,
+                "--policy" => options.policy = Some(value()?.parse()?),
                 other => bail!("unknown option {other:?}\n{USAGE}"),
             }
+        }
+        peers::check_combination(options.cni, options.policy)?;
+        if options.multus && options.cni != peers::Cni::Flock {
+            bail!("--multus runs flock behind Multus: it goes with --cni flock only");
         }
         Ok(options)
     }
@@ -500,12 +518,20 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
     kube::record(options.kubernetes)?;
     options.proxy_mode.record()?;
     site::record_router(options.router)?;
+    options.cni.record()?;
+    peers::Policy::record(options.policy)?;
     let repo = repo_root();
     let mut timings = vec![("build and clean up", started.elapsed())];
     let t = Instant::now();
     // The images build (podman, on the machine) while the site and control plane come up.
     let (archives, control) = std::thread::scope(|s| {
-        let images = s.spawn(|| step("images", || images::build_all(bins, &repo, &kube)));
+        let images = s.spawn(|| {
+            step("images", || {
+                let mut archives = images::build_all(bins, &repo, &kube)?;
+                archives.extend(peers::build_images(options.cni, options.policy)?);
+                Ok(archives)
+            })
+        });
         let control = (|| -> Result<()> {
             step("site: router, namespaces, links", site::build)?;
             step("certificates", pki::make_all)?;
@@ -544,10 +570,22 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
     })?;
     timings.push(("nodes (both at once)", t.elapsed()));
     let t = Instant::now();
-    step("flock from deploy/", || {
-        deploy::install_flock(&repo, &cnp_crd, options.installer)
-    })?;
-    timings.push(("flock", t.elapsed()));
+    match options.cni {
+        peers::Cni::Flock => {
+            step("flock from deploy/", || {
+                deploy::install_flock(&repo, &cnp_crd, options.installer)
+            })?;
+            timings.push(("flock", t.elapsed()));
+        }
+        peer => {
+            let what = match options.policy {
+                Some(p) => format!("{} and {}", peer.as_str(), p.as_str()),
+                None => peer.as_str().to_owned(),
+            };
+            step(&what, || peers::install(peer, options.policy))?;
+            timings.push(("the pod network", t.elapsed()));
+        }
+    }
     if options.multus {
         let t = Instant::now();
         step("Multus (thick), flock behind it", multus::install)?;

@@ -49,6 +49,8 @@ const BINDS: &[(&str, &str)] = &[
     ("/run/multus", "run-multus"),
     ("/run/k8s.cni.cncf.io", "run-k8s.cni.cncf.io"),
     ("/etc/cni/multus", "etc-cni-multus"),
+    // containerd's NRI socket, which kube-network-policies (`--policy`) connects to
+    ("/run/nri", "run-nri"),
     // The kubelet's device plugin socket is here whatever its --root-dir: two nodes starting
     // at once raced for one socket ("bind: address already in use").
     (
@@ -117,12 +119,24 @@ pub fn start(node: &Node, kube: &KubeBuild, archives: &[PathBuf]) -> Result<()> 
     }
     // A node's CNI directory holds the reference plugins, as the distribution's package puts
     // them there: containerd runs loopback for every sandbox, flock's conflist chains portmap
-    // (hostPort) and may chain bandwidth. flock's installer adds its shim.
-    for plugin in ["loopback", "portmap", "bandwidth"] {
+    // (hostPort) and may chain bandwidth. flock's installer adds its shim; a peer's pods need
+    // its plugins beside them (bridge or ptp, and host-local).
+    let cni = super::peers::Cni::current();
+    for plugin in ["loopback", "portmap", "bandwidth"]
+        .iter()
+        .chain(cni.node_plugins())
+    {
         let bin = dir.join("host/opt-cni-bin").join(plugin);
         let source = kube.cni_plugin(plugin);
         std::fs::copy(&source, &bin)
             .with_context(|| format!("copy {} to {}", source.display(), bin.display()))?;
+    }
+    // NRI's socket where an NRI plugin looks for it (kube-network-policies): containerd's is
+    // under its state, one per node.
+    let nri = dir.join("host/run-nri/nri.sock");
+    if std::fs::symlink_metadata(&nri).is_err() {
+        std::os::unix::fs::symlink(containerd_dirs(node).state.join("nri.sock"), &nri)
+            .with_context(|| format!("link {}", nri.display()))?;
     }
     cover_kernel_tunables(node, &here)?;
     // Shared inside the node, as on a systemd machine: mounts the node makes (containerd's
@@ -278,16 +292,20 @@ fn cover_kernel_tunables(node: &Node, here: &Place) -> Result<()> {
 /// mount namespace), and sandbox network namespaces are pinned under `/var/run/netns`, where
 /// the flock agent opens them, as on any node.
 fn containerd_config(node: &Node, kube: &KubeBuild) -> String {
-    let d = dir(node).join("containerd");
-    let mut config = ContainerdConfig::in_dir(
-        &d,
-        Path::new("/opt/cni/bin"),
-        Path::new("/etc/cni/net.d"),
-        images::PAUSE,
-    );
+    let mut config = containerd_dirs(node);
     config.runc = Some(kube.runc());
     config.netns_under_state = false;
     format!("# containerd of {}\n{}", node.name, config.render())
+}
+
+/// containerd's folders and sockets on `node`.
+fn containerd_dirs(node: &Node) -> ContainerdConfig {
+    ContainerdConfig::in_dir(
+        &dir(node).join("containerd"),
+        Path::new("/opt/cni/bin"),
+        Path::new("/etc/cni/net.d"),
+        images::PAUSE,
+    )
 }
 
 /// The CPU cgroup containerd puts pods' containers in, and its weight: 2 cores' worth.
@@ -442,11 +460,12 @@ fn wait_registered(node: &Node) -> Result<()> {
 
 /// kube-proxy's configuration on `node`: nftables mode unless the cluster was brought up with
 /// iptables; the node's address first (IPv6: the proxier's primary family); the machine-wide
-/// conntrack settings left alone. Traffic is local when it comes in on a flock veth (`flock*`),
+/// conntrack settings left alone. Traffic is local when it comes in on a flock veth (`flock*`;
+/// a peer CNI's pod interfaces in a peer's cluster, [`super::peers::Cni::kube_proxy_local`]),
 /// so kube-proxy masquerades a cluster IP's traffic from outside the cluster: the fabric routes
 /// the Service ranges to any node, whose endpoint may be on another node, and the answer has to
 /// come back through the node that translated it (docs/services.md).
-fn kube_proxy_config(node: &Node, mode: ProxyMode) -> String {
+fn kube_proxy_config(node: &Node, mode: ProxyMode, cni: super::peers::Cni) -> String {
     format!(
         r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -457,9 +476,9 @@ hostnameOverride: {name}
 bindAddress: "{addr}"
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
-detectLocalMode: InterfaceNamePrefix
+detectLocalMode: {local_mode}
 detectLocal:
-  interfaceNamePrefix: {veth_prefix}
+  {local}
 conntrack:
   maxPerCore: 0
   min: 0
@@ -470,17 +489,18 @@ conntrack:
         kubeconfig = pki::kubeconfig("kube-proxy"),
         name = node.name,
         addr = node.addr,
-        veth_prefix = KUBE_PROXY_LOCAL_PREFIX,
+        local_mode = cni.kube_proxy_local().0,
+        local = cni.kube_proxy_local().1,
     )
 }
 
-/// The prefix of flock's host-side veths (DESIGN §5: `flock<8 hex>`).
-const KUBE_PROXY_LOCAL_PREFIX: &str = "flock";
-
 fn start_kube_proxy(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
     let config = dir(node).join("kube-proxy.yaml");
-    std::fs::write(&config, kube_proxy_config(node, ProxyMode::current()))
-        .with_context(|| format!("write {}", config.display()))?;
+    std::fs::write(
+        &config,
+        kube_proxy_config(node, ProxyMode::current(), super::peers::Cni::current()),
+    )
+    .with_context(|| format!("write {}", config.display()))?;
     let name = format!("{}-kube-proxy", node.name);
     proc::spawn(
         &name,

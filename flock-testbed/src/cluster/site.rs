@@ -234,21 +234,37 @@ fn joined_marker() -> std::path::PathBuf {
 
 /// Writes the router's configuration for the nodes cabled now and checks it with the
 /// router's own parser.
+///
+/// A peer CNI's nodes get what it can speak: kube-router's GoBGP has no BFD and reads no
+/// password from flock's Secret (their sessions run without), ptp's nodes speak no BGP (the
+/// router has no session with them; `peers` routes their CIDRs statically).
 fn write_router_conf() -> Result<()> {
-    let nodes = cabled();
+    let cni = super::peers::Cni::current();
+    let nodes: Vec<&Node> = if cni.speaks_bgp() {
+        cabled()
+    } else {
+        Vec::new()
+    };
     let mut passwords = BTreeMap::new();
-    for n in &nodes {
-        if let Some(p) = password(n)? {
-            passwords.insert(n.name, p);
+    if cni == super::peers::Cni::Flock {
+        for n in &nodes {
+            if let Some(p) = password(n)? {
+                passwords.insert(n.name, p);
+            }
         }
     }
-    router_description(
+    let mut router = router_description(
         &nodes,
         &passwords,
         announced()?,
         bfd_graceful_file().exists(),
-    )
-    .write(router_kind(), &router_dir())
+    );
+    if cni != super::peers::Cni::Flock {
+        for peer in &mut router.peers {
+            peer.bfd = false;
+        }
+    }
+    router.write(router_kind(), &router_dir())
 }
 
 /// Present while the router's BFD sessions restart BGP gracefully ([`bfd_graceful`]).

@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use super::deploy::WEB_REPLICAS;
+use super::peers::{Cni, Policy};
 use super::{ANYCAST4, ANYCAST6, NODES, deploy, kubectl, site};
 use crate::sys;
 
@@ -18,8 +19,8 @@ mod routing;
 
 use apiserver::{apiserver, kubectl_exec};
 use cni_path::{annotations_path, sandbox_failures};
-use pods::pods_and_matrix;
 pub(crate) use pods::{HTTP_FN, in_prefix};
+use pods::{pods_and_matrix, policy_enforced};
 use routing::{anycast, router_routes};
 
 /// The printed report and the checks that failed.
@@ -38,12 +39,42 @@ const SCALE_TO: usize = 30;
 /// One section of the report: its checks and its table.
 type Section = fn(&mut Report) -> Result<()>;
 
-/// Runs every check and builds the report.
+/// Runs every check and builds the report: flock's, or a peer CNI's (what holds for any
+/// routed pod network: its pods on every node, the router's routes to each node's CIDRs, the
+/// matrix, the Service, sandboxes, exec and scaling).
 pub fn run() -> Report {
     let mut r = Report {
         text: String::new(),
         failures: Vec::new(),
     };
+    let cni = Cni::current();
+    if cni != Cni::Flock {
+        let enforces = cni == Cni::KubeRouter || Policy::current().is_some();
+        let sections: [(&str, Section); 9] = [
+            ("nodes", nodes),
+            ("the peer's pods", peer_pods),
+            ("convergence", wait_converged),
+            ("pods and matrix", pods_and_matrix),
+            (
+                "NetworkPolicy smoke",
+                if enforces {
+                    policy_enforced
+                } else {
+                    |_| Ok(())
+                },
+            ),
+            ("router routes", router_routes),
+            ("sandbox failures", sandbox_failures),
+            ("kubectl exec", kubectl_exec),
+            ("scale", scale),
+        ];
+        for (name, section) in sections {
+            if let Err(e) = section(&mut r) {
+                r.failures.push(format!("{name}: {e:#}"));
+            }
+        }
+        return r;
+    }
     let sections: [(&str, Section); 12] = [
         ("nodes", nodes),
         ("flock's pods", flock_pods),
@@ -157,14 +188,54 @@ fn flock_pods(r: &mut Report) -> Result<()> {
     Ok(())
 }
 
-/// Waits until the router has a session with every node, each node's prefixes, and the
-/// anycast addresses with one next hop per node.
+/// The DaemonSets of a peer's cluster: each with a ready pod on every node.
+fn peer_pods(r: &mut Report) -> Result<()> {
+    let mut sets = Vec::new();
+    if Cni::current() == Cni::KubeRouter {
+        sets.push("kube-router");
+    }
+    if let Some(p) = Policy::current() {
+        sets.push(p.as_str());
+    }
+    for ds in sets {
+        let v = json(&["-n", "kube-system", "get", "ds", ds, "-o", "json"])?;
+        let ready = v["status"]["numberReady"].as_u64().unwrap_or(0);
+        if ready != NODES.len() as u64 {
+            r.failures.push(format!(
+                "{ds}: {ready} pods ready, not one per node ({})",
+                NODES.len()
+            ));
+        }
+        raw(
+            r,
+            &format!(
+                "{} (kubectl -n kube-system get pods -l k8s-app={ds} -o wide)",
+                ds.to_uppercase()
+            ),
+            &kubectl(&[
+                "-n",
+                "kube-system",
+                "get",
+                "pods",
+                "-l",
+                &format!("k8s-app={ds}"),
+                "-o",
+                "wide",
+            ])?,
+        );
+    }
+    Ok(())
+}
+
+/// Waits until the router has a session with every node (when the pod network speaks BGP),
+/// each node's prefixes, and (flock's) the anycast addresses with one next hop per node.
 fn wait_converged(r: &mut Report) -> Result<()> {
+    let cni = Cni::current();
     let established = || {
         let s = site::router_sessions();
         s.len() == NODES.len() && s.iter().all(|s| s.info == "Established")
     };
-    if sys::wait_for(CONVERGE, established).is_err() {
+    if cni.speaks_bgp() && sys::wait_for(CONVERGE, established).is_err() {
         r.failures.push(format!(
             "the router's BGP sessions are not all Established: {:?}",
             site::router_sessions()
@@ -174,8 +245,9 @@ fn wait_converged(r: &mut Report) -> Result<()> {
         NODES
             .iter()
             .all(|n| site::router_paths(n.cidr6) == 1 && site::router_paths(n.cidr4) == 1)
-            && site::router_paths(&format!("{ANYCAST6}/128")) == NODES.len()
-            && site::router_paths(&format!("{ANYCAST4}/32")) == NODES.len()
+            && (cni != Cni::Flock
+                || site::router_paths(&format!("{ANYCAST6}/128")) == NODES.len()
+                    && site::router_paths(&format!("{ANYCAST4}/32")) == NODES.len())
     };
     if sys::wait_for(CONVERGE, routes).is_err() {
         r.failures.push(

@@ -5,10 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::Ipv6Addr;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::super::deploy::{DEMO_NS, WEB_REPLICAS};
-use super::super::{NODES, kubectl};
+use super::super::{NODES, kubectl, kubectl_stdin};
 use super::{Report, json};
 use crate::sys;
 
@@ -138,6 +138,10 @@ pub(super) fn pods_and_matrix(r: &mut Report) -> Result<()> {
     }
     let shared: BTreeSet<Option<u64>> = web.iter().map(|p| workload_bits(&p.ipv6)).collect();
     let shared_note = match shared.iter().next() {
+        // a peer CNI has no ip-algo: its addresses say nothing of the workload
+        _ if super::super::peers::Cni::current() != super::super::peers::Cni::Flock => {
+            "not flock's: no ip-algo".into()
+        }
         Some(Some(bits)) if shared.len() == 1 => format!("all {:010x}", bits),
         _ => {
             r.failures.push(format!(
@@ -369,6 +373,97 @@ fn service(r: &mut Report, pods: &[Pod]) {
         ]);
     }
     sys::table(&mut r.text, &["client", "answered", "by"], &rows);
+}
+
+/// The NetworkPolicy the peers' smoke check applies: no ingress to `web`.
+const DENY_WEB: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: smoke-deny-web
+  namespace: demo
+spec:
+  podSelector:
+    matchLabels:
+      app: web
+  policyTypes: [Ingress]
+";
+
+/// How long a peer may take to enforce the policy, or to lift it.
+const ENFORCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A peer's NetworkPolicy, checked from the outside: a pod on one node GETs a `web` pod on
+/// the other over each family; with a policy denying `web` all ingress in place the GETs fail,
+/// with it gone they answer again. (flock's policy has life tests of its own.)
+pub(super) fn policy_enforced(r: &mut Report) -> Result<()> {
+    let pods = demo_pods()?;
+    let client = pods
+        .iter()
+        .find(|p| p.app == "anycast" && p.node == NODES[0].name)
+        .context("no anycast pod on the first node")?;
+    let server = pods
+        .iter()
+        .find(|p| p.app == "web" && p.node == NODES[1].name)
+        .context("no web pod on the second node")?;
+    // One GET per family: each line `FAMILY BODY`.
+    let script = format!(
+        "{HTTP_FN}b=$(http {}); echo \"6 ${{b:-NONE}}\"; b=$(http {}); echo \"4 ${{b:-NONE}}\"",
+        server.ipv6, server.ipv4
+    );
+    let answered = || -> [bool; 2] {
+        let out = exec_script(&client.name, &script).unwrap_or_default();
+        let ok = |family: &str| {
+            out.lines()
+                .any(|l| l.trim() == format!("{family} {}", server.name))
+        };
+        [ok("6"), ok("4")]
+    };
+    if answered() != [true, true] {
+        r.failures.push(format!(
+            "policy smoke: {} could not GET {} before any policy",
+            client.label, server.label
+        ));
+    }
+    kubectl_stdin(&["apply", "-f", "-"], DENY_WEB)?;
+    let started = std::time::Instant::now();
+    let blocked = sys::wait_for(ENFORCE_LIMIT, || answered() == [false, false]);
+    let blocked_after = started.elapsed();
+    kubectl(&["-n", DEMO_NS, "delete", "networkpolicy", "smoke-deny-web"])?;
+    let started = std::time::Instant::now();
+    let lifted = sys::wait_for(ENFORCE_LIMIT, || answered() == [true, true]);
+    let lifted_after = started.elapsed();
+    let mark = |ok: bool, d: std::time::Duration| {
+        if ok {
+            format!("{:.1} s", d.as_secs_f64())
+        } else {
+            "NOT WITHIN 30 s".into()
+        }
+    };
+    if blocked.is_err() {
+        r.failures.push(format!(
+            "policy smoke: {} still reached {} over a family with all ingress to web denied",
+            client.label, server.label
+        ));
+    }
+    if lifted.is_err() {
+        r.failures.push(format!(
+            "policy smoke: {} did not reach {} over both families again once the policy was gone",
+            client.label, server.label
+        ));
+    }
+    let _ = writeln!(
+        r.text,
+        "NETWORKPOLICY SMOKE ({} on {} GETs {} on {} over IPv6 and IPv4; a policy denies web all ingress, then goes)",
+        client.label, client.node, server.label, server.node
+    );
+    sys::table(
+        &mut r.text,
+        &["both families blocked after", "both answer again after"],
+        &[vec![
+            mark(blocked.is_ok(), blocked_after),
+            mark(lifted.is_ok(), lifted_after),
+        ]],
+    );
+    Ok(())
 }
 
 #[cfg(test)]

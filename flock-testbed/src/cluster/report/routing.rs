@@ -14,11 +14,17 @@ use crate::sys;
 
 pub(super) fn router_routes(r: &mut Report) -> Result<()> {
     r.text.push_str(
-        "ROUTER ROUTES (ip route in flockcluster-router, learned over BGP from the nodes' BIRD)\n",
+        "ROUTER ROUTES (ip route in flockcluster-router, learned over BGP from the nodes' \
+         speakers, or static for ptp's)\n",
     );
     let router = Place::Net(ROUTER.to_owned());
+    let proto = if super::super::peers::Cni::current().speaks_bgp() {
+        site::router_proto()
+    } else {
+        "boot"
+    };
     for family in ["-6", "-4"] {
-        let routes = router.run(&["ip", family, "route", "show", "proto", site::router_proto()])?;
+        let routes = router.run(&["ip", family, "route", "show", "proto", proto])?;
         for line in routes.lines() {
             let _ = writeln!(r.text, "  {}", line.trim_end().replace('\t', "    "));
         }
@@ -42,6 +48,10 @@ pub(super) fn router_routes(r: &mut Report) -> Result<()> {
                 ));
             }
         }
+    }
+    if super::super::peers::Cni::current() != super::super::peers::Cni::Flock {
+        // a peer's cluster has no anycast
+        return Ok(());
     }
     for anycast in [format!("{ANYCAST6}/128"), format!("{ANYCAST4}/32")] {
         let paths = site::router_paths(&anycast);
