@@ -47,48 +47,39 @@ pub fn run() -> Report {
         text: String::new(),
         failures: Vec::new(),
     };
-    let cni = Cni::current();
-    if cni != Cni::Flock {
-        let enforces = cni == Cni::KubeRouter || Policy::current().is_some();
-        let sections: [(&str, Section); 9] = [
+    let sections: Vec<(&str, Section)> = if Cni::current() == Cni::Flock {
+        vec![
+            ("nodes", nodes),
+            ("flock's pods", flock_pods),
+            ("convergence", wait_converged),
+            ("NodeConfigs", nodeconfigs),
+            ("pods and matrix", pods_and_matrix),
+            ("router routes", router_routes),
+            ("anycast", anycast),
+            ("annotations path", annotations_path),
+            ("sandbox failures", sandbox_failures),
+            ("flock and the apiserver", apiserver),
+            ("kubectl exec", kubectl_exec),
+            ("scale", scale),
+        ]
+    } else {
+        let mut peer: Vec<(&str, Section)> = vec![
             ("nodes", nodes),
             ("the peer's pods", peer_pods),
             ("convergence", wait_converged),
             ("pods and matrix", pods_and_matrix),
-            (
-                "NetworkPolicy smoke",
-                if enforces {
-                    policy_enforced
-                } else {
-                    |_| Ok(())
-                },
-            ),
-            ("router routes", router_routes),
+        ];
+        if Cni::current() == Cni::KubeRouter || Policy::current().is_some() {
+            peer.push(("NetworkPolicy smoke", policy_enforced));
+        }
+        peer.extend([
+            ("router routes", router_routes as Section),
             ("sandbox failures", sandbox_failures),
             ("kubectl exec", kubectl_exec),
             ("scale", scale),
-        ];
-        for (name, section) in sections {
-            if let Err(e) = section(&mut r) {
-                r.failures.push(format!("{name}: {e:#}"));
-            }
-        }
-        return r;
-    }
-    let sections: [(&str, Section); 12] = [
-        ("nodes", nodes),
-        ("flock's pods", flock_pods),
-        ("convergence", wait_converged),
-        ("NodeConfigs", nodeconfigs),
-        ("pods and matrix", pods_and_matrix),
-        ("router routes", router_routes),
-        ("anycast", anycast),
-        ("annotations path", annotations_path),
-        ("sandbox failures", sandbox_failures),
-        ("flock and the apiserver", apiserver),
-        ("kubectl exec", kubectl_exec),
-        ("scale", scale),
-    ];
+        ]);
+        peer
+    };
     for (name, section) in sections {
         if let Err(e) = section(&mut r) {
             r.failures.push(format!("{name}: {e:#}"));
