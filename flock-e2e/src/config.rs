@@ -50,6 +50,9 @@ pub struct ContainerdConfig {
     /// machine's `/run/netns` (a harness sharing the machine); a node that has its own
     /// `/run/netns` leaves them there, where the CNI agent looks.
     pub netns_under_state: bool,
+    /// NRI's socket (containerd 2): under [`ContainerdConfig::state`] unless a node of its
+    /// own puts it where NRI plugins look for it (`/var/run/nri/nri.sock`).
+    pub nri_socket: PathBuf,
 }
 
 impl ContainerdConfig {
@@ -67,6 +70,7 @@ impl ContainerdConfig {
             runc: None,
             bin_dir: None,
             netns_under_state: true,
+            nri_socket: dir.join("state").join("nri.sock"),
         }
     }
 
@@ -81,7 +85,8 @@ impl ContainerdConfig {
 
     /// Renders the TOML for containerd 2 (config version 3). The choices are those of
     /// [`ContainerdConfig::render_v2`], under version 3's plugin names, and:
-    /// - NRI's socket under our state (NRI is on by default, one socket per machine otherwise);
+    /// - NRI's socket under our state unless [`ContainerdConfig::nri_socket`] says otherwise
+    ///   (NRI is on by default, one socket per machine otherwise);
     /// - the sandbox image as the pinned image `sandbox` (the kubelet no longer names it);
     /// - `bin_dirs`, the list that replaced `bin_dir`.
     pub fn render(&self) -> String {
@@ -151,7 +156,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             socket = q(&self.socket),
             ttrpc = toml_string(&format!("{}.ttrpc", self.socket.display())),
             opt = q(&self.root.join("opt")),
-            nri = q(&self.state.join("nri.sock")),
+            nri = q(&self.nri_socket),
             image = toml_string(&self.sandbox_image),
             snapshotter = toml_string(self.snapshotter.as_str()),
             netns_under_state = self.netns_under_state,

@@ -599,7 +599,7 @@ pub fn kube_network_policies() -> Component {
 /// The one change to kube-network-policies: the kernels the test bed runs on may lack
 /// nftables' `queue` expression (`CONFIG_NFT_QUEUE`; this machine's does), and with it
 /// upstream's ruleset fails to load as a whole and enforces nothing (it fails open, saying so
-/// only in its log). Its two `queue` statements become the xtables `NFQUEUE` target through
+/// only in its log). Its three `queue` statements become the xtables `NFQUEUE` target through
 /// nftables' compat expression, which such kernels have: the same rules, sets, chains and queue,
 /// the same verdicts from the same userspace code.
 const KUBE_NETWORK_POLICIES_PATCHES: &[Patch] = &[
@@ -608,6 +608,13 @@ const KUBE_NETWORK_POLICIES_PATCHES: &[Patch] = &[
         old: "\tqueue := &expr.Queue{Num: uint16(c.config.QueueID)}\n\tif c.config.FailOpen {\n\t\tqueue.Flag = expr.QueueFlagBypass\n\t}\n",
         new: "\tqueue := nfqueueTarget(uint16(c.config.QueueID), c.config.FailOpen)\n",
         count: 2,
+    },
+    // the DNS agent's (run with --admin-network-policy)
+    Patch::Replace {
+        file: "pkg/networkpolicy/dnsagent.go",
+        old: "&expr.Queue{Num: uint16(n.nfQueueID), Flag: expr.QueueFlagBypass},",
+        new: "nfqueueTarget(uint16(n.nfQueueID), true),",
+        count: 1,
     },
     Patch::Add {
         file: "pkg/networkpolicy/zz_testbed_nfqueue.go",

@@ -251,8 +251,10 @@ pub fn bench(args: &[String]) -> Result<()> {
                     opts.concurrency
                 );
                 let figures = run_subject(subject.as_mut(), &opts, &work_dir, &release_dir)?;
-                std::fs::remove_dir_all(&work_dir)
-                    .with_context(|| format!("remove {}", work_dir.display()))?;
+                if let Err(e) = std::fs::remove_dir_all(&work_dir) {
+                    // the figures stand; the scratch folder goes with the run's
+                    eprintln!("xtask bench: could not remove {}: {e}", work_dir.display());
+                }
                 if let Some(mut round_floor) = round_floor {
                     round_floor.version_exec = figures.version_exec.clone();
                     rounds.push(report::Round::of(&figures, &round_floor));

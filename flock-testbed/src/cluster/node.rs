@@ -131,13 +131,6 @@ pub fn start(node: &Node, kube: &KubeBuild, archives: &[PathBuf]) -> Result<()> 
         std::fs::copy(&source, &bin)
             .with_context(|| format!("copy {} to {}", source.display(), bin.display()))?;
     }
-    // NRI's socket where an NRI plugin looks for it (kube-network-policies): containerd's is
-    // under its state, one per node.
-    let nri = dir.join("host/run-nri/nri.sock");
-    if std::fs::symlink_metadata(&nri).is_err() {
-        std::os::unix::fs::symlink(containerd_dirs(node).state.join("nri.sock"), &nri)
-            .with_context(|| format!("link {}", nri.display()))?;
-    }
     cover_kernel_tunables(node, &here)?;
     // Shared inside the node, as on a systemd machine: mounts the node makes (containerd's
     // netns pins under /var/run/netns) reach the containers that mount a host path with
@@ -292,20 +285,17 @@ fn cover_kernel_tunables(node: &Node, here: &Place) -> Result<()> {
 /// mount namespace), and sandbox network namespaces are pinned under `/var/run/netns`, where
 /// the flock agent opens them, as on any node.
 fn containerd_config(node: &Node, kube: &KubeBuild) -> String {
-    let mut config = containerd_dirs(node);
-    config.runc = Some(kube.runc());
-    config.netns_under_state = false;
-    format!("# containerd of {}\n{}", node.name, config.render())
-}
-
-/// containerd's folders and sockets on `node`.
-fn containerd_dirs(node: &Node) -> ContainerdConfig {
-    ContainerdConfig::in_dir(
+    let mut config = ContainerdConfig::in_dir(
         &dir(node).join("containerd"),
         Path::new("/opt/cni/bin"),
         Path::new("/etc/cni/net.d"),
         images::PAUSE,
-    )
+    );
+    config.runc = Some(kube.runc());
+    config.netns_under_state = false;
+    // where an NRI plugin looks for it (kube-network-policies): the node's own `/run/nri`
+    config.nri_socket = PathBuf::from("/run/nri/nri.sock");
+    format!("# containerd of {}\n{}", node.name, config.render())
 }
 
 /// The CPU cgroup containerd puts pods' containers in, and its weight: 2 cores' worth.

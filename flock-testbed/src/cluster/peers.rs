@@ -21,8 +21,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use super::proc::Place;
-use super::{NODES, Node, ROUTER, RUN_DIR, images, kube, kubectl, kubectl_stdin, node};
+use super::{NODES, Node, RUN_DIR, images, kube, kubectl, kubectl_stdin, node};
 use crate::components;
 
 /// The pod network of a cluster.
@@ -369,18 +368,14 @@ pub fn ptp_conflist(n: &Node) -> String {
     .to_string()
 }
 
+/// Writes each node's ptp conflist (the router's static routes to the nodes' CIDRs came with
+/// their links: `site::node_net`).
 fn install_ptp() -> Result<()> {
-    let router = Place::Net(ROUTER.to_owned());
     for n in &NODES {
         let dir = node::host_path(n, "/etc/cni/net.d").context("the nodes' CNI folder")?;
         let conf = dir.join("10-ptp.conflist");
         std::fs::write(&conf, ptp_conflist(n))
             .with_context(|| format!("write {}", conf.display()))?;
-        // The fabric's static routes to the node's pods.
-        router.run(&["ip", "-6", "route", "replace", n.cidr6, "via", n.addr])?;
-        router.run(&[
-            "ip", "-4", "route", "replace", n.cidr4, "via", "inet6", n.addr,
-        ])?;
     }
     // Nodes turn Ready once their runtime finds a network configuration.
     kubectl(&[

@@ -103,7 +103,17 @@ pub fn node_net(node: &Node) -> Result<()> {
     link_to_router(&ns, node.router_if, node.gateway, node.addr)?;
     // The node's IPv4 identity (its BGP router ID): a source address for what the node
     // itself sends to IPv4 pods (the kubelet's probes).
-    ipv4_identity(&ns, node.router_id, node.addr)
+    ipv4_identity(&ns, node.router_id, node.addr)?;
+    if !super::peers::Cni::current().speaks_bgp() {
+        // No BGP to say where the node's pods are: the fabric's static routes, through the
+        // link just made (they go with it when the node's namespace does, at a reboot).
+        let router = Place::Net(ROUTER.to_owned());
+        router.run(&["ip", "-6", "route", "replace", node.cidr6, "via", node.addr])?;
+        router.run(&[
+            "ip", "-4", "route", "replace", node.cidr4, "via", "inet6", node.addr,
+        ])?;
+    }
+    Ok(())
 }
 
 /// Creates every namespace and link and starts the router's BIRD.

@@ -409,27 +409,43 @@ pub(super) fn policy_enforced(r: &mut Report) -> Result<()> {
         "{HTTP_FN}b=$(http {}); echo \"6 ${{b:-NONE}}\"; b=$(http {}); echo \"4 ${{b:-NONE}}\"",
         server.ipv6, server.ipv4
     );
-    let answered = || -> [bool; 2] {
-        let out = exec_script(&client.name, &script).unwrap_or_default();
-        let ok = |family: &str| {
-            out.lines()
-                .any(|l| l.trim() == format!("{family} {}", server.name))
-        };
-        [ok("6"), ok("4")]
+    // What each family's GET got: the server's name (answered), nothing (`NONE`: no answer),
+    // or, when the exec itself failed, no verdict at all (the last error kept for the report).
+    let last_error = std::cell::RefCell::new(None::<String>);
+    let probe = |want: Option<&str>| -> bool {
+        match exec_script(&client.name, &script) {
+            Ok(out) => {
+                let body = |family: &str| {
+                    out.lines()
+                        .find_map(|l| l.trim().strip_prefix(&format!("{family} ")))
+                        .map(str::to_owned)
+                };
+                let want = want.unwrap_or("NONE");
+                body("6").as_deref() == Some(want) && body("4").as_deref() == Some(want)
+            }
+            Err(e) => {
+                *last_error.borrow_mut() = Some(format!("{e:#}"));
+                false
+            }
+        }
     };
-    if answered() != [true, true] {
+    let answers = Some(server.name.as_str());
+    if sys::wait_for(ENFORCE_LIMIT, || probe(answers)).is_err() {
         r.failures.push(format!(
-            "policy smoke: {} could not GET {} before any policy",
-            client.label, server.label
+            "policy smoke: {} could not GET {} over both families before any policy (last \
+             exec error: {:?})",
+            client.label,
+            server.label,
+            last_error.borrow()
         ));
     }
     kubectl_stdin(&["apply", "-f", "-"], DENY_WEB)?;
     let started = std::time::Instant::now();
-    let blocked = sys::wait_for(ENFORCE_LIMIT, || answered() == [false, false]);
+    let blocked = sys::wait_for(ENFORCE_LIMIT, || probe(None));
     let blocked_after = started.elapsed();
     kubectl(&["-n", DEMO_NS, "delete", "networkpolicy", "smoke-deny-web"])?;
     let started = std::time::Instant::now();
-    let lifted = sys::wait_for(ENFORCE_LIMIT, || answered() == [true, true]);
+    let lifted = sys::wait_for(ENFORCE_LIMIT, || probe(answers));
     let lifted_after = started.elapsed();
     let mark = |ok: bool, d: std::time::Duration| {
         if ok {
@@ -440,14 +456,20 @@ pub(super) fn policy_enforced(r: &mut Report) -> Result<()> {
     };
     if blocked.is_err() {
         r.failures.push(format!(
-            "policy smoke: {} still reached {} over a family with all ingress to web denied",
-            client.label, server.label
+            "policy smoke: {} still reached {} over a family with all ingress to web denied \
+             (last exec error: {:?})",
+            client.label,
+            server.label,
+            last_error.borrow()
         ));
     }
     if lifted.is_err() {
         r.failures.push(format!(
-            "policy smoke: {} did not reach {} over both families again once the policy was gone",
-            client.label, server.label
+            "policy smoke: {} did not reach {} over both families again once the policy was \
+             gone (last exec error: {:?})",
+            client.label,
+            server.label,
+            last_error.borrow()
         ));
     }
     let _ = writeln!(
