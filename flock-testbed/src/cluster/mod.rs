@@ -37,6 +37,7 @@ use crate::versions::Kubernetes;
 
 pub use node::ProxyMode;
 
+pub mod cni;
 mod control;
 mod deploy;
 pub mod e2e;
@@ -410,9 +411,9 @@ pub struct UpOptions {
     /// Multus as the meta-plugin, flock behind it (`--multus`).
     pub multus: bool,
     /// The pod network: flock unless named (`--cni`).
-    pub cni: peers::Cni,
+    pub cni: cni::Cni,
     /// A NetworkPolicy engine over a CNI without one (`--policy`).
-    pub policy: Option<peers::Policy>,
+    pub policy: Option<cni::Policy>,
 }
 
 impl Default for UpOptions {
@@ -424,7 +425,7 @@ impl Default for UpOptions {
             router: crate::router::Kind::Bird,
             installer: deploy::Installer::Helm,
             multus: false,
-            cni: peers::Cni::Flock,
+            cni: cni::Cni::Flock,
             policy: None,
         }
     }
@@ -474,8 +475,8 @@ impl UpOptions {
                 other => bail!("unknown option {other:?}\n{USAGE}"),
             }
         }
-        peers::check_combination(options.cni, options.policy)?;
-        if options.multus && options.cni != peers::Cni::Flock {
+        cni::check_combination(options.cni, options.policy)?;
+        if options.multus && options.cni != cni::Cni::Flock {
             bail!("--multus runs flock behind Multus: it goes with --cni flock only");
         }
         Ok(options)
@@ -519,7 +520,7 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
     options.proxy_mode.record()?;
     site::record_router(options.router)?;
     options.cni.record()?;
-    peers::Policy::record(options.policy)?;
+    cni::Policy::record(options.policy)?;
     let repo = repo_root();
     let mut timings = vec![("build and clean up", started.elapsed())];
     let t = Instant::now();
@@ -571,7 +572,7 @@ pub fn up(bins: &Path, options: &UpOptions, started: Instant) -> Result<String> 
     timings.push(("nodes (both at once)", t.elapsed()));
     let t = Instant::now();
     match options.cni {
-        peers::Cni::Flock => {
+        cni::Cni::Flock => {
             step("flock from deploy/", || {
                 deploy::install_flock(&repo, &cnp_crd, options.installer)
             })?;

@@ -121,7 +121,7 @@ pub fn start(node: &Node, kube: &KubeBuild, archives: &[PathBuf]) -> Result<()> 
     // them there: containerd runs loopback for every sandbox, flock's conflist chains portmap
     // (hostPort) and may chain bandwidth. flock's installer adds its shim; a peer's pods need
     // its plugins beside them (bridge or ptp, and host-local).
-    let cni = super::peers::Cni::current();
+    let cni = super::cni::Cni::current();
     for plugin in ["loopback", "portmap", "bandwidth"]
         .iter()
         .chain(cni.node_plugins())
@@ -451,11 +451,11 @@ fn wait_registered(node: &Node) -> Result<()> {
 /// kube-proxy's configuration on `node`: nftables mode unless the cluster was brought up with
 /// iptables; the node's address first (IPv6: the proxier's primary family); the machine-wide
 /// conntrack settings left alone. Traffic is local when it comes in on a flock veth (`flock*`;
-/// a peer CNI's pod interfaces in a peer's cluster, [`super::peers::Cni::kube_proxy_local`]),
+/// a peer CNI's pod interfaces in a peer's cluster, [`super::cni::Cni::kube_proxy_local`]),
 /// so kube-proxy masquerades a cluster IP's traffic from outside the cluster: the fabric routes
 /// the Service ranges to any node, whose endpoint may be on another node, and the answer has to
 /// come back through the node that translated it (docs/services.md).
-fn kube_proxy_config(node: &Node, mode: ProxyMode, cni: super::peers::Cni) -> String {
+fn kube_proxy_config(node: &Node, mode: ProxyMode, cni: super::cni::Cni) -> String {
     format!(
         r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -488,7 +488,7 @@ fn start_kube_proxy(node: &Node, here: &Place, kube: &KubeBuild) -> Result<()> {
     let config = dir(node).join("kube-proxy.yaml");
     std::fs::write(
         &config,
-        kube_proxy_config(node, ProxyMode::current(), super::peers::Cni::current()),
+        kube_proxy_config(node, ProxyMode::current(), super::cni::Cni::current()),
     )
     .with_context(|| format!("write {}", config.display()))?;
     let name = format!("{}-kube-proxy", node.name);

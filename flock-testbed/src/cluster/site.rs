@@ -104,7 +104,7 @@ pub fn node_net(node: &Node) -> Result<()> {
     // The node's IPv4 identity (its BGP router ID): a source address for what the node
     // itself sends to IPv4 pods (the kubelet's probes).
     ipv4_identity(&ns, node.router_id, node.addr)?;
-    if !super::peers::Cni::current().speaks_bgp() {
+    if !super::cni::Cni::current().speaks_bgp() {
         // No BGP to say where the node's pods are: the fabric's static routes, through the
         // link just made (they go with it when the node's namespace does, at a reboot).
         let router = Place::Net(ROUTER.to_owned());
@@ -249,14 +249,14 @@ fn joined_marker() -> std::path::PathBuf {
 /// password from flock's Secret (their sessions run without), ptp's nodes speak no BGP (the
 /// router has no session with them; `peers` routes their CIDRs statically).
 fn write_router_conf() -> Result<()> {
-    let cni = super::peers::Cni::current();
+    let cni = super::cni::Cni::current();
     let nodes: Vec<&Node> = if cni.speaks_bgp() {
         cabled()
     } else {
         Vec::new()
     };
     let mut passwords = BTreeMap::new();
-    if cni == super::peers::Cni::Flock {
+    if cni == super::cni::Cni::Flock {
         for n in &nodes {
             if let Some(p) = password(n)? {
                 passwords.insert(n.name, p);
@@ -269,7 +269,7 @@ fn write_router_conf() -> Result<()> {
         announced()?,
         bfd_graceful_file().exists(),
     );
-    if cni != super::peers::Cni::Flock {
+    if cni != super::cni::Cni::Flock {
         for peer in &mut router.peers {
             peer.bfd = false;
         }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde_json::Value;
 
+use super::cni::{Cni, Policy};
 use super::deploy::WEB_REPLICAS;
-use super::peers::{Cni, Policy};
 use super::{ANYCAST4, ANYCAST6, NODES, deploy, kubectl, site};
 use crate::sys;
 

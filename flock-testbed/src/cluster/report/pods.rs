@@ -139,7 +139,7 @@ pub(super) fn pods_and_matrix(r: &mut Report) -> Result<()> {
     let shared: BTreeSet<Option<u64>> = web.iter().map(|p| workload_bits(&p.ipv6)).collect();
     let shared_note = match shared.iter().next() {
         // a peer CNI has no ip-algo: its addresses say nothing of the workload
-        _ if super::super::peers::Cni::current() != super::super::peers::Cni::Flock => {
+        _ if super::super::cni::Cni::current() != super::super::cni::Cni::Flock => {
             "not flock's: no ip-algo".into()
         }
         Some(Some(bits)) if shared.len() == 1 => format!("all {:010x}", bits),

@@ -18,7 +18,7 @@ pub(super) fn router_routes(r: &mut Report) -> Result<()> {
          speakers, or static for ptp's)\n",
     );
     let router = Place::Net(ROUTER.to_owned());
-    let proto = if super::super::peers::Cni::current().speaks_bgp() {
+    let proto = if super::super::cni::Cni::current().speaks_bgp() {
         site::router_proto()
     } else {
         "boot"
@@ -49,7 +49,7 @@ pub(super) fn router_routes(r: &mut Report) -> Result<()> {
             }
         }
     }
-    if super::super::peers::Cni::current() != super::super::peers::Cni::Flock {
+    if super::super::cni::Cni::current() != super::super::cni::Cni::Flock {
         // a peer's cluster has no anycast
         return Ok(());
     }
