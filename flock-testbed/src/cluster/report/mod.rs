@@ -162,19 +162,25 @@ fn flock_pods(r: &mut Report) -> Result<()> {
             ));
         }
     }
+    system_pods(r, "FLOCK'S PODS", "app.kubernetes.io/name=flock")
+}
+
+/// The table of the kube-system pods `selector` picks, titled `title` and the command.
+fn system_pods(r: &mut Report, title: &str, selector: &str) -> Result<()> {
+    let args = [
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        selector,
+        "-o",
+        "wide",
+    ];
     raw(
         r,
-        "FLOCK'S PODS (kubectl -n kube-system get pods -l app.kubernetes.io/name=flock -o wide)",
-        &kubectl(&[
-            "-n",
-            "kube-system",
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=flock",
-            "-o",
-            "wide",
-        ])?,
+        &format!("{title} (kubectl {})", args.join(" ")),
+        &kubectl(&args)?,
     );
     Ok(())
 }
@@ -197,23 +203,7 @@ fn peer_pods(r: &mut Report) -> Result<()> {
                 NODES.len()
             ));
         }
-        raw(
-            r,
-            &format!(
-                "{} (kubectl -n kube-system get pods -l k8s-app={ds} -o wide)",
-                ds.to_uppercase()
-            ),
-            &kubectl(&[
-                "-n",
-                "kube-system",
-                "get",
-                "pods",
-                "-l",
-                &format!("k8s-app={ds}"),
-                "-o",
-                "wide",
-            ])?,
-        );
+        system_pods(r, &ds.to_uppercase(), &format!("k8s-app={ds}"))?;
     }
     Ok(())
 }
