@@ -281,8 +281,11 @@ async fn floor_cycles(
     teardown_all(&node, one_at_a_time).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     if !burst.is_empty() {
-        let (_, wall) = handed_off_adds(burst, concurrency, node_path, bin_dir)?;
+        let (_, wall, cpu) = handed_off_adds(burst, concurrency, node_path, bin_dir)?;
         floor.handed_off_concurrent.push((burst.len(), wall));
+        floor
+            .handed_off_cpu_per_add
+            .push(cpu / u32::try_from(burst.len()).unwrap_or(u32::MAX));
         teardown_all(&node, burst).await?;
     }
     // As before a subject's concurrent phase: let the kernel finish with the torn-down pods.

@@ -16,14 +16,15 @@ use flock_netns::{NodeNs, PodSpec, setup};
 /// allocates nothing and writes no store. So each call's time is an ADD as the runtime sees
 /// it, with the exec, the two hand-offs between the shim and a daemon, and the kernel work, and
 /// nothing of flock's own bookkeeping: what a CNI of a shim and a node agent (DESIGN §1) that
-/// keeps no books reaches on this machine. Each call's time, and the wall time of all.
+/// keeps no books reaches on this machine. Each call's time, the wall time of all, and the CPU time
+/// the daemon used serving them.
 pub(super) fn handed_off_adds(
     specs: &[PodSpec],
     threads: usize,
     node_path: &Path,
     bin_dir: &Path,
-) -> Result<(Vec<Duration>, Duration)> {
-    use std::io::{BufRead, Write};
+) -> Result<(Vec<Duration>, Duration, Duration)> {
+    use std::io::{BufRead, Read, Write};
     // Started from this thread, the daemon is in the node's namespace too.
     let exe = std::env::current_exe().context("this program's path")?;
     let dir = std::env::temp_dir().join(format!("flock-bench-handoff-{}", std::process::id()));
@@ -52,12 +53,16 @@ pub(super) fn handed_off_adds(
             .context("write to the daemon")?;
         drop(stdin);
         let mut ready = String::new();
-        std::io::BufReader::new(daemon.stdout.take().context("the daemon's stdout")?)
-            .read_line(&mut ready)
-            .context("read from the daemon")?;
+        // kept open to the end: the daemon's last line is its CPU time
+        let mut said =
+            std::io::BufReader::new(daemon.stdout.take().context("the daemon's stdout")?);
+        said.read_line(&mut ready).context("read from the daemon")?;
         if ready.trim() != "ready" {
             bail!("the stand-in daemon did not start (it said {ready:?})");
         }
+        // its CPU time before the first call: what serving them adds is the difference to
+        // the total it reports at its end
+        let cpu_before = super::measure::cpu_time(daemon.id())?;
         let runtime = flock_testkit::cni::Runtime::new(
             layout.conflist("bench-floor"),
             [bin_dir],
@@ -82,18 +87,32 @@ pub(super) fn handed_off_adds(
                 .map(drop)
                 .with_context(|| format!("ADD of {} to the stand-in daemon", att.container_id))
         };
-        if threads > 1 {
-            return super::measure::concurrently(&atts, threads, add);
-        }
-        // On this thread, as the bench times a subject's sequential ADDs.
-        let start = Instant::now();
-        let mut times = Vec::with_capacity(atts.len());
-        for att in &atts {
-            let t = Instant::now();
-            add(att)?;
-            times.push(t.elapsed());
-        }
-        Ok((times, start.elapsed()))
+        let (times, wall) = if threads > 1 {
+            super::measure::concurrently(&atts, threads, add)?
+        } else {
+            // On this thread, as the bench times a subject's sequential ADDs.
+            let start = Instant::now();
+            let mut times = Vec::with_capacity(atts.len());
+            for att in &atts {
+                let t = Instant::now();
+                add(att)?;
+                times.push(t.elapsed());
+            }
+            (times, start.elapsed())
+        };
+        let mut last = String::new();
+        said.read_to_string(&mut last)
+            .context("read the daemon's last line")?;
+        let total = last
+            .lines()
+            .find_map(|l| l.strip_prefix(CPU_LINE))
+            .and_then(|ns| ns.trim().parse::<u64>().ok())
+            .with_context(|| format!("the stand-in daemon said no {CPU_LINE:?}: {last:?}"))?;
+        Ok((
+            times,
+            wall,
+            Duration::from_nanos(total).saturating_sub(cpu_before),
+        ))
     })();
     if outcome.is_err() {
         // A daemon that failed has said why on stderr and ended; one that still waits for
@@ -116,6 +135,9 @@ pub(super) fn handed_off_adds(
         Ok(measured) => Ok(measured),
     }
 }
+
+/// What the stand-in daemon prints last: its CPU time in nanoseconds, every thread.
+const CPU_LINE: &str = "cpu_ns ";
 
 /// The hidden command that runs the stand-in daemon of [`handed_off_adds`].
 pub const HANDOFF_DAEMON: &str = "__bench-handoff-daemon";
@@ -214,6 +236,8 @@ pub fn handoff_daemon(args: &[String]) -> Result<()> {
         while let Some(served) = tasks.join_next().await {
             served.context("a call panicked")??;
         }
+        let cpu = super::measure::cpu_time(std::process::id())?;
+        writeln!(stdout, "{CPU_LINE}{}", cpu.as_nanos()).and_then(|()| stdout.flush())?;
         Ok(())
     })
 }

@@ -138,7 +138,7 @@ fn measure(
         .enumerate()
         .map(|(i, ns)| attachment(&key, "conc", i, ns))
         .collect();
-    let cpu_before = subject.daemon_pid().map(cpu_ticks).transpose()?;
+    let cpu_before = subject.daemon_pid().map(cpu_time).transpose()?;
     let (add_conc, add_conc_wall) = concurrently(&atts, opts.concurrency, |a| {
         runtime
             .add(a)
@@ -147,8 +147,8 @@ fn measure(
     })?;
     let daemon_cpu_per_add = match (subject.daemon_pid(), cpu_before) {
         (Some(pid), Some(before)) => {
-            let ticks = cpu_ticks(pid)?.saturating_sub(before);
-            vec![ticks_to_duration(ticks) / u32::try_from(atts.len()).unwrap_or(u32::MAX)]
+            let used = cpu_time(pid)?.saturating_sub(before);
+            vec![used / u32::try_from(atts.len()).unwrap_or(u32::MAX)]
         }
         _ => Vec::new(),
     };
@@ -253,25 +253,28 @@ where
     Ok((all, wall))
 }
 
-/// utime + stime of a process, in clock ticks (`/proc/PID/stat` fields 14 and 15).
-fn cpu_ticks(pid: u32) -> Result<u64> {
-    let path = format!("/proc/{pid}/stat");
-    let stat = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
-    // The command name (field 2) may hold spaces: count fields after its closing paren.
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let field = |n: usize| -> Result<u64> {
-        fields
-            .get(n - 3)
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("no field {n} in {path}"))
-    };
-    Ok(field(14)? + field(15)?)
-}
-
-fn ticks_to_duration(ticks: u64) -> Duration {
-    // USER_HZ is 100 on Linux.
-    Duration::from_millis(ticks * 10)
+/// The CPU time process `pid` has used so far, every thread of it alive now: the sum of its
+/// threads' run times in `/proc/PID/task/TID/schedstat` (nanoseconds; `/proc/PID/stat`'s
+/// ticks are 10 ms, a tenth of a concurrent phase's whole time).
+pub(super) fn cpu_time(pid: u32) -> Result<Duration> {
+    let dir = format!("/proc/{pid}/task");
+    let mut total = 0u64;
+    for task in std::fs::read_dir(&dir).with_context(|| format!("read {dir}"))? {
+        let path = task
+            .with_context(|| format!("read {dir}"))?
+            .path()
+            .join("schedstat");
+        // a thread that ended since the listing has nothing to add
+        let Ok(stat) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        total += stat
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse::<u64>().ok())
+            .with_context(|| format!("{}: {stat:?}", path.display()))?;
+    }
+    Ok(Duration::from_nanos(total))
 }
 
 fn rss_kib(pid: u32) -> Result<u64> {

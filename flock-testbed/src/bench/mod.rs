@@ -136,11 +136,7 @@ impl Figures {
 
     /// The daemon's CPU time per ADD: the median of the rounds'.
     fn daemon_cpu_per_add(&self) -> Option<Duration> {
-        let mut per_round = self.daemon_cpu_per_add.clone();
-        per_round.sort_unstable();
-        per_round
-            .get(per_round.len().saturating_sub(1) / 2)
-            .copied()
+        median(&self.daemon_cpu_per_add)
     }
 
     /// Adds another round's figures of the same subject: its samples, its concurrent
@@ -323,6 +319,8 @@ pub struct Floor {
     /// runtime threads make a subject's, on a node emptied and settled: (pods, wall time),
     /// one per round.
     pub handed_off_concurrent: Vec<Burst>,
+    /// The stand-in daemon's CPU time per ADD of each round's concurrent burst.
+    pub handed_off_cpu_per_add: Vec<Duration>,
     /// `flock_netns::setup` of as many more pods, `concurrency` at a time: (pods, wall time),
     /// one per round. What the kernel allows a node to take at that concurrency with nothing
     /// but the kernel work: the ceiling of a CNI's ADD throughput here.
@@ -340,8 +338,17 @@ impl Floor {
         self.handed_off_add.extend(round.handed_off_add);
         self.handed_off_concurrent
             .extend(round.handed_off_concurrent);
+        self.handed_off_cpu_per_add
+            .extend(round.handed_off_cpu_per_add);
         self.setup_concurrent.extend(round.setup_concurrent);
     }
+}
+
+/// The median of `values` (the lower middle of an even count); `None` when there is none.
+fn median(values: &[Duration]) -> Option<Duration> {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    sorted.get(sorted.len().saturating_sub(1) / 2).copied()
 }
 
 /// Nearest-rank percentile, in milliseconds.

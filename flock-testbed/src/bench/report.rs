@@ -221,6 +221,18 @@ fn render_goals(flock: &Figures, floor: &Floor, rounds: &[Round], opts: &Options
         );
     }
     let _ = writeln!(out, "\nGoals met: {met} of {}", goals.len());
+    if let (Some(agent), Some(floor_cpu)) = (
+        flock.daemon_cpu_per_add(),
+        super::median(&floor.handed_off_cpu_per_add),
+    ) {
+        let _ = writeln!(
+            out,
+            "\nCPU time per ADD at concurrency {c} (every thread; the rounds' median): flock's \
+             agent {:.3} ms, the hand-off floor's daemon {:.3} ms",
+            agent.as_secs_f64() * 1000.0,
+            floor_cpu.as_secs_f64() * 1000.0
+        );
+    }
     let per_round: Vec<String> = rounds
         .iter()
         .enumerate()
@@ -401,12 +413,14 @@ mod tests {
                 (120, Duration::from_secs(1)),
             ],
             setup_concurrent: vec![(200, Duration::from_secs(1))],
+            handed_off_cpu_per_add: us(&[600, 640]),
             ..Floor::default()
         };
         let mut flock = figures("flock", 0, Some(12 * 1024));
         flock.add_seq = us(&[1600, 1660, 1700]);
         flock.del_seq = us(&[900, 1100, 1200]);
         flock.add_conc_bursts = vec![(94, Duration::from_secs(1)), (96, Duration::from_secs(1))];
+        flock.daemon_cpu_per_add = us(&[800, 900, 700]);
         let rounds = [Round::of(&flock, &floor), Round::of(&flock, &floor)];
         let text = render_goals(&flock, &floor, &rounds, &opts);
         let row = |start: &str| {
@@ -437,6 +451,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("at 200 pods/s (flock: 47 % of it)"), "{text}");
+        assert!(
+            text.contains("flock's agent 0.800 ms, the hand-off floor's daemon 0.600 ms"),
+            "{text}"
+        );
     }
 
     #[test]
