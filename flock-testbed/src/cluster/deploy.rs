@@ -44,6 +44,22 @@ pub fn with_image(manifest: &str, image: &str) -> Result<String> {
     Ok(out.join("\n") + "\n")
 }
 
+/// Each change the test bed makes to a manifest of another project's (a peer's, Multus'):
+/// (what upstream has, what replaces it). Every one must be found, or the manifest is refused.
+pub type Edits<'a> = &'a [(String, String)];
+
+/// `text` with each of `edits` made; an edit whose text is missing is an error naming it.
+pub fn edited(what: &Path, text: &str, edits: Edits<'_>) -> Result<String> {
+    let mut out = text.to_owned();
+    for (from, to) in edits {
+        if !out.contains(from) {
+            bail!("{} has no {from:?}", what.display());
+        }
+        out = out.replace(from, to);
+    }
+    Ok(out)
+}
+
 /// One NodePool per rack (each node its own rack here, each rack its own link to the router):
 /// the rack's IPv6 /48 cut into /64s and its IPv4 pool into /24s, the nodes labelled with the
 /// rack, and the router's end of the rack's link as the BGP neighbor. The pool controller

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use super::{NODES, images, kube, kubectl, kubectl_stdin, node};
 use crate::components;
@@ -52,14 +52,14 @@ pub fn manifest() -> Result<String> {
     let path = source.join("deployments/multus-daemonset-thick.yml");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-    for wanted in [UPSTREAM_IMAGE, UPSTREAM_SOCKET_DIR] {
-        if !text.contains(wanted) {
-            bail!("{} has no {wanted}", path.display());
-        }
-    }
-    Ok(text
-        .replace(UPSTREAM_IMAGE, &image())
-        .replace(UPSTREAM_SOCKET_DIR, SOCKET_DIR))
+    super::deploy::edited(
+        &path,
+        &text,
+        &[
+            (UPSTREAM_IMAGE.to_owned(), image()),
+            (UPSTREAM_SOCKET_DIR.to_owned(), SOCKET_DIR.to_owned()),
+        ],
+    )
 }
 
 /// Whether Multus is deployed (its DaemonSet exists).

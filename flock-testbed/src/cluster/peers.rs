@@ -17,12 +17,13 @@
 //! The peers run only here, inside the test bed's namespaces, never in what flock ships (the
 //! module proxy serves kube-router only at a version with reported security flaws).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 
 use super::cni::{Cni, Policy};
-use super::{NODES, Node, images, kube, kubectl, kubectl_stdin, node};
+use super::deploy::edited;
+use super::{NODES, Node, images, kubectl, kubectl_stdin, node};
 use crate::components;
 
 /// Installs the peer pod network `cni` (and `policy` over it) on the cluster that is up, and
@@ -75,22 +76,6 @@ pub fn kube_network_policies_image() -> String {
         "registry.k8s.io/networking/kube-network-policies:v{}",
         crate::versions::KUBE_NETWORK_POLICIES
     )
-}
-
-/// Each change the test bed makes to a manifest of a peer's project: (what upstream has,
-/// what replaces it). Every one must be found, or the manifest is refused.
-type Edits<'a> = &'a [(String, String)];
-
-/// `text` with each of `edits` made; an edit whose text is missing is an error naming it.
-fn edited(what: &Path, text: &str, edits: Edits<'_>) -> Result<String> {
-    let mut out = text.to_owned();
-    for (from, to) in edits {
-        if !out.contains(from) {
-            bail!("{} has no {from:?}", what.display());
-        }
-        out = out.replace(from, to);
-    }
-    Ok(out)
 }
 
 /// kube-router's flags beside upstream's example's (`--run-router`, `--run-firewall`,
@@ -287,21 +272,10 @@ fn install_kube_network_policies() -> Result<()> {
     Ok(())
 }
 
-/// Imports the peers' images into every node's containerd (the node up already).
-pub fn import_images(archives: &[PathBuf]) -> Result<()> {
-    let kube = kube::ensure_built()?;
-    for n in &NODES {
-        for archive in archives {
-            images::import(&kube, &node::containerd_socket(n), archive)
-                .with_context(|| format!("import {} on {}", archive.display(), n.name))?;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn ptp_gives_pods_the_nodes_cidrs_and_default_routes() {
