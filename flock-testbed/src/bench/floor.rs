@@ -15,18 +15,13 @@ use super::handoff::handed_off_adds;
 /// Pods taken at some concurrency, and the wall time they took.
 pub type Burst = (usize, Duration);
 
-/// Pods per second of each burst.
-pub fn pods_per_s(bursts: &[Burst]) -> Vec<f64> {
-    bursts
-        .iter()
-        .map(|(n, wall)| *n as f64 / wall.as_secs_f64())
-        .collect()
-}
-
 /// The median pods per second of `bursts` (the lower middle of an even count); `None` when
 /// there is none.
 pub fn median_pods_per_s(bursts: &[Burst]) -> Option<f64> {
-    let mut rates = pods_per_s(bursts);
+    let mut rates: Vec<f64> = bursts
+        .iter()
+        .map(|(n, wall)| *n as f64 / wall.as_secs_f64())
+        .collect();
     rates.sort_by(f64::total_cmp);
     rates.get(rates.len().saturating_sub(1) / 2).copied()
 }

@@ -202,8 +202,9 @@ pub fn build_kube_router_image(binary: &Path, name: &str) -> Result<PathBuf> {
     )
 }
 
-/// An image of one static binary at `path` (its entry point) on busybox (a shell to look
-/// around), named `name`: kube-network-policies' (upstream's is distroless, `/bin/netpol`).
+/// An image of one static binary at `path` on busybox (a shell to look around), named
+/// `name`, without an entry point: the pod's `args` are its command, as they replace the `CMD`
+/// of kube-network-policies' own image (distroless, `/bin/netpol`).
 pub fn build_static_image(binary: &Path, path: &str, name: &str) -> Result<PathBuf> {
     let dir = peers_dir()?;
     let archive = dir.join(format!("{}.oci.tar", archive_stem(name)));
