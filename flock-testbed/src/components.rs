@@ -543,9 +543,9 @@ pub fn kube_router() -> Component {
         version: version.to_owned(),
         module: "kube-router".to_owned(),
         upstream: KUBE_ROUTER_MODULE,
+        patches: KUBE_ROUTER_PATCHES,
         // docker v25.0.3+incompatible (no go.mod) brings in its tests' imports: the versions
         // of its `vendor.mod`, which upstream's build resolves to.
-        patches: &[],
         pins: &[
             (
                 "github.com/Azure/go-ansiterm",
@@ -569,6 +569,19 @@ pub fn kube_router() -> Component {
         }],
     }
 }
+
+/// The one change to kube-router: its policy controller's IPv6 rules name the ipsets of a
+/// policy's pods without the `inet6:` prefix the sets are created with, so `ip6tables-restore`
+/// refuses the whole IPv6 ruleset ("Set KUBE-SRC-… doesn't exist") and the controller aborts
+/// every sync — after which no policy change, of either family, is enforced (upstream's
+/// issue cloudnativelabs/kube-router#1653, v2.1.0, fixed in later releases the module proxy
+/// does not serve). The rules name each set as its family's ipset handler names it.
+const KUBE_ROUTER_PATCHES: &[Patch] = &[Patch::Replace {
+    file: "pkg/controllers/netpol/policy.go",
+    old: "\t\targs = append(args, \"-m\", \"set\", \"--match-set\", srcIPSetName, \"src\")\n\t}\n\tif dstIPSetName != \"\" {\n\t\targs = append(args, \"-m\", \"set\", \"--match-set\", dstIPSetName, \"dst\")\n",
+    new: "\t\targs = append(args, \"-m\", \"set\", \"--match-set\", npc.ipSetHandlers[ipFamily].Name(srcIPSetName), \"src\")\n\t}\n\tif dstIPSetName != \"\" {\n\t\targs = append(args, \"-m\", \"set\", \"--match-set\", npc.ipSetHandlers[ipFamily].Name(dstIPSetName), \"dst\")\n",
+    count: 1,
+}];
 
 /// kube-network-policies' module path.
 pub const KUBE_NETWORK_POLICIES_MODULE: &str = "sigs.k8s.io/kube-network-policies";
