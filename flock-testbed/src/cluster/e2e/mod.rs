@@ -137,7 +137,18 @@ pub fn run(args: &[String]) -> Result<()> {
         bail!("--cluster-policies is for --suite networkpolicy");
     }
     let focus = given_focus.unwrap_or_else(|| default_focus.to_owned());
-    let pods = given_pods.unwrap_or(default_pods);
+    // A peer's pods are dual-stack as its own configuration makes them: only flock's pools
+    // switch IPv4 off for a run.
+    let flock = super::cni::Cni::current() == super::cni::Cni::Flock;
+    let pods = match given_pods {
+        Some(Pods::Ipv6) if !flock => bail!(
+            "--pods ipv6: the cluster runs {}, whose pods are dual-stack (--pods dual)",
+            super::cni::Cni::current().as_str()
+        ),
+        Some(p) => p,
+        None if flock => default_pods,
+        None => Pods::Dual,
+    };
     let parallel = given_parallel.unwrap_or(DEFAULT_PARALLEL);
     let excluded = exclusions(EXCLUSIONS)?;
     let kube = kube::ensure_built()?.with_e2e()?;
@@ -200,7 +211,7 @@ pub fn run(args: &[String]) -> Result<()> {
     // node's pods, and specs then fail for that rather than for what they check.
     let sessions_before = crate::cluster::site::router_sessions();
     let stub = Stub::start(&kube, &report_dir)?;
-    let families = PodFamilies::set(pods)?;
+    let families = flock.then(|| PodFamilies::set(pods)).transpose()?;
     let background = cluster_policies
         .then(BackgroundPolicies::apply)
         .transpose()?;
@@ -330,6 +341,18 @@ pub fn run(args: &[String]) -> Result<()> {
 }
 
 /// `RUN_DIR/e2e`, where a suite's log, report and summary go: emptied for each run.
+/// The last run's specs (`[It]` nodes of its JUnit report): (passed, failed).
+pub fn last_run_counts() -> Result<(usize, usize)> {
+    let specs = read_junit(&Path::new(RUN_DIR).join("e2e"))?;
+    let count = |o: Outcome| {
+        specs
+            .iter()
+            .filter(|s| s.name.starts_with("[It]") && s.outcome == o)
+            .count()
+    };
+    Ok((count(Outcome::Passed), count(Outcome::Failed)))
+}
+
 fn fresh_report_dir() -> Result<PathBuf> {
     let report_dir = Path::new(RUN_DIR).join("e2e");
     if report_dir.exists() {
