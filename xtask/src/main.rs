@@ -5,7 +5,9 @@
 //!   tests included. This is the README's test command and all `.ci/run` calls.
 //! - `bench`: end-to-end CNI latency and throughput of every subject (the
 //!   reference plugins, flock) through one runtime stand-in, written into
-//!   `BENCHMARKS.md` (`flock_testbed::bench`).
+//!   `BENCHMARKS.md` (`flock_testbed::bench`); `bench cluster`: flock beside
+//!   kube-router and kube-network-policies on the same cluster, a table of
+//!   ratios (`flock_testbed::cluster::bench`).
 //! - `lab [up|down|check|faults]`: two routed nodes, a router and four pods in network
 //!   namespaces, checked and printed as tables (`flock_testbed::lab`).
 //! - `cluster [up|down|check|build|gomod|e2e|life|kubectl ARGS…]`: a real Kubernetes cluster
@@ -58,6 +60,9 @@ fn main() -> Result<()> {
     let rest: Vec<String> = args.collect();
     match command.as_str() {
         "test" => test(&rest),
+        "bench" if rest.first().map(String::as_str) == Some("cluster") => {
+            cluster::bench::run(&rest[1..])
+        }
         "bench" => bench::bench(&rest),
         "lab" => lab::lab(&rest),
         "cluster" => cluster::cluster(&rest),
@@ -68,12 +73,14 @@ fn main() -> Result<()> {
             eprintln!(
                 "usage: cargo xtask test [nextest filters…]\n\
                  \x20      cargo xtask bench [--pods N] [--concurrency C] [--rss-pods N] [--subjects reference,flock] [--no-write]\n\
+                 \x20      cargo xtask bench cluster [--rounds R] [--setups …] [--bins DIR] [--no-netpol] [--no-write]\n\
                  \x20      cargo xtask lab [up|down|check|faults]\n\
                  \x20      cargo xtask cluster [up|down|check|build|kubectl ARGS…]\n\
                  \x20      cargo xtask helm [render|check|lint]\n\
                  \x20      cargo xtask fuzz [TARGET…] [--minutes N]\n\
                  \n  test   install what the suite needs and run every test (as root)\
-                 \n  bench  ADD/DEL latency and pods/s of each subject, written into BENCHMARKS.md (as root)\
+                 \n  bench  ADD/DEL latency and pods/s of each subject, written into BENCHMARKS.md (as root);\
+                 \n         `bench cluster`: the same scenarios on a cluster with flock, kube-router and ptp + kube-network-policies in turn, a table of ratios (as root)\
                  \n  lab    two routed nodes, a router and four pods in namespaces; `down` removes them, `check` = up + down on debug builds (as root)\
                  \n  helm   the chart charts/flock: render deploy/ from it, or lint it and check deploy/ against it\
                  \n  fuzz   every fuzz target (or those named) for N minutes each (1 unless said) with cargo-fuzz on nightly; a table of executions and crashes\

@@ -27,7 +27,7 @@ mod breakdown;
 mod floor;
 mod handoff;
 mod measure;
-mod report;
+pub(crate) mod report;
 mod subjects;
 
 pub use handoff::{HANDOFF_DAEMON, handoff_daemon};

@@ -278,18 +278,24 @@ const END: &str = "<!-- bench:end -->";
 
 /// Replaces the marked section of `path` (or appends it, or creates the file).
 pub(super) fn write_section(path: &Path, section: &str) -> Result<()> {
+    write_between(path, BEGIN, END, section)
+}
+
+/// Replaces what lies between the lines `begin` and `end` of `path` with `section` (or appends
+/// the three, or creates the file).
+pub(crate) fn write_between(path: &Path, begin: &str, end: &str, section: &str) -> Result<()> {
     let old = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::from("# Benchmarks\n"),
         Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
     };
-    let block = format!("{BEGIN}\n{section}{END}\n");
-    let new = match (old.find(BEGIN), old.find(END)) {
+    let block = format!("{begin}\n{section}{end}\n");
+    let new = match (old.find(begin), old.find(end)) {
         (Some(b), Some(e)) if e > b => {
             format!(
                 "{}{block}{}",
                 &old[..b],
-                old[e + END.len()..].trim_start_matches('\n')
+                old[e + end.len()..].trim_start_matches('\n')
             )
         }
         _ => format!("{}\n{block}", old.trim_end_matches('\n').to_owned() + "\n"),
@@ -297,12 +303,12 @@ pub(super) fn write_section(path: &Path, section: &str) -> Result<()> {
     std::fs::write(path, new).with_context(|| format!("write {}", path.display()))
 }
 
-pub(super) fn utc_now() -> String {
+pub(crate) fn utc_now() -> String {
     command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(|| "unknown date".into())
 }
 
 /// Kernel, CPU, cores and the reference plugins' package version.
-pub(super) fn machine_line() -> String {
+pub(crate) fn machine_line() -> String {
     let kernel = command_line("uname", &["-sr"]).unwrap_or_default();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()

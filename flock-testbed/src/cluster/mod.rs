@@ -37,6 +37,7 @@ use crate::versions::Kubernetes;
 
 pub use node::ProxyMode;
 
+pub mod bench;
 pub mod cni;
 mod control;
 mod deploy;

@@ -59,15 +59,15 @@ mod join;
 mod leave;
 mod multus;
 mod operate;
-mod policy;
+pub(crate) mod policy;
 mod ready;
 mod reboot;
 mod routing;
 mod security;
 mod services;
-mod startup;
+pub(crate) mod startup;
 mod uninstall;
-mod upgrade;
+pub(crate) mod upgrade;
 mod wave;
 
 use reboot::reboot;
@@ -212,12 +212,12 @@ pub fn tests(which: &[&str], out: &mut String) -> Vec<String> {
 
 /// One pod, as the reports need it.
 #[derive(Clone, Debug)]
-struct PodView {
+pub(crate) struct PodView {
     namespace: String,
-    name: String,
-    node: String,
-    ips: Vec<String>,
-    ready: bool,
+    pub(crate) name: String,
+    pub(crate) node: String,
+    pub(crate) ips: Vec<String>,
+    pub(crate) ready: bool,
     /// `status.phase` is `Running`.
     running: bool,
     /// `status.phase` is `Succeeded` or `Failed`: its sandbox and addresses are gone.
@@ -291,7 +291,7 @@ fn pods_in(namespace: Option<&str>, selector: &str) -> Result<Vec<PodView>> {
         .collect())
 }
 
-fn pods(namespace: &str, selector: &str) -> Result<Vec<PodView>> {
+pub(crate) fn pods(namespace: &str, selector: &str) -> Result<Vec<PodView>> {
     pods_in(Some(namespace), selector)
 }
 
@@ -438,7 +438,7 @@ impl StoppedAgent {
 }
 
 /// The pid of a process named `comm` in `n`'s network namespace (BIRD, the agent).
-fn pid_in(n: &Node, comm: &str) -> Result<u32> {
+pub(crate) fn pid_in(n: &Node, comm: &str) -> Result<u32> {
     let out = sys::output(std::process::Command::new("ip").args(["netns", "pids", &n.ns()]))?;
     out.split_whitespace()
         .filter_map(|p| p.parse::<u32>().ok())
@@ -448,8 +448,70 @@ fn pid_in(n: &Node, comm: &str) -> Result<u32> {
         .with_context(|| format!("no {comm} runs in {}", n.ns()))
 }
 
+/// The long-running processes named `comm` in `n`'s network namespace: a daemon of the pod
+/// network (flock's agent, BIRD, a peer's), not its init container (`install-cni`) or flock's
+/// controller, which run the agent's binary too.
+pub(crate) fn daemons_in(n: &Node, comm: &str) -> Vec<u32> {
+    let Ok(net) = std::fs::metadata(format!("/run/netns/{}", n.ns())) else {
+        return Vec::new();
+    };
+    let wanted = format!("net:[{}]", std::os::unix::fs::MetadataExt::ino(&net));
+    let mut found = Vec::new();
+    for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let path = p.path();
+        if std::fs::read_to_string(path.join("comm")).map_or(true, |c| c.trim() != comm) {
+            continue;
+        }
+        let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+        if cmdline
+            .split(|b| *b == 0)
+            .skip(1)
+            .any(|a| a == b"controller" || a == b"install-cni")
+        {
+            continue;
+        }
+        if std::fs::read_link(path.join("ns/net")).is_ok_and(|l| l.to_string_lossy() == wanted) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// What a process uses: resident memory and CPU time so far.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Usage {
+    /// VmRSS, KiB.
+    pub(crate) rss_kib: u64,
+    /// User and system time of all its threads, seconds (10 ms ticks).
+    pub(crate) cpu_s: f64,
+}
+
+/// `pid`'s [`Usage`], from `/proc/PID/status` and `/proc/PID/stat`; `None` once it is gone.
+pub(crate) fn daemon_usage(pid: u32) -> Option<Usage> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    Some(Usage {
+        rss_kib,
+        cpu_s: ticks as f64 / per_s,
+    })
+}
+
 /// Sends `sig` to `pid`.
-fn signal(pid: u32, sig: nix::sys::signal::Signal) -> Result<()> {
+pub(crate) fn signal(pid: u32, sig: nix::sys::signal::Signal) -> Result<()> {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig)
         .with_context(|| format!("send {sig} to {pid}"))
 }
@@ -604,7 +666,7 @@ fn node_config(n: &Node) -> String {
     .unwrap_or_else(|e| format!("? ({e:#})"))
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }

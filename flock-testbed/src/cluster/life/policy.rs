@@ -317,7 +317,7 @@ impl Drop for Monitor {
 }
 
 /// One request to the apiserver as admin, with `curl` from the control plane's namespace.
-fn api(method: &str, path: &str, content_type: &str, body: &str) -> Result<String> {
+pub(crate) fn api(method: &str, path: &str, content_type: &str, body: &str) -> Result<String> {
     Place::Net(CONTROL.to_owned()).run(&[
         "curl",
         "-sS",
@@ -578,36 +578,14 @@ spec:
 
 /// Each node's agent: its resident memory (KiB), read from its process.
 fn agent_rss() -> Vec<(String, u64)> {
-    let mut found = Vec::new();
-    for n in &NODES {
-        let Ok(net) = std::fs::metadata(format!("/run/netns/{}", n.ns())) else {
-            continue;
-        };
-        let wanted = format!("net:[{}]", std::os::unix::fs::MetadataExt::ino(&net));
-        for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let path = p.path();
-            let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
-            let mut args = cmdline.split(|b| *b == 0);
-            let is_agent = args.next().is_some_and(|a| a.ends_with(b"flock-agent"))
-                && !args.any(|a| a == b"controller" || a == b"install-cni");
-            if !is_agent
-                || std::fs::read_link(path.join("ns/net"))
-                    .map(|l| l.to_string_lossy() != wanted)
-                    .unwrap_or(true)
-            {
-                continue;
-            }
-            let status = std::fs::read_to_string(path.join("status")).unwrap_or_default();
-            if let Some(kib) = status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            {
-                found.push((n.name.to_owned(), kib));
-            }
-        }
-    }
-    found
+    NODES
+        .iter()
+        .flat_map(|n| {
+            super::daemons_in(n, "flock-agent")
+                .into_iter()
+                .filter_map(|pid| Some((n.name.to_owned(), super::daemon_usage(pid)?.rss_kib)))
+        })
+        .collect()
 }
 
 /// The agent's count of pods it knows cluster-wide, from its metrics, if it exports one.
@@ -629,15 +607,10 @@ fn cluster_pods_seen(n: &Node) -> Option<u64> {
         .map(|v| v as u64)
 }
 
-fn memory(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
-    let before = agent_rss();
-    if before.len() != NODES.len() {
-        bail!(
-            "found {} flock agents' processes, want {}",
-            before.len(),
-            NODES.len()
-        );
-    }
+/// Creates the scale run's objects: a Node with no machine behind it (tainted, nothing runs),
+/// 10,000 pods bound to it in 100 namespaces and 1,000 NetworkPolicies in them. Returns how
+/// long the creation took. `clean_up` (or the cluster's removal) takes them away again.
+pub(crate) fn load_scale() -> Result<Duration> {
     kubectl_stdin(
         &["apply", "-f", "-"],
         &format!(
@@ -682,7 +655,19 @@ spec:
         kubectl_stdin(&["apply", "-f", "-"], &scale_manifests(*ns)).map(drop)
     })
     .context("creating the scale run's objects")?;
-    let created = t.elapsed();
+    Ok(t.elapsed())
+}
+
+fn memory(out: &mut String, failures: &mut Vec<String>) -> Result<()> {
+    let before = agent_rss();
+    if before.len() != NODES.len() {
+        bail!(
+            "found {} flock agents' processes, want {}",
+            before.len(),
+            NODES.len()
+        );
+    }
+    let created = load_scale()?;
     let total = SCALE_NAMESPACES * SCALE_PODS;
     // The agents have them when their count says so (or, without that metric, after a
     // settling pause); then their memory is read.

@@ -15,7 +15,7 @@ use super::{PodView, percentile, pods};
 use crate::sys;
 
 /// Pods per node in the start-up run.
-const BURST: usize = 50;
+pub(crate) const BURST: usize = 50;
 
 /// The reference plugins' conflist for the comparison: `ptp` with `host-local`, both
 /// families, addresses from a corner of the node's own CIDRs (so the router's routes to the
@@ -78,7 +78,7 @@ spec:
 
 /// One run: `name` scaled 0 -> [`BURST`] on `n`; (time to all Ready, per-pod RunPodSandbox
 /// durations from containerd's log, the pods' addresses).
-fn burst(name: &str, n: &Node) -> Result<(Duration, Vec<Duration>, Vec<PodView>)> {
+pub(crate) fn burst(name: &str, n: &Node) -> Result<(Duration, Vec<Duration>, Vec<PodView>)> {
     kubectl_stdin(&["apply", "-f", "-"], &burst_manifest(name, n))?;
     let t = Instant::now();
     kubectl(&[

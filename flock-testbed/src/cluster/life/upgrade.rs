@@ -38,11 +38,18 @@ fn probe_script(peer: &[String], service: &str) -> String {
     s
 }
 
+/// Starts [`probe_script`] in `pod` (demo namespace) against `peer`'s addresses and `service`.
+pub(crate) fn start_probe(pod: &str, peer: &[String], service: &str) -> Result<()> {
+    exec(pod, &probe_script(peer, service))
+        .map(drop)
+        .with_context(|| format!("start the probe in {pod}"))
+}
+
 /// What a probe counted: per peer address (pings sent, received), and (GETs ok, failed).
 type ProbeCounts = (Vec<(u64, u64)>, (u64, u64));
 
 /// Stops the probe and returns its counts.
-fn stop_probe(pod: &str, peers: usize) -> Result<ProbeCounts> {
+pub(crate) fn stop_probe(pod: &str, peers: usize) -> Result<ProbeCounts> {
     exec(
         pod,
         "touch /tmp/life.stop; kill -INT $(cat /tmp/life.pids); \
@@ -206,8 +213,7 @@ fn rolled(
         .collect();
     let since = cluster_now()?;
     for (from, to) in [(a, b), (b, a)] {
-        exec(&from.name, &probe_script(&to.ips, &service))
-            .with_context(|| format!("start the probe in {}", from.name))?;
+        start_probe(&from.name, &to.ips, &service)?;
     }
     // Let the probes run before the update starts, so a loss at its start would show.
     std::thread::sleep(Duration::from_secs(2));
