@@ -39,9 +39,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::cni::{Cni, Policy};
-use super::deploy::DEMO_NS;
 use super::life::{self, percentile, pods};
-use super::{NODES, Node, UpOptions, images, kubectl, kubectl_stdin, site};
+use super::{NODES, Node, UpOptions, kubectl, kubectl_stdin, site};
 use crate::sys;
 
 pub mod probe;
@@ -63,7 +62,7 @@ const END: &str = "<!-- bench-cluster:end -->";
 /// Policy changes of each kind per round (each both ways: 2 × this samples).
 const POLICY_CHANGES: usize = 10;
 /// Pods the policy isolates.
-const TARGETS: usize = 100;
+const TARGETS: usize = life::policy::TARGETS;
 const POLICY_NS: &str = "bench-policy";
 /// How long a change may take to be enforced before it counts as never.
 const ENFORCE_LIMIT: Duration = Duration::from_secs(10);
@@ -398,41 +397,6 @@ fn burst(f: &mut Figures) -> Result<()> {
 // ---------------------------------------------------------------------------------------
 // policy
 
-fn policy_manifest() -> String {
-    format!(
-        "apiVersion: v1
-kind: Namespace
-metadata: {{ name: {POLICY_NS} }}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{ name: target, namespace: {POLICY_NS} }}
-spec:
-  replicas: {TARGETS}
-  selector: {{ matchLabels: {{ app: target }} }}
-  template:
-    metadata: {{ labels: {{ app: target }} }}
-    spec:
-      nodeSelector: {{ kubernetes.io/hostname: {node1} }}
-      terminationGracePeriodSeconds: 1
-      containers:
-        - {{ name: web, image: {image}, imagePullPolicy: Never }}
----
-apiVersion: v1
-kind: Pod
-metadata: {{ name: client, namespace: {POLICY_NS}, labels: {{ app: client }} }}
-spec:
-  nodeName: {node2}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - {{ name: web, image: {image}, imagePullPolicy: Never }}
-",
-        node1 = NODES[0].name,
-        node2 = NODES[1].name,
-        image = images::NET,
-    )
-}
-
 /// The policy isolating the targets, admitting the pods labelled `key=client`: `app` is the
 /// client's own label (open), `role` one it has only while a round gives it (closed then).
 fn policy_object(key: &str) -> String {
@@ -513,7 +477,10 @@ fn policy(f: &mut Figures) -> Result<()> {
         "--ignore-not-found",
         "--wait=true",
     ])?;
-    kubectl_stdin(&["apply", "-f", "-"], &policy_manifest())?;
+    kubectl_stdin(
+        &["apply", "-f", "-"],
+        &life::policy::targets_and_client(POLICY_NS),
+    )?;
     sys::wait_for(Duration::from_secs(300), || {
         pods(POLICY_NS, "app in (target, client)")
             .is_ok_and(|p| p.len() == TARGETS + 1 && p.iter().all(|p| p.ready && !p.ips.is_empty()))
@@ -627,21 +594,10 @@ fn rollout(setup: Setup, f: &mut Figures) -> Result<()> {
     let Some(ds) = setup.daemonset() else {
         return Ok(());
     };
-    let pingers = pods(DEMO_NS, "app=anycast")?;
-    let [a, b] = pingers.as_slice() else {
-        bail!("want one anycast pod per node, found {}", pingers.len());
-    };
-    let service = kubectl(&[
-        "-n",
-        DEMO_NS,
-        "get",
-        "service",
-        "web",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ])?;
+    let (a, b, service) = life::upgrade::probers()?;
+    let (a, b) = (&a, &b);
     for (from, to) in [(a, b), (b, a)] {
-        life::upgrade::start_probe(&from.name, &to.ips, service.trim())?;
+        life::upgrade::start_probe(&from.name, &to.ips, &service)?;
     }
     std::thread::sleep(Duration::from_secs(2));
     kubectl(&[

@@ -32,7 +32,7 @@ use crate::sys;
 
 const NS: &str = "policy-bench";
 /// Pods of the enforcement run, all on node1.
-const TARGETS: usize = 100;
+pub(crate) const TARGETS: usize = 100;
 /// Rounds of each kind.
 const ROUNDS: usize = 40;
 /// The memory run: namespaces, pods per namespace, policies per namespace.
@@ -150,15 +150,18 @@ fn clean_up() -> Result<[Duration; 3]> {
 // ---------------------------------------------------------------------------------------
 // enforcement latency
 
-fn targets_manifest() -> String {
+/// Namespace `ns` with [`TARGETS`] pods (`app=target`, a Deployment on node1) and a client
+/// pod (`app=client`) on node2: what a policy's enforcement is timed on (here and in `cargo
+/// xtask bench cluster`).
+pub(crate) fn targets_and_client(ns: &str) -> String {
     format!(
         "apiVersion: v1
 kind: Namespace
-metadata: {{ name: {NS} }}
+metadata: {{ name: {ns} }}
 ---
 apiVersion: apps/v1
 kind: Deployment
-metadata: {{ name: target, namespace: {NS} }}
+metadata: {{ name: target, namespace: {ns} }}
 spec:
   replicas: {TARGETS}
   selector: {{ matchLabels: {{ app: target }} }}
@@ -172,13 +175,22 @@ spec:
 ---
 apiVersion: v1
 kind: Pod
-metadata: {{ name: client, namespace: {NS}, labels: {{ app: client }} }}
+metadata: {{ name: client, namespace: {ns}, labels: {{ app: client }} }}
 spec:
   nodeName: {node2}
   terminationGracePeriodSeconds: 1
   containers:
     - {{ name: web, image: {image}, imagePullPolicy: Never }}
----
+",
+        node1 = NODES[0].name,
+        node2 = NODES[1].name,
+        image = images::NET,
+    )
+}
+
+fn targets_manifest() -> String {
+    format!(
+        "{}---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {{ name: bench, namespace: {NS} }}
@@ -190,9 +202,7 @@ spec:
         - ipBlock: {{ cidr: \"{block}\" }}
         - podSelector: {{ matchLabels: {{ role: client }} }}
 ",
-        node1 = NODES[0].name,
-        node2 = NODES[1].name,
-        image = images::NET,
+        targets_and_client(NS),
         block = block(0),
     )
 }

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 
 use super::super::deploy::DEMO_NS;
 use super::super::kubectl;
-use super::{cluster_now, exec, pods, sandbox_failures_since};
+use super::{PodView, cluster_now, exec, pods, sandbox_failures_since};
 use crate::sys;
 
 /// The ping and GET interval of the upgrade's probes.
@@ -36,6 +36,25 @@ fn probe_script(peer: &[String], service: &str) -> String {
          > /dev/null 2>&1 &"
     );
     s
+}
+
+/// The pods that probe a roll, the anycast pod of each node, and the `web` Service's address
+/// they GET.
+pub(crate) fn probers() -> Result<(PodView, PodView, String)> {
+    let pingers = pods(DEMO_NS, "app=anycast")?;
+    let [a, b] = pingers.as_slice() else {
+        bail!("want one anycast pod per node, found {}", pingers.len());
+    };
+    let service = kubectl(&[
+        "-n",
+        DEMO_NS,
+        "get",
+        "service",
+        "web",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])?;
+    Ok((a.clone(), b.clone(), service.trim().to_owned()))
 }
 
 /// Starts [`probe_script`] in `pod` (demo namespace) against `peer`'s addresses and `service`.
@@ -188,21 +207,8 @@ fn rolled(
     waits: RolledOut,
 ) -> Result<Vec<String>> {
     let mut failures = Vec::new();
-    let pingers = pods(DEMO_NS, "app=anycast")?;
-    let [a, b] = pingers.as_slice() else {
-        bail!("want one anycast pod per node, found {}", pingers.len());
-    };
-    let service = kubectl(&[
-        "-n",
-        DEMO_NS,
-        "get",
-        "service",
-        "web",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ])?
-    .trim()
-    .to_owned();
+    let (a, b, service) = probers()?;
+    let (a, b) = (&a, &b);
     let before: BTreeMap<String, Vec<String>> = pods(DEMO_NS, "app in (web, anycast)")?
         .into_iter()
         .map(|p| (p.name, p.ips))
