@@ -226,10 +226,3 @@ fn work(shared: &Shared, target: SocketAddr) {
         });
     }
 }
-
-/// The median of `d` (sorted or not); zero for none.
-pub fn median(d: &[Duration]) -> Duration {
-    let mut d = d.to_vec();
-    d.sort();
-    d.get(d.len() / 2).copied().unwrap_or_default()
-}
