@@ -21,8 +21,6 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde_json::{Map, Value, json};
-
 /// The phases of one request, in order.
 #[derive(Debug)]
 pub struct Phases {
@@ -115,7 +113,7 @@ impl Tracer {
     pub fn record(&self, tag: &RequestTag, phases: &Phases) {
         let line = trace_line(tag, phases);
         let mut out = self.out.lock().expect("trace lock");
-        let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
     }
 }
 
@@ -123,34 +121,56 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// The JSON line of one request.
-pub fn trace_line(tag: &RequestTag, phases: &Phases) -> Value {
-    let mut by_phase = Map::new();
+/// The JSON line of one request, newline included. Written field by field rather than built
+/// as a `serde_json::Value`: the agent writes one per request when tracing, on the request's
+/// thread.
+pub fn trace_line(tag: &RequestTag, phases: &Phases) -> String {
+    use std::fmt::Write as _;
+    // A phase marked twice (a retried step) adds up; phases keep the order they were first
+    // marked in.
+    let mut by_phase: Vec<(&str, u64)> = Vec::with_capacity(phases.marks().len());
     for (name, d) in phases.marks() {
-        // A phase marked twice (a retried step) adds up.
-        let sum = by_phase.get(*name).and_then(Value::as_u64).unwrap_or(0) + micros(*d);
-        by_phase.insert((*name).to_owned(), sum.into());
+        match by_phase.iter_mut().find(|(n, _)| n == name) {
+            Some((_, sum)) => *sum += micros(*d),
+            None => by_phase.push((name, micros(*d))),
+        }
     }
-    let mut line = json!({
-        "op": tag.op,
-        "containerId": tag.container_id,
-        "ifName": tag.if_name,
-        "outcome": tag.outcome,
-        "totalUs": micros(phases.total()),
-        "phases": by_phase,
-    });
+    let string = |s: &str| serde_json::to_string(s).expect("a string serializes");
+    let mut line = String::with_capacity(384);
+    let _ = write!(
+        line,
+        "{{\"op\":{},\"containerId\":{},\"ifName\":{},\"outcome\":{},\"totalUs\":{},\"phases\":{{",
+        string(&tag.op),
+        string(&tag.container_id),
+        string(&tag.if_name),
+        string(&tag.outcome),
+        micros(phases.total()),
+    );
+    for (i, (name, us)) in by_phase.iter().enumerate() {
+        let comma = if i == 0 { "" } else { "," };
+        // Phase names are the agent's own identifiers: nothing to escape.
+        let _ = write!(line, "{comma}\"{name}\":{us}");
+    }
+    line.push('}');
     if let Some(start) = phases.started_mono {
-        line["startMonoUs"] = micros(start).into();
-        line["endMonoUs"] = micros(start + phases.total()).into();
+        let _ = write!(
+            line,
+            ",\"startMonoUs\":{},\"endMonoUs\":{}",
+            micros(start),
+            micros(start + phases.total())
+        );
     }
     if let Some(k) = phases.kernel {
-        line["kernel"] = json!({
-            "veth": micros(k.veth),
-            "host": micros(k.host),
-            "pod": micros(k.pod),
-            "anycast": micros(k.anycast),
-        });
+        let _ = write!(
+            line,
+            ",\"kernel\":{{\"veth\":{},\"host\":{},\"pod\":{},\"anycast\":{}}}",
+            micros(k.veth),
+            micros(k.host),
+            micros(k.pod),
+            micros(k.anycast)
+        );
     }
+    line.push_str("}\n");
     line
 }
 
@@ -165,15 +185,21 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         p.mark("kernel");
         p.mark("reply");
-        let line = trace_line(
+        let text = trace_line(
             &RequestTag {
                 op: "ADD".into(),
-                container_id: "c1".into(),
+                container_id: "c\"1".into(),
                 if_name: "eth0".into(),
                 outcome: "ok".into(),
             },
             &p,
         );
+        assert!(
+            text.ends_with('\n') && text.matches('\n').count() == 1,
+            "{text:?}"
+        );
+        let line: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(line["containerId"], "c\"1", "{line}");
         let phases = line["phases"].as_object().unwrap();
         assert_eq!(
             phases.keys().collect::<Vec<_>>(),
