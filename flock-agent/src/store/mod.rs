@@ -44,10 +44,22 @@
 //! the last burst's DELs free them). The agent keeps the spares stocked off that path instead:
 //! [`Store::stock`] creates empty ones up to [`SPARE_STOCK`], on a blocking thread, after
 //! the store opens and whenever [`Store::claim_stock`] finds them below [`SPARE_LOW`].
+//!
+//! # Why the store keeps its directory open and remembers its files
+//!
+//! A record write is a handful of system calls, each of which, given a path, would walk it
+//! from `/` again; the store holds the records' directory open and names files relative to
+//! it. It also knows which records have a file (those it read at open and wrote since), so a
+//! new record is renamed into place without first trying an exchange bound to fail, and how
+//! long each file it wrote is, so a spare is truncated only when the record written into it
+//! is shorter than what it held. A file it did not write itself (one read at open) counts as
+//! of unknown length and is always truncated.
 
-use std::fs::{self, OpenOptions};
+use std::collections::HashMap;
+use std::fs::{self, File};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{DirBuilderExt, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -198,6 +210,8 @@ impl AttachmentKey {
 #[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
+    /// `dir`, open: every file is named relative to it.
+    dir_fd: OwnedFd,
     spares: Mutex<Spares>,
     /// A [`Store::stock`] is claimed ([`Store::claim_stock`]) and not finished.
     stocking: AtomicBool,
@@ -213,10 +227,19 @@ pub const SPARE_STOCK: usize = 128;
 /// Below this many spares, [`Store::claim_stock`] asks for a [`Store::stock`].
 pub const SPARE_LOW: usize = 32;
 
-/// The files of replaced and deleted records, to be written again (module documentation).
+/// The length of a file the store did not write itself: a spare of that length is truncated
+/// whatever it is given.
+const UNKNOWN_LEN: u64 = u64::MAX;
+
+/// The files of replaced and deleted records, to be written again, and the records' files
+/// (module documentation).
 #[derive(Debug, Default)]
 struct Spares {
-    files: Vec<PathBuf>,
+    /// Each spare's name in the directory and the length of what it holds.
+    files: Vec<(String, u64)>,
+    /// Each record's file name and the length of what it holds ([`UNKNOWN_LEN`] for one
+    /// read at open).
+    records: HashMap<String, u64>,
     /// Spare names handed out so far (`.spare-<pid>-<n>`).
     named: u64,
     /// The filesystem refused `RENAME_EXCHANGE`: records are renamed over instead.
@@ -265,10 +288,24 @@ impl Store {
         })
         .expect("serialize store meta");
         write_durably(state_dir, "store.json", &bytes, 0o600)?;
+        let dir_fd = File::open(&dir)
+            .map_err(|source| Error::Store {
+                op: "open directory",
+                path: dir.clone(),
+                source,
+            })?
+            .into();
         // No spares yet: the read removed the last run's, with every other dot file.
         let store = Store {
             dir,
-            spares: Mutex::default(),
+            dir_fd,
+            spares: Mutex::new(Spares {
+                records: records
+                    .iter()
+                    .map(|r| (r.key().file_name(), UNKNOWN_LEN))
+                    .collect(),
+                ..Spares::default()
+            }),
             stocking: AtomicBool::new(false),
         };
         Ok((store, records))
@@ -290,21 +327,35 @@ impl Store {
     /// renamed to it when there is no record yet (see the module documentation for why
     /// without fsync, and why spares).
     pub fn put(&self, record: &AllocationRecord) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(record).expect("serialize allocation record");
-        let path = self.dir.join(record.key().file_name());
-        let (spare, fresh, exchange) = self.take_spare();
-        let outcome = fill(&spare, fresh, &bytes).and_then(|()| {
-            if exchange {
+        let bytes = serde_json::to_vec(record).expect("serialize allocation record");
+        let name = record.key().file_name();
+        let len = bytes.len() as u64;
+        let Taken {
+            spare,
+            spare_len,
+            exchange,
+        } = self.take_spare(&name);
+        let error = |op: &'static str| {
+            let path = self.dir.join(&name);
+            move |source: nix::errno::Errno| Error::Store {
+                op,
+                path,
+                source: source.into(),
+            }
+        };
+        let outcome = fill(&self.dir_fd, &self.dir, &spare, spare_len, &bytes).and_then(|()| {
+            if let Some(old_len) = exchange {
                 match nix::fcntl::renameat2(
-                    nix::fcntl::AT_FDCWD,
-                    &spare,
-                    nix::fcntl::AT_FDCWD,
-                    &path,
+                    &self.dir_fd,
+                    spare.as_str(),
+                    &self.dir_fd,
+                    name.as_str(),
                     nix::fcntl::RenameFlags::RENAME_EXCHANGE,
                 ) {
                     // The spare's name now holds the record's old content: a spare again.
-                    Ok(()) => return Ok(Some(spare.clone())),
-                    // No record yet: the spare becomes it.
+                    Ok(()) => return Ok(Some((spare.clone(), old_len))),
+                    // The record's file is gone (removed behind the agent's back): the spare
+                    // becomes it.
                     Err(nix::errno::Errno::ENOENT) => {}
                     Err(
                         nix::errno::Errno::EINVAL
@@ -313,33 +364,26 @@ impl Store {
                     ) => {
                         self.spares().no_exchange = true;
                     }
-                    Err(e) => {
-                        return Err(Error::Store {
-                            op: "exchange a spare file with",
-                            path: path.clone(),
-                            source: e.into(),
-                        });
-                    }
+                    Err(e) => return Err(error("exchange a spare file with")(e)),
                 }
             }
-            fs::rename(&spare, &path)
+            // A new record (or a filesystem without the exchange): renamed into place.
+            nix::fcntl::renameat(&self.dir_fd, spare.as_str(), &self.dir_fd, name.as_str())
                 .map(|()| None)
-                .map_err(|source| Error::Store {
-                    op: "rename a spare file to",
-                    path: path.clone(),
-                    source,
-                })
+                .map_err(error("rename a spare file to"))
         });
         match outcome {
             Ok(old) => {
+                let mut spares = self.spares();
+                spares.records.insert(name, len);
                 if let Some(old) = old {
-                    self.spares().files.push(old);
+                    spares.files.push(old);
                 }
                 Ok(())
             }
             Err(e) => {
                 // Whatever it holds now, it is a dot file: the next open removes it anyway.
-                let _ = fs::remove_file(&spare);
+                self.remove(&spare);
                 Err(e)
             }
         }
@@ -349,27 +393,35 @@ impl Store {
     /// there are fewer than [`MAX_SPARES`]. (A deletion a power cut undoes brings back a
     /// record of the previous boot, which start-up releases.)
     pub fn delete(&self, key: &AttachmentKey) -> Result<()> {
-        let path = self.dir.join(key.file_name());
-        let spare = {
+        let name = key.file_name();
+        let (spare, len) = {
             let mut spares = self.spares();
-            (spares.files.len() < MAX_SPARES).then(|| spares.name(&self.dir))
+            let len = spares.records.remove(&name).unwrap_or(UNKNOWN_LEN);
+            let spare = (spares.files.len() < MAX_SPARES).then(|| spares.name());
+            (spare, len)
         };
         let outcome = match &spare {
-            Some(spare) => fs::rename(&path, spare),
-            None => fs::remove_file(&path),
+            Some(spare) => {
+                nix::fcntl::renameat(&self.dir_fd, name.as_str(), &self.dir_fd, spare.as_str())
+            }
+            None => nix::unistd::unlinkat(
+                &self.dir_fd,
+                name.as_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            ),
         };
         match outcome {
             Ok(()) => {
                 if let Some(spare) = spare {
-                    self.spares().files.push(spare);
+                    self.spares().files.push((spare, len));
                 }
                 Ok(())
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(nix::errno::Errno::ENOENT) => Ok(()),
             Err(source) => Err(Error::Store {
                 op: "delete",
-                path,
-                source,
+                path: self.dir.join(name),
+                source: source.into(),
             }),
         }
     }
@@ -401,27 +453,42 @@ impl Store {
                 if spares.files.len() >= SPARE_STOCK {
                     return Ok(created);
                 }
-                spares.name(&self.dir)
+                spares.name()
             };
             // Created without the lock held: writers go on taking the spares there are.
-            if let Err(e) = fill(&spare, true, b"") {
-                let _ = fs::remove_file(&spare);
+            if let Err(e) = fill(&self.dir_fd, &self.dir, &spare, None, b"") {
+                self.remove(&spare);
                 return Err(e);
             }
-            self.spares().files.push(spare);
+            self.spares().files.push((spare, 0));
             created += 1;
         }
     }
 
-    /// A spare file to write a record into, whether it is still to be created, and whether
-    /// to exchange it with the record.
-    fn take_spare(&self) -> (PathBuf, bool, bool) {
+    /// A spare file to write the record `name` into: its name, the length of what it holds
+    /// (`None`: still to be created), and, when the record has a file to exchange it with,
+    /// the length of that file's content.
+    fn take_spare(&self, name: &str) -> Taken {
         let mut spares = self.spares();
-        let exchange = !spares.no_exchange;
-        match spares.files.pop() {
-            Some(file) => (file, false, exchange),
-            None => (spares.name(&self.dir), true, exchange),
+        let exchange = if spares.no_exchange {
+            None
+        } else {
+            spares.records.get(name).copied()
+        };
+        let (spare, spare_len) = match spares.files.pop() {
+            Some((file, len)) => (file, Some(len)),
+            None => (spares.name(), None),
+        };
+        Taken {
+            spare,
+            spare_len,
+            exchange,
         }
+    }
+
+    /// Removes a file of the directory, whatever it is; a failure is left to the next open.
+    fn remove(&self, name: &str) {
+        let _ = nix::unistd::unlinkat(&self.dir_fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
     }
 
     fn spares(&self) -> std::sync::MutexGuard<'_, Spares> {
@@ -458,56 +525,73 @@ impl Store {
     }
 }
 
+/// What [`Store::take_spare`] hands a write.
+struct Taken {
+    spare: String,
+    spare_len: Option<u64>,
+    exchange: Option<u64>,
+}
+
 impl Spares {
-    /// A new spare name in `dir`: `.spare-<pid>-<n>`, as the temporary files of
-    /// `flock_rpc::durable` carry the pid.
-    fn name(&mut self, dir: &Path) -> PathBuf {
+    /// A new spare name: `.spare-<pid>-<n>`, as the temporary files of `flock_rpc::durable`
+    /// carry the pid.
+    fn name(&mut self) -> String {
         self.named += 1;
-        dir.join(format!(".spare-{}-{}", std::process::id(), self.named))
+        format!(".spare-{}-{}", std::process::id(), self.named)
     }
 }
 
-/// Writes `bytes` into a spare file: a new one (`fresh`, mode 0600 whatever the umask), or
-/// an existing one overwritten in place (no new inode; only a dot name is ever written).
-fn fill(spare: &Path, fresh: bool, bytes: &[u8]) -> Result<()> {
+/// Writes `bytes` into the spare file `spare` of the directory `dir_fd` (`dir`, for errors):
+/// a new one (`held` is `None`; mode 0600 whatever the umask), or an existing one holding
+/// `held` bytes, overwritten in place (no new inode; only a dot name is ever written) and
+/// truncated only when `bytes` is shorter.
+fn fill(dir_fd: &OwnedFd, dir: &Path, spare: &str, held: Option<u64>, bytes: &[u8]) -> Result<()> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::Mode;
     let step = |op: &'static str| {
-        move |source| Error::Store {
+        move |source: std::io::Error| Error::Store {
             op,
-            path: spare.to_owned(),
+            path: dir.join(spare),
             source,
         }
     };
-    let existing = if fresh {
-        None
-    } else {
-        match OpenOptions::new().write(true).open(spare) {
-            Ok(file) => Some(file),
+    let open = |flags: OFlag| {
+        nix::fcntl::openat(
+            dir_fd,
+            spare,
+            flags | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map(File::from)
+        .map_err(std::io::Error::from)
+    };
+    let existing = match held {
+        None => None,
+        Some(len) => match open(OFlag::empty()) {
+            Ok(file) => Some((file, len)),
             // Removed behind the agent's back (someone tidied the dot files): made anew.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(step("open the spare file")(e)),
-        }
+        },
     };
-    let file = match existing {
-        Some(file) => file,
+    let (file, held) = match existing {
+        Some(found) => found,
         None => {
-            // Not `create_new`: a dot file of that name can only be a leftover (a removal at
-            // open that failed), and it is overwritten whole below.
-            let file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .open(spare)
-                .map_err(step("create the spare file"))?;
+            // Not `O_EXCL`: a dot file of that name can only be a leftover (a removal at
+            // open that failed), of a length unknown, and it is overwritten whole below.
+            let file = open(OFlag::O_CREAT).map_err(step("create the spare file"))?;
             file.set_permissions(fs::Permissions::from_mode(0o600))
                 .map_err(step("chmod the spare file"))?;
-            file
+            (file, UNKNOWN_LEN)
         }
     };
     file.write_all_at(bytes, 0)
         .map_err(step("write the spare file"))?;
-    file.set_len(bytes.len() as u64)
-        .map_err(step("truncate the spare file"))
+    if (bytes.len() as u64) < held {
+        file.set_len(bytes.len() as u64)
+            .map_err(step("truncate the spare file"))?;
+    }
+    Ok(())
 }
 
 /// Writes `bytes` to `dir/name` so that after a crash the file holds either its old content

@@ -330,3 +330,44 @@ fn a_stocked_store_writes_a_burst_of_pods_into_files_it_already_has() {
     let (store, _) = Store::open(dir.path(), BOOT).unwrap();
     assert!(spares_in(store.dir()).is_empty());
 }
+
+#[test]
+fn a_spare_is_truncated_whenever_what_it_held_was_longer_or_is_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = |cid: &str| {
+        let mut r = record(cid);
+        r.netns = format!("/run/netns/{}", "x".repeat(400));
+        r
+    };
+    let short = |cid: &str| {
+        let mut r = record(cid);
+        r.pod = None;
+        r
+    };
+    {
+        let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+        store.put(&long("aaa")).unwrap();
+    }
+    // Read at open: the new store does not know how long its file is.
+    let (store, records) = Store::open(dir.path(), BOOT).unwrap();
+    assert_eq!(records, vec![long("aaa")]);
+    // Replaced by a shorter record, the long file becomes a spare of unknown length...
+    store.put(&short("aaa")).unwrap();
+    assert_eq!(spares_in(store.dir()).len(), 1);
+    // ...which the next record is written into, and cut to.
+    store.put(&short("bbb")).unwrap();
+    assert!(spares_in(store.dir()).is_empty());
+    // A deleted record's file is a spare of a length the store wrote.
+    store.put(&long("ccc")).unwrap();
+    store.delete(&long("ccc").key()).unwrap();
+    store.put(&short("ddd")).unwrap();
+    // A longer record over a shorter spare needs no cut.
+    store.delete(&short("ddd").key()).unwrap();
+    store.put(&long("eee")).unwrap();
+    // A record whose file was removed behind the agent's back is written anew.
+    fs::remove_file(store.dir().join("aaa:eth0.json")).unwrap();
+    store.put(&long("aaa")).unwrap();
+    let mut read = Store::read(dir.path()).unwrap();
+    read.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+    assert_eq!(read, vec![long("aaa"), short("bbb"), long("eee")]);
+}
