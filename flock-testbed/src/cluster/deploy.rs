@@ -20,6 +20,20 @@ pub const DEMO_NS: &str = "demo";
 /// The replicas of the `web` Deployment.
 pub const WEB_REPLICAS: usize = 6;
 
+/// The cluster IP of the demo's `web` Service.
+pub fn web_service_ip() -> Result<String> {
+    let ip = kubectl(&[
+        "-n",
+        DEMO_NS,
+        "get",
+        "service",
+        "web",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])?;
+    Ok(ip.trim().to_owned())
+}
+
 /// `deploy/daemonset.yaml` with every `image:` set to `image`; fails unless it names one.
 pub fn with_image(manifest: &str, image: &str) -> Result<String> {
     let mut changed = 0;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::super::deploy::DEMO_NS;
+use super::super::deploy::{DEMO_NS, web_service_ip};
 use super::super::kubectl;
 use super::{PodView, cluster_now, exec, pods, sandbox_failures_since};
 use crate::sys;
@@ -45,16 +45,7 @@ pub(crate) fn probers() -> Result<(PodView, PodView, String)> {
     let [a, b] = pingers.as_slice() else {
         bail!("want one anycast pod per node, found {}", pingers.len());
     };
-    let service = kubectl(&[
-        "-n",
-        DEMO_NS,
-        "get",
-        "service",
-        "web",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ])?;
-    Ok((a.clone(), b.clone(), service.trim().to_owned()))
+    Ok((a.clone(), b.clone(), web_service_ip()?))
 }
 
 /// Starts [`probe_script`] in `pod` (demo namespace) against `peer`'s addresses and `service`.

@@ -7,7 +7,7 @@ use std::net::Ipv6Addr;
 
 use anyhow::{Context, Result};
 
-use super::super::deploy::{DEMO_NS, WEB_REPLICAS};
+use super::super::deploy::{DEMO_NS, WEB_REPLICAS, web_service_ip};
 use super::super::{NODES, kubectl, kubectl_stdin};
 use super::{Report, json};
 use crate::sys;
@@ -320,17 +320,7 @@ fn matrix(r: &mut Report, pods: &[Pod]) {
 
 /// The Service from one pod on each node (the anycast DaemonSet's pods: not its backends).
 fn service(r: &mut Report, pods: &[Pod]) {
-    let ip = kubectl(&[
-        "-n",
-        DEMO_NS,
-        "get",
-        "service",
-        "web",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ])
-    .unwrap_or_default();
-    let ip = ip.trim().to_owned();
+    let ip = web_service_ip().unwrap_or_default();
     let label_of: BTreeMap<&str, &str> = pods
         .iter()
         .map(|p| (p.name.as_str(), p.label.as_str()))
