@@ -224,6 +224,39 @@ pub(super) fn operate(out: &mut String) -> Result<Vec<String>> {
 /// The pod whose allocation is leaked on purpose.
 const LEAKER: &str = "operate-leak";
 
+/// How long the kubelet may take to remove a deleted pod's sandbox: its garbage collector
+/// runs once a minute.
+const SANDBOX_REMOVAL_LIMIT: Duration = Duration::from_secs(150);
+
+/// Whether `n`'s containerd still has sandbox `id`, as a sandbox or as its pause container.
+fn runtime_has_sandbox(n: &Node, id: &str) -> Result<bool> {
+    let kube = kube::ensure_built()?;
+    let socket = node::containerd_socket(n);
+    for what in ["sandboxes", "containers"] {
+        let listed = Command::new(kube.ctr())
+            .arg("--address")
+            .arg(&socket)
+            .args(["-n", "k8s.io", what, "ls"])
+            .output()
+            .with_context(|| format!("run ctr {what} ls on {}", n.name))?;
+        if !listed.status.success() {
+            bail!(
+                "ctr {what} ls on {}: {}",
+                n.name,
+                String::from_utf8_lossy(&listed.stderr).trim()
+            );
+        }
+        // a table, the ID first on each line
+        if String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(id))
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 fn leak(bins: &Path, out: &mut String, failures: &mut Vec<String>) -> Result<()> {
     let n = &NODES[1];
     kubectl_stdin(
@@ -288,29 +321,47 @@ fn leak(bins: &Path, out: &mut String, failures: &mut Vec<String>) -> Result<()>
         ])?;
         // the kubelet tears the sandbox down after the pod left the API: wait for its DEL
         let queue = store.join("del-queue");
-        let queued_for = || -> Vec<PathBuf> {
-            std::fs::read_dir(&queue)
+        let drop_queued = || -> Result<usize> {
+            let queued: Vec<PathBuf> = std::fs::read_dir(&queue)
                 .into_iter()
                 .flatten()
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains(&cid)))
-                .collect()
+                .collect();
+            for q in &queued {
+                std::fs::remove_file(q).with_context(|| format!("remove {}", q.display()))?;
+            }
+            Ok(queued.len())
         };
         let t = Instant::now();
-        let mut queued = queued_for();
-        while queued.is_empty() && t.elapsed() < Duration::from_secs(60) {
+        let mut dropped = drop_queued()?;
+        while dropped == 0 && t.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(200));
-            queued = queued_for();
+            dropped = drop_queued()?;
         }
-        if queued.is_empty() {
+        if dropped == 0 {
             bail!(
                 "the shim queued no DEL for {cid} in {} within 60 s",
                 queue.display()
             );
         }
-        for q in &queued {
-            std::fs::remove_file(q).with_context(|| format!("remove {}", q.display()))?;
+        // The runtime must forget the sandbox before its namespace comes back: containerd
+        // sends a DEL on every stop of a sandbox it still has (the kubelet's garbage
+        // collector stops it again before removing it), and with the agent back that DEL
+        // would free the record the check is to find leaked. Each such DEL is queued too,
+        // and lost like the first.
+        let t = Instant::now();
+        while runtime_has_sandbox(n, &cid)? {
+            if t.elapsed() > SANDBOX_REMOVAL_LIMIT {
+                bail!(
+                    "containerd still has sandbox {cid} {} s after its pod was deleted",
+                    SANDBOX_REMOVAL_LIMIT.as_secs()
+                );
+            }
+            drop_queued()?;
+            std::thread::sleep(Duration::from_millis(500));
         }
+        drop_queued()?;
         // the runtime forgot its sandbox but left its namespace
         node::place(n)?.run(&["ip", "netns", "add", &netns_name])?;
         Ok(())
@@ -334,14 +385,8 @@ fn leak(bins: &Path, out: &mut String, failures: &mut Vec<String>) -> Result<()>
     refused.show(out);
     refused.expect(1, &["released 0"], failures);
 
-    // the runtime cleans up at last: gone from the node too (the kubelet's own retry may have
-    // had containerd remove the pin already)
-    let pin = node::host_path(n, "/run/netns")
-        .context("the node's /run/netns")?
-        .join(&netns_name);
-    if pin.exists() {
-        node::place(n)?.run(&["ip", "netns", "delete", &netns_name])?;
-    }
+    // the namespace is cleaned up at last: the leak becomes releasable
+    node::place(n)?.run(&["ip", "netns", "delete", &netns_name])?;
     let found = flock(bins, &["ipam", "check", "-o", "json"])?;
     let leaks: Vec<Value> = serde_json::from_str::<Value>(&found.stdout)
         .map(|v| {
