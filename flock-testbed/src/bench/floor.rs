@@ -1,6 +1,7 @@
 //! The floor measured in the bench's run: `flock-netns` alone setting up and detaching pods,
-//! the shim exec'd for `VERSION`, ADDs handed off to a daemon that keeps no books, and a round
-//! trip to an idle thread.
+//! the shim exec'd for `VERSION`, and a round trip to an idle thread. (The ADDs handed off to a
+//! daemon that keeps no books are made in flock's own phases, interleaved with its calls: see
+//! [`super::measure`].)
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -10,7 +11,6 @@ use flock_netns::{NodeNs, PodSpec, detach, host_ifname, setup};
 use flock_testkit::Netns;
 
 use super::Floor;
-use super::handoff::handed_off_adds;
 
 /// Pods taken at some concurrency, and the wall time they took.
 pub type Burst = (usize, Duration);
@@ -42,11 +42,11 @@ impl Floor {
 /// Sets up and detaches `pods` dual-stack pods with `flock-netns` alone, in a node
 /// namespace of its own and a fresh pod namespace each, one at a time; sets up as many more
 /// one at a time, each right after the runtime stand-in exec'd the shim (`flock` in
-/// `bin_dir`) for `VERSION`; ADDs as many more through the shim to a stand-in daemon that
-/// keeps no books, one at a time and then as many `concurrency` at a time
-/// ([`handed_off_adds`]); then as many more, `concurrency` at a
-/// time. Tears them all down (untimed) and lets the kernel settle, so what runs next does not
-/// pay for it. Last, times `pods` round trips to an idle thread.
+/// `bin_dir`) for `VERSION`; then as many more, `concurrency` at a time. Tears them all down
+/// (untimed) and lets the kernel settle, so what runs next does not pay for it. Last, times
+/// `pods` round trips to an idle thread. The floor's pods are numbered `0..pods`,
+/// `pods..2 × pods` and `4 × pods..5 × pods`; the hand-off floor's, `2 × pods..4 × pods`
+/// ([`HANDOFF_FIRST`]).
 pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> Result<Floor> {
     // VERSION reads no cache: the directory is never made.
     let runtime = flock_testkit::cni::Runtime::new(
@@ -61,11 +61,9 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> 
     let node_ns = Netns::new("bfloor");
     let pod_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
     let exec_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
-    let hand_nss: Vec<Netns> = (0..2 * pods).map(|_| Netns::new("bfpod")).collect();
     let conc_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
     let specs = floor_specs(&pod_nss, 0);
     let exec_specs = floor_specs(&exec_nss, pods);
-    let hand_specs = floor_specs(&hand_nss, 2 * pods);
     let conc_specs = floor_specs(&conc_nss, 4 * pods);
     // As in the agent: the process (here, a thread and the runtime's workers it spawns) sits
     // in the node's namespace, so node-side work needs no namespace thread.
@@ -82,16 +80,9 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> 
                 .build()
                 .context("tokio runtime for the kernel floor")?;
             rt.block_on(floor_cycles(
-                [
-                    specs.clone(),
-                    exec_specs.clone(),
-                    hand_specs.clone(),
-                    conc_specs.clone(),
-                ],
+                [specs.clone(), exec_specs.clone(), conc_specs.clone()],
                 concurrency,
                 &runtime,
-                &node_path,
-                bin_dir,
             ))
         })
         .join()
@@ -99,7 +90,6 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> 
     })?;
     drop(pod_nss);
     drop(exec_nss);
-    drop(hand_nss);
     drop(conc_nss);
     drop(node_ns);
     // Deleted namespaces are cleaned up by the kernel in the background.
@@ -178,8 +168,12 @@ fn idle_round_trips(n: usize) -> Result<Vec<Duration>> {
     })
 }
 
+/// The hand-off floor's pods of the sequential phase are numbered from `HANDOFF_FIRST × pods`,
+/// those of its burst from `(HANDOFF_FIRST + 1) × pods`.
+pub(super) const HANDOFF_FIRST: usize = 2;
+
 /// Dual-stack pods in `nss`, numbered from `first` (addresses unique across calls).
-fn floor_specs(nss: &[Netns], first: usize) -> Vec<PodSpec> {
+pub(super) fn floor_specs(nss: &[Netns], first: usize) -> Vec<PodSpec> {
     nss.iter()
         .enumerate()
         .map(|(i, ns)| floor_spec(first + i, ns.path()))
@@ -236,11 +230,9 @@ async fn teardown_all(node: &NodeNs, specs: &[PodSpec]) -> Result<()> {
 }
 
 async fn floor_cycles(
-    [specs, exec_specs, hand_specs, conc_specs]: [Vec<PodSpec>; 4],
+    [specs, exec_specs, conc_specs]: [Vec<PodSpec>; 3],
     concurrency: usize,
     runtime: &flock_testkit::cni::Runtime,
-    node_path: &Path,
-    bin_dir: &Path,
 ) -> Result<Floor> {
     // Shared by the concurrent tasks, as the agent shares it between its requests.
     let node = std::sync::Arc::new(NodeNs::current());
@@ -267,22 +259,6 @@ async fn floor_cycles(
     })
     .await?;
     teardown_all(&node, &exec_specs).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    // Blocks this thread, as the VERSION execs above do: the daemon is a process of its own.
-    // One set one at a time, the other at `concurrency`, each on a node emptied and settled,
-    // as a subject's are.
-    let (one_at_a_time, burst) = hand_specs.split_at(hand_specs.len() / 2);
-    floor.handed_off_add = handed_off_adds(one_at_a_time, 1, node_path, bin_dir)?.0;
-    teardown_all(&node, one_at_a_time).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    if !burst.is_empty() {
-        let (_, wall, cpu) = handed_off_adds(burst, concurrency, node_path, bin_dir)?;
-        floor.handed_off_concurrent.push((burst.len(), wall));
-        floor
-            .handed_off_cpu_per_add
-            .push(cpu / u32::try_from(burst.len()).unwrap_or(u32::MAX));
-        teardown_all(&node, burst).await?;
-    }
     // As before a subject's concurrent phase: let the kernel finish with the torn-down pods.
     tokio::time::sleep(Duration::from_secs(2)).await;
     // `concurrency` tasks, each taking the next pod, as the bench's runtime threads do.

@@ -1,4 +1,4 @@
-//! The floor's stand-in daemon: ADDs through the shim to a process that decodes, sets up and
+//! The hand-off floor's stand-in daemon: ADDs through the shim to a process that decodes, sets up and
 //! answers and keeps no books, and that daemon itself (the hidden [`HANDOFF_DAEMON`] command).
 
 use std::path::Path;
@@ -7,142 +7,172 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use flock_netns::{NodeNs, PodSpec, setup};
 
-/// ADDs of `specs` through the shim (`flock` in `bin_dir`), exec'd by the runtime stand-in
-/// in the node's namespace with the conflist and the `CNI_ARGS` the bench gives flock's agent,
-/// from `threads` threads as the bench's runtime makes a subject's ADDs, to a stand-in daemon:
-/// this program again ([`handoff_daemon`]), a process of its own in that namespace, as the
-/// agent is. For each call the daemon accepts, reads and decodes the request, parses its
-/// configuration, calls `flock_netns::setup` and answers with the CNI result; it takes no lock,
-/// allocates nothing and writes no store. So each call's time is an ADD as the runtime sees
-/// it, with the exec, the two hand-offs between the shim and a daemon, and the kernel work, and
-/// nothing of flock's own bookkeeping: what a CNI of a shim and a node agent (DESIGN §1) that
-/// keeps no books reaches on this machine. Each call's time, the wall time of all, and the CPU time
-/// the daemon used serving them.
-pub(super) fn handed_off_adds(
-    specs: &[PodSpec],
-    threads: usize,
-    node_path: &Path,
-    bin_dir: &Path,
-) -> Result<(Vec<Duration>, Duration, Duration)> {
-    use std::io::{BufRead, Read, Write};
-    // Started from this thread, the daemon is in the node's namespace too.
-    let exe = std::env::current_exe().context("this program's path")?;
-    let dir = std::env::temp_dir().join(format!("flock-bench-handoff-{}", std::process::id()));
-    let layout = flock_testkit::node::AgentLayout::new(&dir);
-    let mut daemon = std::process::Command::new(&exe)
-        .arg(HANDOFF_DAEMON)
-        .arg(&layout.socket)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .with_context(|| format!("start {} {HANDOFF_DAEMON}", exe.display()))?;
-    let outcome = (|| {
-        let run_dir = layout.socket.parent().unwrap_or(&dir);
-        std::fs::create_dir_all(run_dir)
-            .with_context(|| format!("create {}", run_dir.display()))?;
-        // The pods, one per line; then the daemon binds its socket and says so.
-        let mut pods = String::new();
-        for spec in specs {
-            pods.push_str(&handoff_line(spec));
-            pods.push('\n');
+/// A stand-in daemon serving ADDs of a set of pods, through the shim (`flock` in `bin_dir`)
+/// exec'd by the runtime stand-in in the node's namespace with the conflist and the
+/// `CNI_ARGS` the bench gives flock's agent, as the bench's runtime makes a subject's ADDs.
+/// The daemon is this program again ([`handoff_daemon`]), a process of its own in that
+/// namespace, as the agent is. For each call it accepts, reads and decodes the request,
+/// parses its configuration, calls `flock_netns::setup` and answers with the CNI result; it
+/// takes no lock, allocates nothing and writes no store. So each call's time is an ADD as the
+/// runtime sees it, with the exec, the two hand-offs between the shim and a daemon, and the
+/// kernel work, and nothing of flock's own bookkeeping: what a CNI of a shim and a node agent
+/// (DESIGN §1) that keeps no books reaches on this machine.
+pub(super) struct HandOff {
+    runtime: flock_testkit::cni::Runtime,
+    atts: Vec<flock_testkit::cni::Attachment>,
+}
+
+impl HandOff {
+    /// Starts a daemon for `specs` from this thread (so in this thread's namespace, which
+    /// must be the node's at `node_path`), runs `calls` with it (which makes one ADD of each
+    /// pod, in any order, between calls of its own), and returns what `calls` returned and
+    /// the CPU time the daemon used from its first call to its last, every thread. The
+    /// daemon ends after its last pod's ADD.
+    pub(super) fn run<T>(
+        specs: &[PodSpec],
+        node_path: &Path,
+        bin_dir: &Path,
+        calls: impl FnOnce(&HandOff) -> Result<T>,
+    ) -> Result<(T, Duration)> {
+        use std::io::{BufRead, Read, Write};
+        let exe = std::env::current_exe().context("this program's path")?;
+        let dir = std::env::temp_dir().join(format!(
+            "flock-bench-handoff-{}-{}",
+            std::process::id(),
+            specs.first().map_or("none", |s| s.container_id.as_str())
+        ));
+        let layout = flock_testkit::node::AgentLayout::new(&dir);
+        let mut daemon = std::process::Command::new(&exe)
+            .arg(HANDOFF_DAEMON)
+            .arg(&layout.socket)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("start {} {HANDOFF_DAEMON}", exe.display()))?;
+        let outcome = (|| {
+            let run_dir = layout.socket.parent().unwrap_or(&dir);
+            std::fs::create_dir_all(run_dir)
+                .with_context(|| format!("create {}", run_dir.display()))?;
+            // The pods, one per line; then the daemon binds its socket and says so.
+            let mut pods = String::new();
+            for spec in specs {
+                pods.push_str(&handoff_line(spec));
+                pods.push('\n');
+            }
+            let mut stdin = daemon.stdin.take().context("the daemon's stdin")?;
+            stdin
+                .write_all(pods.as_bytes())
+                .context("write to the daemon")?;
+            drop(stdin);
+            let mut ready = String::new();
+            // kept open to the end: the daemon's last line is its CPU time
+            let mut said =
+                std::io::BufReader::new(daemon.stdout.take().context("the daemon's stdout")?);
+            said.read_line(&mut ready).context("read from the daemon")?;
+            if ready.trim() != "ready" {
+                bail!("the stand-in daemon did not start (it said {ready:?})");
+            }
+            // its CPU time before the first call: what serving them adds is the difference to
+            // the total it reports at its end
+            let cpu_before = super::measure::cpu_time(daemon.id())?;
+            let hand_off = HandOff {
+                runtime: flock_testkit::cni::Runtime::new(
+                    layout.conflist("bench-floor"),
+                    [bin_dir],
+                    dir.join("cni-cache"),
+                )?
+                .in_netns(node_path),
+                atts: specs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, spec)| {
+                        super::measure::cri_attachment(
+                            spec.container_id.clone(),
+                            &spec.netns,
+                            &format!("pod-floor-{i}"),
+                            i,
+                        )
+                    })
+                    .collect(),
+            };
+            let made = calls(&hand_off)?;
+            let mut last = String::new();
+            said.read_to_string(&mut last)
+                .context("read the daemon's last line")?;
+            let total = last
+                .lines()
+                .find_map(|l| l.strip_prefix(CPU_LINE))
+                .and_then(|ns| ns.trim().parse::<u64>().ok())
+                .with_context(|| format!("the stand-in daemon said no {CPU_LINE:?}: {last:?}"))?;
+            Ok((made, Duration::from_nanos(total).saturating_sub(cpu_before)))
+        })();
+        if outcome.is_err() {
+            // A daemon that failed has said why on stderr and ended; one that still waits for
+            // calls that will not come is stopped.
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = daemon.kill();
         }
-        let mut stdin = daemon.stdin.take().context("the daemon's stdin")?;
-        stdin
-            .write_all(pods.as_bytes())
-            .context("write to the daemon")?;
-        drop(stdin);
-        let mut ready = String::new();
-        // kept open to the end: the daemon's last line is its CPU time
-        let mut said =
-            std::io::BufReader::new(daemon.stdout.take().context("the daemon's stdout")?);
-        said.read_line(&mut ready).context("read from the daemon")?;
-        if ready.trim() != "ready" {
-            bail!("the stand-in daemon did not start (it said {ready:?})");
+        let ended = daemon.wait_with_output();
+        let _ = std::fs::remove_dir_all(&dir);
+        let ended = ended.context("wait for the stand-in daemon")?;
+        let said = String::from_utf8_lossy(&ended.stderr).trim().to_owned();
+        match outcome {
+            Err(e) if !said.is_empty() => {
+                Err(e.context(format!("the stand-in daemon ({}): {said}", ended.status)))
+            }
+            Err(e) => Err(e),
+            Ok(_) if !ended.status.success() => {
+                bail!("the stand-in daemon failed ({}): {said}", ended.status)
+            }
+            Ok(measured) => Ok(measured),
         }
-        // its CPU time before the first call: what serving them adds is the difference to
-        // the total it reports at its end
-        let cpu_before = super::measure::cpu_time(daemon.id())?;
-        let runtime = flock_testkit::cni::Runtime::new(
-            layout.conflist("bench-floor"),
-            [bin_dir],
-            dir.join("cni-cache"),
-        )?
-        .in_netns(node_path);
-        let atts: Vec<flock_testkit::cni::Attachment> = specs
-            .iter()
-            .enumerate()
-            .map(|(i, spec)| {
-                super::measure::cri_attachment(
-                    spec.container_id.clone(),
-                    &spec.netns,
-                    &format!("pod-floor-{i}"),
-                    i,
-                )
-            })
-            .collect();
-        let add = |att: &flock_testkit::cni::Attachment| {
-            runtime
+    }
+
+    /// How many pods the daemon serves.
+    pub(super) fn len(&self) -> usize {
+        self.atts.len()
+    }
+
+    /// The ADD of pod `i`, timed.
+    pub(super) fn add(&self, i: usize) -> Result<Duration> {
+        let att = self
+            .atts
+            .get(i)
+            .with_context(|| format!("the stand-in daemon has no pod {i}"))?;
+        let t = Instant::now();
+        self.runtime
+            .add(att)
+            .with_context(|| format!("ADD of {} to the stand-in daemon", att.container_id))?;
+        Ok(t.elapsed())
+    }
+
+    /// The ADDs of the pods of `range` from `threads` threads, as the bench's runtime makes
+    /// a subject's: their wall time.
+    pub(super) fn burst(&self, range: std::ops::Range<usize>, threads: usize) -> Result<Duration> {
+        let atts = self.atts.get(range.clone()).with_context(|| {
+            format!(
+                "the stand-in daemon has no pods {range:?} (it has {})",
+                self.atts.len()
+            )
+        })?;
+        let (_, wall) = super::measure::concurrently(atts, threads, |att| {
+            self.runtime
                 .add(att)
                 .map(drop)
                 .with_context(|| format!("ADD of {} to the stand-in daemon", att.container_id))
-        };
-        let (times, wall) = if threads > 1 {
-            super::measure::concurrently(&atts, threads, add)?
-        } else {
-            // On this thread, as the bench times a subject's sequential ADDs.
-            let start = Instant::now();
-            let mut times = Vec::with_capacity(atts.len());
-            for att in &atts {
-                let t = Instant::now();
-                add(att)?;
-                times.push(t.elapsed());
-            }
-            (times, start.elapsed())
-        };
-        let mut last = String::new();
-        said.read_to_string(&mut last)
-            .context("read the daemon's last line")?;
-        let total = last
-            .lines()
-            .find_map(|l| l.strip_prefix(CPU_LINE))
-            .and_then(|ns| ns.trim().parse::<u64>().ok())
-            .with_context(|| format!("the stand-in daemon said no {CPU_LINE:?}: {last:?}"))?;
-        Ok((
-            times,
-            wall,
-            Duration::from_nanos(total).saturating_sub(cpu_before),
-        ))
-    })();
-    if outcome.is_err() {
-        // A daemon that failed has said why on stderr and ended; one that still waits for
-        // calls that will not come is stopped.
-        std::thread::sleep(Duration::from_millis(200));
-        let _ = daemon.kill();
-    }
-    let ended = daemon.wait_with_output();
-    let _ = std::fs::remove_dir_all(&dir);
-    let ended = ended.context("wait for the stand-in daemon")?;
-    let said = String::from_utf8_lossy(&ended.stderr).trim().to_owned();
-    match outcome {
-        Err(e) if !said.is_empty() => {
-            Err(e.context(format!("the stand-in daemon ({}): {said}", ended.status)))
-        }
-        Err(e) => Err(e),
-        Ok(_) if !ended.status.success() => {
-            bail!("the stand-in daemon failed ({}): {said}", ended.status)
-        }
-        Ok(measured) => Ok(measured),
+        })?;
+        Ok(wall)
     }
 }
 
 /// What the stand-in daemon prints last: its CPU time in nanoseconds, every thread.
 const CPU_LINE: &str = "cpu_ns ";
 
-/// The hidden command that runs the stand-in daemon of [`handed_off_adds`].
+/// The hidden command that runs the stand-in daemon of `HandOff`.
 pub const HANDOFF_DAEMON: &str = "__bench-handoff-daemon";
 
-/// A pod as [`handed_off_adds`] tells the daemon of it: container, host veth, namespace and
+/// A pod as [`HandOff`] tells the daemon of it: container, host veth, namespace and
 /// addresses (comma-separated), separated by spaces.
 fn handoff_line(spec: &PodSpec) -> String {
     let addresses: Vec<String> = spec.addresses.iter().map(ToString::to_string).collect();
@@ -181,7 +211,7 @@ fn parse_handoff_line(line: &str) -> Result<PodSpec> {
     })
 }
 
-/// The stand-in daemon of [`handed_off_adds`]: `args` is its socket; stdin lists the pods,
+/// The stand-in daemon of `HandOff`: `args` is its socket; stdin lists the pods,
 /// one [`handoff_line`] each. Binds the socket, prints `ready`, serves one call per pod, each
 /// as a task of its own (as the agent does) on a one-thread runtime (as the agent's), and
 /// ends. A call that fails is printed on stderr at once, and ends the daemon.
@@ -242,7 +272,7 @@ pub fn handoff_daemon(args: &[String]) -> Result<()> {
     })
 }
 
-/// One call of the stand-in daemon of [`handed_off_adds`].
+/// One call of the stand-in daemon of [`HandOff`].
 async fn serve_setup(
     node: &NodeNs,
     specs: &std::collections::HashMap<String, PodSpec>,

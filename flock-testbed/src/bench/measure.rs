@@ -1,6 +1,8 @@
 //! One subject's run: its sequential and concurrent ADDs and DELs through the runtime
 //! stand-in, its daemon's RSS and CPU time, and the attachments the stand-in hands the
-//! plugins.
+//! plugins. For flock, the hand-off floor's ADDs are made in the same phases, interleaved
+//! with flock's (see [`HandOffFloor`]), so that what the machine does meanwhile lands on both
+//! and not in their ratio.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,13 +13,31 @@ use flock_testkit::Netns;
 use flock_testkit::cni::{Attachment, Runtime};
 
 use super::breakdown::{self, Breakdown, Observed};
-use super::{Figures, Options, SetupContext, Subject, SubjectConfig};
+use super::floor::{HANDOFF_FIRST, floor_specs};
+use super::handoff::HandOff;
+use super::{Figures, Floor, Options, SetupContext, Subject, SubjectConfig};
+
+/// The hand-off floor measured in a subject's phases: its ADDs one at a time, each beside
+/// one of the subject's (which of the two goes first alternates from pod to pod); its burst
+/// at the bench's concurrency in parts alternating with the subject's ([`BURST_PARTS`]). On
+/// the subject's node, the daemon in the node's namespace as the agent is.
+pub(super) struct HandOffFloor<'a> {
+    /// Where its figures go: [`Floor::handed_off_add`],
+    /// [`Floor::handed_off_concurrent`], [`Floor::handed_off_cpu_per_add`].
+    pub floor: &'a mut Floor,
+    /// Its first sequential ADD and the first part of its burst before the subject's (else
+    /// after): alternated from round to round.
+    pub first: bool,
+    /// Where the shim (`flock`) is.
+    pub bin_dir: &'a Path,
+}
 
 pub(super) fn run_subject(
     subject: &mut dyn Subject,
     opts: &Options,
     work_dir: &Path,
     release_dir: &Path,
+    hand_off: Option<HandOffFloor<'_>>,
 ) -> Result<Figures> {
     let node = Netns::new("bnode");
     let config = subject.setup(&SetupContext {
@@ -31,7 +51,7 @@ pub(super) fn run_subject(
     let outcome = std::thread::scope(|s| {
         s.spawn(|| {
             flock_testkit::cni::enter_netns(&node.path())?;
-            measure(&*subject, &node, config, opts, work_dir)
+            measure(&*subject, &node, config, opts, work_dir, hand_off)
         })
         .join()
         .unwrap_or_else(|_| bail!("the measuring thread panicked"))
@@ -48,6 +68,7 @@ fn measure(
     config: SubjectConfig,
     opts: &Options,
     work_dir: &Path,
+    mut hand_off: Option<HandOffFloor<'_>>,
 ) -> Result<Figures> {
     let runtime = Runtime::new(config.conflist, config.bin_dirs, work_dir.join("cni-cache"))?
         .in_netns(node.path());
@@ -63,13 +84,42 @@ fn measure(
     let mut add_seq = Vec::with_capacity(atts.len());
     // The machine's monotonic clock at each call's start, for the agent's trace to compare.
     let mut add_mono = Vec::with_capacity(atts.len());
-    for att in &atts {
+    let mut add = |att: &Attachment| -> Result<()> {
         add_mono.push(breakdown::monotonic());
         let start = Instant::now();
         runtime
             .add(att)
             .with_context(|| format!("ADD {}", att.container_id))?;
         add_seq.push(start.elapsed());
+        Ok(())
+    };
+    // The hand-off floor's pods stay up until the subject's DELs are done, as the subject's do.
+    let mut floor_pods = Vec::new();
+    match &mut hand_off {
+        None => {
+            for att in &atts {
+                add(att)?;
+            }
+        }
+        Some(h) => {
+            floor_pods = make_floor_pods(opts.pods);
+            let specs = floor_specs(&floor_pods, HANDOFF_FIRST * opts.pods);
+            let first = h.first;
+            let (times, _) = HandOff::run(&specs, &node.path(), h.bin_dir, |daemon| {
+                let mut times = Vec::with_capacity(daemon.len());
+                for (i, att) in atts.iter().enumerate() {
+                    if (i % 2 == 0) == first {
+                        times.push(daemon.add(i)?);
+                        add(att)?;
+                    } else {
+                        add(att)?;
+                        times.push(daemon.add(i)?);
+                    }
+                }
+                Ok(times)
+            })?;
+            h.floor.handed_off_add.extend(times);
+        }
     }
     let rss_kib = match subject.daemon_pid() {
         None => None,
@@ -106,6 +156,7 @@ fn measure(
         del_seq.push(start.elapsed());
     }
     drop(pods);
+    drop(floor_pods);
     let observed: Vec<Observed> = [("ADD", &add_seq, &add_mono), ("DEL", &del_seq, &del_mono)]
         .into_iter()
         .flat_map(|(op, elapsed, started)| {
@@ -121,36 +172,66 @@ fn measure(
         })
         .collect();
 
-    // A daemon may delete veths after answering a DEL (flock does): let the kernel finish
-    // before the concurrent phase, which would otherwise pay for the sequential one's.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while node.links().iter().any(|l| l.starts_with("flock")) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // The deleted pod namespaces are cleaned up by a kernel worker, which takes the same
-    // lock as every ADD; nothing tells when it is done.
-    std::thread::sleep(Duration::from_secs(2));
+    settle(node);
 
-    // Concurrent: fresh pods, `concurrency` threads.
+    // Concurrent: fresh pods, `concurrency` threads. The hand-off floor's burst is made in
+    // parts between the subject's (see `BURST_PARTS`).
     let pods = make_pods(opts.pods);
     let atts: Vec<Attachment> = pods
         .iter()
         .enumerate()
         .map(|(i, ns)| attachment(&key, "conc", i, ns))
         .collect();
-    let cpu_before = subject.daemon_pid().map(cpu_time).transpose()?;
-    let (add_conc, add_conc_wall) = concurrently(&atts, opts.concurrency, |a| {
-        runtime
-            .add(a)
-            .map(drop)
-            .with_context(|| format!("ADD {}", a.container_id))
-    })?;
-    let daemon_cpu_per_add = match (subject.daemon_pid(), cpu_before) {
-        (Some(pid), Some(before)) => {
-            let used = cpu_time(pid)?.saturating_sub(before);
-            vec![used / u32::try_from(atts.len()).unwrap_or(u32::MAX)]
+    let pid = subject.daemon_pid();
+    let mut add_conc = Vec::with_capacity(atts.len());
+    let mut add_conc_wall = Duration::ZERO;
+    let mut daemon_cpu = Duration::ZERO;
+    // The subject's ADDs of `range` at the bench's concurrency: their times, their wall
+    // time and its daemon's CPU time added up.
+    let mut burst = |range: std::ops::Range<usize>| -> Result<()> {
+        let cpu_before = pid.map(cpu_time).transpose()?;
+        let (times, wall) = concurrently(&atts[range], opts.concurrency, |a| {
+            runtime
+                .add(a)
+                .map(drop)
+                .with_context(|| format!("ADD {}", a.container_id))
+        })?;
+        if let (Some(pid), Some(before)) = (pid, cpu_before) {
+            daemon_cpu += cpu_time(pid)?.saturating_sub(before);
         }
-        _ => Vec::new(),
+        add_conc.extend(times);
+        add_conc_wall += wall;
+        Ok(())
+    };
+    let mut floor_pods = Vec::new();
+    match &mut hand_off {
+        None => burst(0..atts.len())?,
+        Some(h) => {
+            floor_pods = make_floor_pods(opts.pods);
+            let specs = floor_specs(&floor_pods, (HANDOFF_FIRST + 1) * opts.pods);
+            let first = h.first;
+            let (wall, cpu) = HandOff::run(&specs, &node.path(), h.bin_dir, |daemon| {
+                let mut wall = Duration::ZERO;
+                for (k, range) in parts(atts.len(), BURST_PARTS).into_iter().enumerate() {
+                    if (k % 2 == 0) == first {
+                        wall += daemon.burst(range.clone(), opts.concurrency)?;
+                        burst(range)?;
+                    } else {
+                        burst(range.clone())?;
+                        wall += daemon.burst(range, opts.concurrency)?;
+                    }
+                }
+                Ok(wall)
+            })?;
+            h.floor.handed_off_concurrent.push((specs.len(), wall));
+            h.floor
+                .handed_off_cpu_per_add
+                .push(cpu / u32::try_from(specs.len()).unwrap_or(u32::MAX));
+        }
+    }
+    let daemon_cpu_per_add = match pid {
+        Some(_) => vec![daemon_cpu / u32::try_from(atts.len()).unwrap_or(u32::MAX)],
+        None => Vec::new(),
     };
     let (del_conc, _) = concurrently(&atts, opts.concurrency, |a| {
         runtime
@@ -158,6 +239,7 @@ fn measure(
             .with_context(|| format!("DEL {}", a.container_id))
     })?;
     drop(pods);
+    drop(floor_pods);
     let plugin = runtime.conflist()["plugins"][0]["type"]
         .as_str()
         .unwrap_or_default()
@@ -183,8 +265,45 @@ fn measure(
     })
 }
 
+/// Lets the kernel finish with the pods gone before what comes next, which would otherwise
+/// pay for it: a daemon may delete veths after answering a DEL (flock does), and the deleted
+/// pod namespaces are cleaned up by a kernel worker, which takes the same lock as every ADD.
+fn settle(node: &Netns) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while node.links().iter().any(|l| l.starts_with("flock")) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // nothing tells when the kernel worker is done
+    std::thread::sleep(Duration::from_secs(2));
+}
+
+/// How many parts a concurrent burst is made in when the hand-off floor's is interleaved
+/// with it: the subject's and the floor's parts alternate, in pairs that change order (floor,
+/// subject, subject, floor… or the other way round), so the machine's drift over the bursts
+/// lands on both. Each part is a quarter of the pods, so at the bench's 100 pods and
+/// concurrency 10 a part still keeps every thread busy for two and a half calls.
+const BURST_PARTS: usize = 4;
+
+/// `n` indices in `k` consecutive ranges as equal as can be (the first ones longer by one).
+fn parts(n: usize, k: usize) -> Vec<std::ops::Range<usize>> {
+    let k = k.clamp(1, n.max(1));
+    let mut start = 0;
+    (0..k)
+        .map(|i| {
+            let len = n / k + usize::from(i < n % k);
+            let range = start..start + len;
+            start += len;
+            range
+        })
+        .collect()
+}
+
 fn make_pods(n: usize) -> Vec<Netns> {
     (0..n).map(|_| Netns::new("bpod")).collect()
+}
+
+fn make_floor_pods(n: usize) -> Vec<Netns> {
+    (0..n).map(|_| Netns::new("bfpod")).collect()
 }
 
 /// The attachment of pod `i` of `phase` for subject `key`.
@@ -303,4 +422,18 @@ pub fn measure_version_exec(
             Ok(t.elapsed())
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_is_cut_in_parts_that_cover_it_once() {
+        assert_eq!(parts(100, 4), vec![0..25, 25..50, 50..75, 75..100]);
+        assert_eq!(parts(10, 4), vec![0..3, 3..6, 6..8, 8..10]);
+        // fewer pods than parts: one pod a part, no empty part
+        assert_eq!(parts(3, 4), vec![0..1, 1..2, 2..3]);
+        assert_eq!(parts(1, 4), vec![0..1]);
+    }
 }

@@ -35,7 +35,7 @@ pub use subjects::{Flock, ReferencePtp, SetupContext, Subject, SubjectConfig, su
 
 use breakdown::Breakdown;
 use floor::Burst;
-use measure::run_subject;
+use measure::{HandOffFloor, run_subject};
 use report::{machine_line, render_breakdown, render_table, utc_now, write_section};
 
 struct Options {
@@ -205,8 +205,9 @@ pub fn bench(args: &[String]) -> Result<()> {
     packages.dedup();
     let release_dir = build(&packages, true)?;
 
-    // flock and its floor in rounds, alternately (floor, flock, floor, flock…), so that the
-    // machine's drift lands on both and not in their ratio; every other subject once, after.
+    // flock and its floor in rounds, alternately (floor, flock, floor, flock…), the hand-off
+    // floor's calls interleaved with flock's in flock's phases, so that the machine's drift
+    // lands on both and not in their ratio; every other subject once, after.
     let scratch = std::env::temp_dir().join(format!("flock-bench-{}", std::process::id()));
     let mut all: Vec<Figures> = Vec::new();
     let mut floor: Option<Floor> = None;
@@ -220,12 +221,11 @@ pub fn bench(args: &[String]) -> Result<()> {
             };
             let mut merged: Option<Figures> = None;
             for round in 1..=rounds_of_it {
-                let round_floor = if subject.key() == "flock" {
+                let mut round_floor = if subject.key() == "flock" {
                     eprintln!(
                         "xtask bench: round {round} of {rounds_of_it}: floor — flock-netns alone, \
-                         {n} pods one at a time and as many each after a shim exec; {n} ADDs \
-                         through the shim to a daemon that keeps no books one at a time and {n} \
-                         at concurrency {c}; {n} with flock-netns alone at concurrency {c}",
+                         {n} pods one at a time and as many each after a shim exec, {n} at \
+                         concurrency {c}",
                         n = opts.pods,
                         c = opts.concurrency
                     );
@@ -241,12 +241,26 @@ pub fn bench(args: &[String]) -> Result<()> {
                 std::fs::create_dir_all(&work_dir)
                     .with_context(|| format!("create {}", work_dir.display()))?;
                 eprintln!(
-                    "xtask bench: round {round} of {rounds_of_it}: {} — {} pods, concurrency {}",
+                    "xtask bench: round {round} of {rounds_of_it}: {} — {} pods, concurrency {}{}",
                     subject.label(),
                     opts.pods,
-                    opts.concurrency
+                    opts.concurrency,
+                    if round_floor.is_some() {
+                        "; beside it, as many ADDs through the shim to a daemon that keeps no \
+                         books, one at a time (each beside one of flock's) and in a burst"
+                    } else {
+                        ""
+                    }
                 );
-                let figures = run_subject(subject.as_mut(), &opts, &work_dir, &release_dir)?;
+                // flock's first sequential ADD and the first part of its burst go first in
+                // even rounds, the hand-off floor's in odd ones
+                let hand_off = round_floor.as_mut().map(|floor| HandOffFloor {
+                    floor,
+                    first: round % 2 == 1,
+                    bin_dir: &release_dir,
+                });
+                let figures =
+                    run_subject(subject.as_mut(), &opts, &work_dir, &release_dir, hand_off)?;
                 if let Err(e) = std::fs::remove_dir_all(&work_dir) {
                     // the figures stand; the scratch folder goes with the run's
                     eprintln!("xtask bench: could not remove {}: {e}", work_dir.display());
@@ -312,12 +326,12 @@ pub struct Floor {
     pub idle_round_trip: Vec<Duration>,
     /// ADDs of as many more pods through the shim, exec'd by the runtime stand-in, to a
     /// stand-in daemon that decodes, sets up and answers, and keeps no books (see
-    /// [`handoff::handed_off_adds`]): what a CNI of a shim and a node agent reaches here
-    /// without flock's bookkeeping.
+    /// `handoff::HandOff`): what a CNI of a shim and a node agent reaches here without
+    /// flock's bookkeeping. Made in flock's sequential phase, each beside one of flock's ADDs.
     pub handed_off_add: Vec<Duration>,
     /// ADDs of as many more pods to such a daemon, `concurrency` at a time, as the bench's
-    /// runtime threads make a subject's, on a node emptied and settled: (pods, wall time),
-    /// one per round.
+    /// runtime threads make a subject's, on a node emptied and settled, in parts alternating
+    /// with flock's: (pods, the parts' wall times added up), one per round.
     pub handed_off_concurrent: Vec<Burst>,
     /// The stand-in daemon's CPU time per ADD of each round's concurrent burst.
     pub handed_off_cpu_per_add: Vec<Duration>,
