@@ -75,7 +75,7 @@ impl HandOff {
             }
             // its CPU time before the first call: what serving them adds is the difference to
             // the total it reports at its end
-            let cpu_before = super::measure::cpu_time(daemon.id())?;
+            let cpu_before = super::calls::cpu_time(daemon.id())?;
             let hand_off = HandOff {
                 runtime: flock_testkit::cni::Runtime::new(
                     layout.conflist("bench-floor"),
@@ -87,7 +87,7 @@ impl HandOff {
                     .iter()
                     .enumerate()
                     .map(|(i, spec)| {
-                        super::measure::cri_attachment(
+                        super::calls::cri_attachment(
                             spec.container_id.clone(),
                             &spec.netns,
                             &format!("pod-floor-{i}"),
@@ -156,7 +156,7 @@ impl HandOff {
                 self.atts.len()
             )
         })?;
-        let (_, wall) = super::measure::concurrently(atts, threads, |att| {
+        let (_, wall) = super::calls::concurrently(atts, threads, |att| {
             self.runtime
                 .add(att)
                 .map(drop)
@@ -266,7 +266,7 @@ pub fn handoff_daemon(args: &[String]) -> Result<()> {
         while let Some(served) = tasks.join_next().await {
             served.context("a call panicked")??;
         }
-        let cpu = super::measure::cpu_time(std::process::id())?;
+        let cpu = super::calls::cpu_time(std::process::id())?;
         writeln!(stdout, "{CPU_LINE}{}", cpu.as_nanos()).and_then(|()| stdout.flush())?;
         Ok(())
     })

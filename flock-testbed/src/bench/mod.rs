@@ -24,6 +24,7 @@ use crate::binaries::{build, workspace_root};
 use crate::sys;
 
 mod breakdown;
+mod calls;
 mod floor;
 mod handoff;
 mod measure;
