@@ -1,12 +1,18 @@
-//! What the bench's measurements share: the attachment a runtime stand-in hands a plugin,
-//! calls made from several threads at once, and a process's CPU time.
+//! What the bench's measurements share: fresh pod namespaces, the attachment a runtime
+//! stand-in hands a plugin, calls made from several threads at once, and a process's CPU time.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use flock_testkit::Netns;
 use flock_testkit::cni::Attachment;
+
+/// `n` fresh namespaces named from `prefix`.
+pub(super) fn fresh_netns(prefix: &str, n: usize) -> Vec<Netns> {
+    (0..n).map(|_| Netns::new(prefix)).collect()
+}
 
 /// An attachment as containerd's CRI plugin makes it: container `id` in `netns`, pod
 /// `pod_name` (namespace `bench`) with a UID numbered `i`.

@@ -11,6 +11,10 @@ use flock_netns::{NodeNs, PodSpec, detach, host_ifname, setup};
 use flock_testkit::Netns;
 
 use super::Floor;
+use super::calls::fresh_netns;
+
+/// The prefix of the floor's pod namespaces (the hand-off floor's too).
+pub(super) const FLOOR_POD_PREFIX: &str = "bfpod";
 
 /// Pods taken at some concurrency, and the wall time they took.
 pub type Burst = (usize, Duration);
@@ -59,9 +63,9 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> 
         std::env::temp_dir().join("flock-bench-floor-cache"),
     )?;
     let node_ns = Netns::new("bfloor");
-    let pod_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
-    let exec_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
-    let conc_nss: Vec<Netns> = (0..pods).map(|_| Netns::new("bfpod")).collect();
+    let pod_nss = fresh_netns(FLOOR_POD_PREFIX, pods);
+    let exec_nss = fresh_netns(FLOOR_POD_PREFIX, pods);
+    let conc_nss = fresh_netns(FLOOR_POD_PREFIX, pods);
     let specs = floor_specs(&pod_nss, 0);
     let exec_specs = floor_specs(&exec_nss, pods);
     let conc_specs = floor_specs(&conc_nss, 4 * pods);

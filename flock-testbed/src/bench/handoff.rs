@@ -129,11 +129,6 @@ impl HandOff {
         }
     }
 
-    /// How many pods the daemon serves.
-    pub(super) fn len(&self) -> usize {
-        self.atts.len()
-    }
-
     /// The ADD of pod `i`, timed.
     pub(super) fn add(&self, i: usize) -> Result<Duration> {
         let att = self
@@ -141,9 +136,7 @@ impl HandOff {
             .get(i)
             .with_context(|| format!("the stand-in daemon has no pod {i}"))?;
         let t = Instant::now();
-        self.runtime
-            .add(att)
-            .with_context(|| format!("ADD of {} to the stand-in daemon", att.container_id))?;
+        self.call(att)?;
         Ok(t.elapsed())
     }
 
@@ -156,13 +149,15 @@ impl HandOff {
                 self.atts.len()
             )
         })?;
-        let (_, wall) = super::calls::concurrently(atts, threads, |att| {
-            self.runtime
-                .add(att)
-                .map(drop)
-                .with_context(|| format!("ADD of {} to the stand-in daemon", att.container_id))
-        })?;
+        let (_, wall) = super::calls::concurrently(atts, threads, |att| self.call(att))?;
         Ok(wall)
+    }
+
+    fn call(&self, att: &flock_testkit::cni::Attachment) -> Result<()> {
+        self.runtime
+            .add(att)
+            .map(drop)
+            .with_context(|| format!("ADD of {} to the stand-in daemon", att.container_id))
     }
 }
 

@@ -12,8 +12,8 @@ use flock_testkit::Netns;
 use flock_testkit::cni::{Attachment, Runtime};
 
 use super::breakdown::{self, Breakdown, Observed};
-use super::calls::{concurrently, cpu_time, cri_attachment};
-use super::floor::{HANDOFF_FIRST, floor_specs};
+use super::calls::{concurrently, cpu_time, cri_attachment, fresh_netns};
+use super::floor::{FLOOR_POD_PREFIX, HANDOFF_FIRST, floor_specs};
 use super::handoff::HandOff;
 use super::{Figures, Floor, Options, SetupContext, Subject, SubjectConfig};
 
@@ -106,7 +106,7 @@ fn measure(
             let specs = floor_specs(&floor_pods, HANDOFF_FIRST * opts.pods);
             let first = h.first;
             let (times, _) = HandOff::run(&specs, &node.path(), h.bin_dir, |daemon| {
-                let mut times = Vec::with_capacity(daemon.len());
+                let mut times = Vec::with_capacity(atts.len());
                 for (i, att) in atts.iter().enumerate() {
                     if (i % 2 == 0) == first {
                         times.push(daemon.add(i)?);
@@ -299,11 +299,11 @@ fn parts(n: usize, k: usize) -> Vec<std::ops::Range<usize>> {
 }
 
 fn make_pods(n: usize) -> Vec<Netns> {
-    (0..n).map(|_| Netns::new("bpod")).collect()
+    fresh_netns("bpod", n)
 }
 
 fn make_floor_pods(n: usize) -> Vec<Netns> {
-    (0..n).map(|_| Netns::new("bfpod")).collect()
+    fresh_netns(FLOOR_POD_PREFIX, n)
 }
 
 /// The attachment of pod `i` of `phase` for subject `key`.

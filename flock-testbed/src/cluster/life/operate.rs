@@ -228,26 +228,19 @@ const LEAKER: &str = "operate-leak";
 /// runs once a minute.
 const SANDBOX_REMOVAL_LIMIT: Duration = Duration::from_secs(150);
 
-/// Whether `n`'s containerd still has sandbox `id`, as a sandbox or as its pause container.
-fn runtime_has_sandbox(n: &Node, id: &str) -> Result<bool> {
-    let kube = kube::ensure_built()?;
+/// Whether `n`'s containerd (its client `ctr`) still has sandbox `id`, as a sandbox or as its
+/// pause container.
+fn runtime_has_sandbox(ctr: &Path, n: &Node, id: &str) -> Result<bool> {
     let socket = node::containerd_socket(n);
     for what in ["sandboxes", "containers"] {
-        let listed = Command::new(kube.ctr())
-            .arg("--address")
-            .arg(&socket)
-            .args(["-n", "k8s.io", what, "ls"])
-            .output()
-            .with_context(|| format!("run ctr {what} ls on {}", n.name))?;
-        if !listed.status.success() {
-            bail!(
-                "ctr {what} ls on {}: {}",
-                n.name,
-                String::from_utf8_lossy(&listed.stderr).trim()
-            );
-        }
+        let listed = sys::output(
+            Command::new(ctr)
+                .arg("--address")
+                .arg(&socket)
+                .args(["-n", "k8s.io", what, "ls"]),
+        )?;
         // a table, the ID first on each line
-        if String::from_utf8_lossy(&listed.stdout)
+        if listed
             .lines()
             .any(|l| l.split_whitespace().next() == Some(id))
         {
@@ -350,8 +343,9 @@ fn leak(bins: &Path, out: &mut String, failures: &mut Vec<String>) -> Result<()>
         // collector stops it again before removing it), and with the agent back that DEL
         // would free the record the check is to find leaked. Each such DEL is queued too,
         // and lost like the first.
+        let ctr = kube::ensure_built()?.ctr();
         let t = Instant::now();
-        while runtime_has_sandbox(n, &cid)? {
+        while runtime_has_sandbox(&ctr, n, &cid)? {
             if t.elapsed() > SANDBOX_REMOVAL_LIMIT {
                 bail!(
                     "containerd still has sandbox {cid} {} s after its pod was deleted",
