@@ -54,6 +54,14 @@
 //! long each file it wrote is, so a spare is truncated only when the record written into it
 //! is shorter than what it held. A file it did not write itself (one read at open) counts as
 //! of unknown length and is always truncated.
+//!
+//! # Why the store keeps its files open
+//!
+//! A file's inode goes from spare to record and back, and only its name changes: so the
+//! store keeps the files it created or wrote open (at most [`OPEN_FILES`]), and a write into
+//! a spare it holds is one `pwrite`, without the `openat` and `close` around it. A pod's two
+//! writes are then a `pwrite` and a rename each. A held spare removed behind the agent's
+//! back is found when its rename fails, and made anew.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -61,8 +69,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use flock_rpc::durable;
 use serde::{Deserialize, Serialize};
@@ -215,6 +223,8 @@ pub struct Store {
     spares: Mutex<Spares>,
     /// A [`Store::stock`] is claimed ([`Store::claim_stock`]) and not finished.
     stocking: AtomicBool,
+    /// How many of its files the store holds open ([`Kept`]), at most [`OPEN_FILES`].
+    kept: Arc<AtomicUsize>,
 }
 
 /// At most this many spare files are kept; a deleted record beyond them is unlinked.
@@ -227,6 +237,11 @@ pub const SPARE_STOCK: usize = 128;
 /// Below this many spares, [`Store::claim_stock`] asks for a [`Store::stock`].
 pub const SPARE_LOW: usize = 32;
 
+/// At most this many of its files the store keeps open (module documentation): the spare
+/// stock and a node's pods (kubelet's default is 110) fit, far below the 1024 descriptors a
+/// process may open by default. A file beyond them is opened by name when written.
+pub const OPEN_FILES: usize = 256;
+
 /// The length of a file the store did not write itself: a spare of that length is truncated
 /// whatever it is given.
 const UNKNOWN_LEN: u64 = u64::MAX;
@@ -235,15 +250,48 @@ const UNKNOWN_LEN: u64 = u64::MAX;
 /// (module documentation).
 #[derive(Debug, Default)]
 struct Spares {
-    /// Each spare's name in the directory and the length of what it holds.
-    files: Vec<(String, u64)>,
-    /// Each record's file name and the length of what it holds ([`UNKNOWN_LEN`] for one
-    /// read at open).
-    records: HashMap<String, u64>,
+    /// Each spare's name in the directory and what the store knows of it.
+    files: Vec<(String, Known)>,
+    /// Each record's file name and what the store knows of it.
+    records: HashMap<String, Known>,
     /// Spare names handed out so far (`.spare-<pid>-<n>`).
     named: u64,
+    /// This process's ID, for the spare names.
+    pid: u32,
     /// The filesystem refused `RENAME_EXCHANGE`: records are renamed over instead.
     no_exchange: bool,
+}
+
+/// What the store knows of one of its files.
+#[derive(Debug)]
+struct Known {
+    /// The length of what it holds ([`UNKNOWN_LEN`] for a file read at open).
+    len: u64,
+    /// The file, while the store holds it open.
+    file: Option<Kept>,
+}
+
+impl Known {
+    /// A file the store did not write itself.
+    fn unknown() -> Known {
+        Known {
+            len: UNKNOWN_LEN,
+            file: None,
+        }
+    }
+}
+
+/// One of the files the store holds open; counted in [`Store::kept`] while it lives.
+#[derive(Debug)]
+struct Kept {
+    file: File,
+    count: Arc<AtomicUsize>,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -302,11 +350,13 @@ impl Store {
             spares: Mutex::new(Spares {
                 records: records
                     .iter()
-                    .map(|r| (r.key().file_name(), UNKNOWN_LEN))
+                    .map(|r| (r.key().file_name(), Known::unknown()))
                     .collect(),
+                pid: std::process::id(),
                 ..Spares::default()
             }),
             stocking: AtomicBool::new(false),
+            kept: Arc::default(),
         };
         Ok((store, records))
     }
@@ -329,59 +379,44 @@ impl Store {
     pub fn put(&self, record: &AllocationRecord) -> Result<()> {
         let bytes = serde_json::to_vec(record).expect("serialize allocation record");
         let name = record.key().file_name();
-        let len = bytes.len() as u64;
-        let Taken {
-            spare,
-            spare_len,
-            exchange,
-        } = self.take_spare(&name);
-        let error = |op: &'static str| {
-            let path = self.dir.join(&name);
-            move |source: nix::errno::Errno| Error::Store {
-                op,
-                path,
-                source: source.into(),
-            }
-        };
-        let outcome = fill(&self.dir_fd, &self.dir, &spare, spare_len, &bytes).and_then(|()| {
-            if let Some(old_len) = exchange {
-                match nix::fcntl::renameat2(
-                    &self.dir_fd,
-                    spare.as_str(),
-                    &self.dir_fd,
-                    name.as_str(),
-                    nix::fcntl::RenameFlags::RENAME_EXCHANGE,
-                ) {
-                    // The spare's name now holds the record's old content: a spare again.
-                    Ok(()) => return Ok(Some((spare.clone(), old_len))),
-                    // The record's file is gone (removed behind the agent's back): the spare
-                    // becomes it.
-                    Err(nix::errno::Errno::ENOENT) => {}
-                    Err(
-                        nix::errno::Errno::EINVAL
-                        | nix::errno::Errno::EOPNOTSUPP
-                        | nix::errno::Errno::ENOSYS,
-                    ) => {
-                        self.spares().no_exchange = true;
-                    }
-                    Err(e) => return Err(error("exchange a spare file with")(e)),
+        let Taken { spare, known, old } = self.take_spare(&name);
+        let held_open = known.as_ref().is_some_and(|k| k.file.is_some());
+        let exchange = old.is_some() && !self.spares().no_exchange;
+        let outcome = self.fill(&spare, known, &bytes).and_then(|written| {
+            match self.place(&spare, &name, exchange) {
+                // The spare's name was removed behind the agent's back while the store held
+                // its file open (someone tidied the dot files): made anew, placed again.
+                Err((_, nix::errno::Errno::ENOENT)) if held_open => {
+                    drop(written);
+                    let written = self.fill(&spare, None, &bytes)?;
+                    self.place(&spare, &name, exchange)
+                        .map(|placed| (written, placed))
                 }
+                placed => placed.map(|placed| (written, placed)),
             }
-            // A new record (or a filesystem without the exchange): renamed into place.
-            nix::fcntl::renameat(&self.dir_fd, spare.as_str(), &self.dir_fd, name.as_str())
-                .map(|()| None)
-                .map_err(error("rename a spare file to"))
+            .map_err(|(op, source)| Error::Store {
+                op,
+                path: self.dir.join(&name),
+                source: source.into(),
+            })
         });
+        let mut spares = self.spares();
         match outcome {
-            Ok(old) => {
-                let mut spares = self.spares();
-                spares.records.insert(name, len);
-                if let Some(old) = old {
-                    spares.files.push(old);
+            Ok((written, placed)) => {
+                spares.records.insert(name, written);
+                // Exchanged, the spare's name holds the record's old file: a spare again.
+                // Renamed over, the old file is gone.
+                if let (Placed::Exchanged, Some(old)) = (placed, old) {
+                    spares.files.push((spare, old));
                 }
                 Ok(())
             }
             Err(e) => {
+                // The record's file is as it was.
+                if let Some(old) = old {
+                    spares.records.insert(name, old);
+                }
+                drop(spares);
                 // Whatever it holds now, it is a dot file: the next open removes it anyway.
                 self.remove(&spare);
                 Err(e)
@@ -389,16 +424,53 @@ impl Store {
         }
     }
 
+    /// Puts the written spare `spare` in the record `name`'s place: exchanged with the
+    /// record's file when `exchange` (it has one), renamed to it otherwise. On failure, the
+    /// step that failed and its error.
+    fn place(
+        &self,
+        spare: &str,
+        name: &str,
+        exchange: bool,
+    ) -> std::result::Result<Placed, (&'static str, nix::errno::Errno)> {
+        if exchange {
+            match nix::fcntl::renameat2(
+                &self.dir_fd,
+                spare,
+                &self.dir_fd,
+                name,
+                nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+            ) {
+                Ok(()) => return Ok(Placed::Exchanged),
+                // The record's file is gone (removed behind the agent's back): the spare
+                // becomes it.
+                Err(nix::errno::Errno::ENOENT) => {}
+                Err(
+                    nix::errno::Errno::EINVAL
+                    | nix::errno::Errno::EOPNOTSUPP
+                    | nix::errno::Errno::ENOSYS,
+                ) => {
+                    self.spares().no_exchange = true;
+                }
+                Err(e) => return Err(("exchange a spare file with", e)),
+            }
+        }
+        // A new record (or a filesystem without the exchange): renamed into place.
+        nix::fcntl::renameat(&self.dir_fd, spare, &self.dir_fd, name)
+            .map(|()| Placed::Renamed)
+            .map_err(|e| ("rename a spare file to", e))
+    }
+
     /// Deletes a record; a missing record is not an error. Its file is kept as a spare while
     /// there are fewer than [`MAX_SPARES`]. (A deletion a power cut undoes brings back a
     /// record of the previous boot, which start-up releases.)
     pub fn delete(&self, key: &AttachmentKey) -> Result<()> {
         let name = key.file_name();
-        let (spare, len) = {
+        let (spare, known) = {
             let mut spares = self.spares();
-            let len = spares.records.remove(&name).unwrap_or(UNKNOWN_LEN);
+            let known = spares.records.remove(&name).unwrap_or_else(Known::unknown);
             let spare = (spares.files.len() < MAX_SPARES).then(|| spares.name());
-            (spare, len)
+            (spare, known)
         };
         let outcome = match &spare {
             Some(spare) => {
@@ -413,7 +485,7 @@ impl Store {
         match outcome {
             Ok(()) => {
                 if let Some(spare) = spare {
-                    self.spares().files.push((spare, len));
+                    self.spares().files.push((spare, known));
                 }
                 Ok(())
             }
@@ -456,34 +528,110 @@ impl Store {
                 spares.name()
             };
             // Created without the lock held: writers go on taking the spares there are.
-            if let Err(e) = fill(&self.dir_fd, &self.dir, &spare, None, b"") {
-                self.remove(&spare);
-                return Err(e);
+            match self.fill(&spare, None, b"") {
+                Ok(known) => self.spares().files.push((spare, known)),
+                Err(e) => {
+                    self.remove(&spare);
+                    return Err(e);
+                }
             }
-            self.spares().files.push((spare, 0));
             created += 1;
         }
     }
 
-    /// A spare file to write the record `name` into: its name, the length of what it holds
-    /// (`None`: still to be created), and, when the record has a file to exchange it with,
-    /// the length of that file's content.
+    /// A spare file to write the record `name` into: its name and what the store knows of it
+    /// (`None`: still to be created), and the record's own file, taken out of the records
+    /// for the write (`None`: the record has none yet).
     fn take_spare(&self, name: &str) -> Taken {
         let mut spares = self.spares();
-        let exchange = if spares.no_exchange {
-            None
-        } else {
-            spares.records.get(name).copied()
-        };
-        let (spare, spare_len) = match spares.files.pop() {
-            Some((file, len)) => (file, Some(len)),
+        let old = spares.records.remove(name);
+        let (spare, known) = match spares.files.pop() {
+            Some((file, known)) => (file, Some(known)),
             None => (spares.name(), None),
         };
-        Taken {
-            spare,
-            spare_len,
-            exchange,
+        Taken { spare, known, old }
+    }
+
+    /// Holds `file` open, unless [`OPEN_FILES`] are already held.
+    fn keep(&self, file: File) -> Option<Kept> {
+        if self.kept.fetch_add(1, Ordering::Relaxed) >= OPEN_FILES {
+            self.kept.fetch_sub(1, Ordering::Relaxed);
+            return None;
         }
+        Some(Kept {
+            file,
+            count: self.kept.clone(),
+        })
+    }
+
+    /// Writes `bytes` into the spare file `spare`: a new one (`known` is `None`; mode 0600
+    /// whatever the umask), or an existing one, through the file the store holds open or
+    /// opened by name, overwritten in place (no new inode; only a dot name is ever written)
+    /// and truncated only when `bytes` is shorter than what it held. Returns what the store
+    /// knows of the spare then.
+    fn fill(&self, spare: &str, known: Option<Known>, bytes: &[u8]) -> Result<Known> {
+        use nix::fcntl::OFlag;
+        use nix::sys::stat::Mode;
+        let step = |op: &'static str| {
+            move |source: std::io::Error| Error::Store {
+                op,
+                path: self.dir.join(spare),
+                source,
+            }
+        };
+        let open = |flags: OFlag| {
+            nix::fcntl::openat(
+                &self.dir_fd,
+                spare,
+                flags | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o600),
+            )
+            .map(File::from)
+            .map_err(std::io::Error::from)
+        };
+        let existing = match known {
+            None => None,
+            Some(Known {
+                len,
+                file: Some(kept),
+            }) => Some((Handle::Kept(kept), len)),
+            Some(Known { len, file: None }) => match open(OFlag::empty()) {
+                Ok(file) => Some((Handle::Opened(file), len)),
+                // Removed behind the agent's back (someone tidied the dot files): made anew.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(step("open the spare file")(e)),
+            },
+        };
+        let (handle, held) = match existing {
+            Some(found) => found,
+            None => {
+                // Not `O_EXCL`: a dot file of that name can only be a leftover (a removal at
+                // open that failed), which `O_TRUNC` empties.
+                let file =
+                    open(OFlag::O_CREAT | OFlag::O_TRUNC).map_err(step("create the spare file"))?;
+                file.set_permissions(fs::Permissions::from_mode(0o600))
+                    .map_err(step("chmod the spare file"))?;
+                (Handle::Opened(file), 0)
+            }
+        };
+        let file = match &handle {
+            Handle::Kept(kept) => &kept.file,
+            Handle::Opened(file) => file,
+        };
+        file.write_all_at(bytes, 0)
+            .map_err(step("write the spare file"))?;
+        if (bytes.len() as u64) < held {
+            file.set_len(bytes.len() as u64)
+                .map_err(step("truncate the spare file"))?;
+        }
+        let file = match handle {
+            Handle::Kept(kept) => Some(kept),
+            Handle::Opened(file) => self.keep(file),
+        };
+        Ok(Known {
+            len: bytes.len() as u64,
+            file,
+        })
     }
 
     /// Removes a file of the directory, whatever it is; a failure is left to the next open.
@@ -528,8 +676,21 @@ impl Store {
 /// What [`Store::take_spare`] hands a write.
 struct Taken {
     spare: String,
-    spare_len: Option<u64>,
-    exchange: Option<u64>,
+    known: Option<Known>,
+    old: Option<Known>,
+}
+
+/// How [`Store::place`] put a record in place.
+#[derive(Clone, Copy)]
+enum Placed {
+    Exchanged,
+    Renamed,
+}
+
+/// A spare being written: a file the store held open, or one opened for the write.
+enum Handle {
+    Kept(Kept),
+    Opened(File),
 }
 
 impl Spares {
@@ -537,61 +698,8 @@ impl Spares {
     /// carry the pid.
     fn name(&mut self) -> String {
         self.named += 1;
-        format!(".spare-{}-{}", std::process::id(), self.named)
+        format!(".spare-{}-{}", self.pid, self.named)
     }
-}
-
-/// Writes `bytes` into the spare file `spare` of the directory `dir_fd` (`dir`, for errors):
-/// a new one (`held` is `None`; mode 0600 whatever the umask), or an existing one holding
-/// `held` bytes, overwritten in place (no new inode; only a dot name is ever written) and
-/// truncated only when `bytes` is shorter.
-fn fill(dir_fd: &OwnedFd, dir: &Path, spare: &str, held: Option<u64>, bytes: &[u8]) -> Result<()> {
-    use nix::fcntl::OFlag;
-    use nix::sys::stat::Mode;
-    let step = |op: &'static str| {
-        move |source: std::io::Error| Error::Store {
-            op,
-            path: dir.join(spare),
-            source,
-        }
-    };
-    let open = |flags: OFlag| {
-        nix::fcntl::openat(
-            dir_fd,
-            spare,
-            flags | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o600),
-        )
-        .map(File::from)
-        .map_err(std::io::Error::from)
-    };
-    let existing = match held {
-        None => None,
-        Some(len) => match open(OFlag::empty()) {
-            Ok(file) => Some((file, len)),
-            // Removed behind the agent's back (someone tidied the dot files): made anew.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(step("open the spare file")(e)),
-        },
-    };
-    let (file, held) = match existing {
-        Some(found) => found,
-        None => {
-            // Not `O_EXCL`: a dot file of that name can only be a leftover (a removal at
-            // open that failed), of a length unknown, and it is overwritten whole below.
-            let file = open(OFlag::O_CREAT).map_err(step("create the spare file"))?;
-            file.set_permissions(fs::Permissions::from_mode(0o600))
-                .map_err(step("chmod the spare file"))?;
-            (file, UNKNOWN_LEN)
-        }
-    };
-    file.write_all_at(bytes, 0)
-        .map_err(step("write the spare file"))?;
-    if (bytes.len() as u64) < held {
-        file.set_len(bytes.len() as u64)
-            .map_err(step("truncate the spare file"))?;
-    }
-    Ok(())
 }
 
 /// Writes `bytes` to `dir/name` so that after a crash the file holds either its old content

@@ -371,3 +371,41 @@ fn a_spare_is_truncated_whenever_what_it_held_was_longer_or_is_unknown() {
     read.sort_by(|a, b| a.container_id.cmp(&b.container_id));
     assert_eq!(read, vec![long("aaa"), short("bbb"), long("eee")]);
 }
+
+/// How many of this process's descriptors are open on files of `dir`.
+fn open_in(dir: &Path) -> usize {
+    fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.unwrap().path()).ok())
+        .filter(|target| target.parent() == Some(dir))
+        .count()
+}
+
+#[test]
+fn the_store_holds_its_files_open_up_to_a_bound_and_closes_them_with_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let records_dir = store.dir().to_owned();
+    assert!(store.claim_stock());
+    assert_eq!(store.stock().unwrap(), SPARE_STOCK);
+    assert_eq!(open_in(&records_dir), SPARE_STOCK, "every stocked spare");
+    // More pods than files may be held: the writes beyond the bound open their files by
+    // name, and every record still reads back whole.
+    let mut written = Vec::new();
+    for i in 0..OPEN_FILES + 40 {
+        let mut r = record(&format!("p{i:04}"));
+        store.put(&r).unwrap();
+        r.state = RecordState::Committed;
+        store.put(&r).unwrap();
+        written.push(r);
+    }
+    assert_eq!(open_in(&records_dir), OPEN_FILES);
+    for r in &written[..100] {
+        store.delete(&r.key()).unwrap();
+    }
+    let mut read = Store::read(dir.path()).unwrap();
+    read.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+    assert_eq!(read, written[100..]);
+    drop(store);
+    assert_eq!(open_in(&records_dir), 0);
+}
