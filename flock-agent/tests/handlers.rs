@@ -85,14 +85,15 @@ async fn add(agent: &Agent, kernel: &MemoryKernel, cid: &str, if_name: &str) -> 
     agent.handle(request(Op::Add, cid, if_name, conf())).await
 }
 
-/// Waits until every DEL's background veth deletion is done: the kernel's veths are then
-/// exactly the records'.
+/// Waits until every DEL's background veth deletion is done (it waits for a pause in the
+/// requests first): the kernel's veths are then exactly the records'.
 async fn settled(agent: &Agent, kernel: &MemoryKernel) {
-    for _ in 0..1000 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
         if veths(kernel) == record_veths(agent) {
             return;
         }
-        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     panic!(
         "kernel veths {:?} never matched the records' {:?}",

@@ -17,9 +17,11 @@ use crate::store::AttachmentKey;
 /// When a release deletes the pod's host-side veth.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum VethDeletion {
-    /// After the answer (a DEL: the runtime waits on it, the kernel work need not).
+    /// After the answer, once requests pause (a DEL: the runtime waits on it, the kernel work
+    /// need not, and the next requests should not wait on the kernel behind it; see `lull`).
     AfterAnswer,
-    /// Before returning (GC and the leak reconcile: what they report is already true).
+    /// Before returning (GC, the leak reconcile and the drain of queued DELs: nobody waits on
+    /// them, and what they report is then already true).
     Before,
 }
 
@@ -31,14 +33,18 @@ pub fn unrecorded_veth(key: &AttachmentKey, owned: impl Fn(&str) -> bool) -> Opt
 }
 
 impl Agent {
-    pub(super) async fn del(&self, req: &Request, phases: &mut Phases) -> Outcome {
+    pub(super) async fn del(
+        &self,
+        req: &Request,
+        phases: &mut Phases,
+        veth: VethDeletion,
+    ) -> Outcome {
         // A configuration that is not flock's (wrong type, bad mtu) is an error even for DEL.
         parse_conf(req)?;
         let key = attachment_key(req)?;
         let guard = self.lock_container(&req.container_id).await;
         phases.mark("lock");
-        self.del_locked(&key, &req.netns, guard, VethDeletion::AfterAnswer, phases)
-            .await
+        self.del_locked(&key, &req.netns, guard, veth, phases).await
     }
 
     /// Tears down and releases one attachment by key, as a DEL would (used by the Kubernetes
@@ -54,10 +60,11 @@ impl Agent {
     ///
     /// The pod's routes and anycast nexthops go synchronously, then its record and
     /// addresses. Deleting the veth itself (tens of milliseconds of kernel time) happens as
-    /// `veth` says: for a DEL, after the answer, in a task that keeps the container locked
-    /// and the veth's name claimed until the veth is gone, so neither a new ADD of the same
-    /// container nor another attachment whose name collides can race it. A crash before that
-    /// deletion leaves a veth without a record, which start-up removes.
+    /// `veth` says: for a DEL, after the answer and once the agent's requests pause (at most
+    /// half a second later), in a task that keeps the container locked and the veth's name
+    /// claimed until the veth is gone, so neither a new ADD of the same container nor another
+    /// attachment whose name collides can race it. A crash before that deletion leaves a veth
+    /// without a record, which start-up removes.
     pub(super) async fn del_locked(
         &self,
         key: &AttachmentKey,
@@ -123,7 +130,11 @@ impl Agent {
         };
         match veth {
             VethDeletion::AfterAnswer => {
-                tokio::spawn(remove);
+                let lull = self.lull.clone();
+                tokio::spawn(async move {
+                    lull.pause().await;
+                    remove.await;
+                });
             }
             VethDeletion::Before => remove.await,
         }
@@ -137,6 +148,8 @@ impl Agent {
     }
 
     /// Runs every DEL the shim queued while the agent was unreachable; returns how many ran.
+    /// Nobody waits on their answers: each deletes its veth before the next runs, so the node
+    /// is clean once the drain is done (the one at start-up runs before the agent serves).
     pub async fn drain_del_queue(&self, dir: &Path) -> usize {
         let queue = flock_rpc::DelQueue::new(dir);
         let mut done = 0;
@@ -150,7 +163,9 @@ impl Agent {
         for (path, request) in pending {
             match request {
                 Ok(request) => {
-                    let response = self.handle(request).await;
+                    let (response, _) = self
+                        .handle_as(request, &mut Phases::start(), VethDeletion::Before)
+                        .await;
                     if let Some(e) = &response.error {
                         warn!(file = %path.display(), msg = %e.msg, details = %e.details,
                             "queued DEL failed; kept for the next drain");

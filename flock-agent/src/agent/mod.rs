@@ -40,6 +40,7 @@ pub mod del;
 pub mod error;
 pub mod gc;
 mod locks;
+mod lull;
 pub mod policy;
 pub mod result;
 pub mod startup;
@@ -80,6 +81,8 @@ pub struct Agent {
     tracer: Option<Tracer>,
     /// The uplink's MTU and when it was read ([`Agent::uplink_mtu`]).
     uplink_mtu: Mutex<Option<(Instant, u32)>>,
+    /// When requests pause, for the veth deletions after DELs (`lull`).
+    lull: Arc<lull::Lull>,
 }
 
 /// What [`Agent::start`] needs. The caller (`main`) reads the environment; the agent does not.
@@ -189,6 +192,7 @@ impl Agent {
             failpoint: parts.failpoint.filter(|f| !f.is_empty()),
             tracer: parts.tracer,
             uplink_mtu: Mutex::new(None),
+            lull: Arc::default(),
         });
         let report = agent.reconcile_at_start(records).await?;
         agent.restore_policy_pods();
@@ -418,14 +422,26 @@ impl Agent {
         request: Request,
         phases: &mut Phases,
     ) -> (Response, RequestTag) {
+        self.handle_as(request, phases, del::VethDeletion::AfterAnswer)
+            .await
+    }
+
+    /// [`Agent::handle_with`], a DEL deleting its veth as `veth` says.
+    async fn handle_as(
+        &self,
+        request: Request,
+        phases: &mut Phases,
+        veth: del::VethDeletion,
+    ) -> (Response, RequestTag) {
         let started = Instant::now();
+        self.lull.request();
         let op = request.op;
         let span =
             tracing::info_span!("cni", op = op.as_str(), container_id = %request.container_id);
         let _enter = span.enter();
         let outcome: Outcome<Option<Value>> = match op {
             Op::Add => self.add(&request, phases).await.map(Some),
-            Op::Del => self.del(&request, phases).await.map(|()| None),
+            Op::Del => self.del(&request, phases, veth).await.map(|()| None),
             Op::Check => self.check(&request).await.map(|()| None),
             Op::Status => self.status(&request).await.map(|()| None),
             Op::Gc => self.gc(&request).await.map(|()| None),
