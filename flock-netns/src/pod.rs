@@ -283,9 +283,14 @@ pub async fn setup(node: &NodeNs, spec: &PodSpec) -> Result<SetupOutcome> {
         if spec.has_v4() {
             ensure_gateway4(&h, &nodename).await?;
         }
-        for r in spec.host_routes() {
-            nl::route_replace(&h, &nodename, &r, host.index).await?;
-        }
+        // sent together, answered together: one round trip through the kernel, not one a route
+        let routes = spec.host_routes();
+        futures::future::try_join_all(
+            routes
+                .iter()
+                .map(|r| nl::route_replace(&h, &nodename, r, host.index)),
+        )
+        .await?;
         Ok::<_, Error>(started.elapsed())
     };
     let pod_side = async {
@@ -506,11 +511,15 @@ pub async fn detach(node: &NodeNs, spec: &PodSpec) -> Result<(), TeardownError> 
 
     match nl::link_by_name(&h, &nodename, &host_if).await {
         Ok(Some(host)) => {
-            for r in spec.host_routes() {
-                if let Err(e) = nl::route_del(&h, &nodename, &r, host.index).await {
-                    errors.push(e);
-                }
-            }
+            // together, as setup adds them
+            let routes = spec.host_routes();
+            let deleted = futures::future::join_all(
+                routes
+                    .iter()
+                    .map(|r| nl::route_del(&h, &nodename, r, host.index)),
+            )
+            .await;
+            errors.extend(deleted.into_iter().filter_map(Result::err));
         }
         // no veth: the kernel removed its routes with it
         Ok(None) => {}
