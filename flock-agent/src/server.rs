@@ -120,6 +120,7 @@ pub async fn serve(
 }
 
 async fn serve_connection(mut stream: UnixStream, agent: Arc<Agent>) {
+    let traced = agent.trace_begin();
     let mut phases = Phases::start();
     let (response, tag) = match tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream)).await
     {
@@ -142,9 +143,9 @@ async fn serve_connection(mut stream: UnixStream, agent: Arc<Agent>) {
         debug!(error = %e, "client went away before the response");
     }
     let _ = stream.shutdown().await;
-    if let Some(tag) = tag {
+    if let (Some(tag), Some(traced)) = (tag, traced) {
         phases.mark("reply");
-        agent.trace(&tag, &phases);
+        traced.record(&tag, &phases);
     }
 }
 

@@ -19,6 +19,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// The phases of one request, in order.
@@ -96,9 +97,15 @@ pub struct RequestTag {
 }
 
 /// Appends one JSON line per request to a file.
+///
+/// Lines are flushed once no request is in flight, so a reader sees every line of the
+/// requests done so far, and a burst of requests costs one write, not one each (a write per
+/// request on the agent's thread was work the agent does only when traced).
 #[derive(Debug)]
 pub struct Tracer {
     out: Mutex<BufWriter<File>>,
+    /// Requests begun ([`Tracer::begin`]) and not yet done.
+    in_flight: AtomicUsize,
 }
 
 impl Tracer {
@@ -106,14 +113,42 @@ impl Tracer {
     pub fn create(path: &Path) -> std::io::Result<Tracer> {
         Ok(Tracer {
             out: Mutex::new(BufWriter::new(File::create(path)?)),
+            in_flight: AtomicUsize::new(0),
         })
     }
 
-    /// Writes the line of one finished request (flushed, so a reader sees it at once).
-    pub fn record(&self, tag: &RequestTag, phases: &Phases) {
+    /// A request begins; its line, if it gets one, is written with [`Traced::record`].
+    pub fn begin(&self) -> Traced<'_> {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Traced { tracer: self }
+    }
+}
+
+/// A request in flight, for its tracer: dropped (recorded or not), the request is done, and
+/// the last one done flushes every line written.
+#[derive(Debug)]
+pub struct Traced<'a> {
+    tracer: &'a Tracer,
+}
+
+impl Traced<'_> {
+    /// Writes the line of the finished request.
+    pub fn record(self, tag: &RequestTag, phases: &Phases) {
         let line = trace_line(tag, phases);
-        let mut out = self.out.lock().expect("trace lock");
-        let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+        let _ = self
+            .tracer
+            .out
+            .lock()
+            .expect("trace lock")
+            .write_all(line.as_bytes());
+    }
+}
+
+impl Drop for Traced<'_> {
+    fn drop(&mut self) {
+        if self.tracer.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _ = self.tracer.out.lock().expect("trace lock").flush();
+        }
     }
 }
 
@@ -219,6 +254,35 @@ mod tests {
         assert!(
             start <= now && end <= now,
             "{line}: the clock is read by other processes too"
+        );
+    }
+
+    #[test]
+    fn lines_are_flushed_once_no_request_is_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trace.jsonl");
+        let tracer = Tracer::create(&path).unwrap();
+        let tag = |id: &str| RequestTag {
+            op: "ADD".into(),
+            container_id: id.into(),
+            if_name: "eth0".into(),
+            outcome: "ok".into(),
+        };
+        let lines = || std::fs::read_to_string(&path).unwrap().lines().count();
+        let (first, second) = (tracer.begin(), tracer.begin());
+        first.record(&tag("c1"), &Phases::start());
+        assert_eq!(lines(), 0, "another request is in flight");
+        // A request that ends without a line (an unreadable one) counts as done too.
+        let third = tracer.begin();
+        second.record(&tag("c2"), &Phases::start());
+        assert_eq!(lines(), 0);
+        drop(third);
+        assert_eq!(lines(), 2);
+        tracer.begin().record(&tag("c3"), &Phases::start());
+        assert_eq!(
+            lines(),
+            3,
+            "alone, a request's line is there when it is done"
         );
     }
 }

@@ -473,11 +473,10 @@ impl Agent {
         (response, tag)
     }
 
-    /// Writes a finished request's trace line, when tracing.
-    pub fn trace(&self, tag: &RequestTag, phases: &Phases) {
-        if let Some(t) = &self.tracer {
-            t.record(tag, phases);
-        }
+    /// A request begins, for the trace (when tracing): record its line with
+    /// [`Traced::record`](crate::trace::Traced::record) once it is answered.
+    pub fn trace_begin(&self) -> Option<crate::trace::Traced<'_>> {
+        self.tracer.as_ref().map(Tracer::begin)
     }
 
     fn fail_at(&self, point: &str) {
