@@ -39,6 +39,8 @@ const TEST_PACKAGES: &[&str] = &[
     "busybox-static",
     "protobuf-compiler",
     "nftables",
+    // The portmap plugin's rules, in the chain tests (not on every fresh Debian).
+    "iptables",
     // The shim is linked against musl (flock-plugin/musl.specs).
     "musl-dev",
 ];
