@@ -657,6 +657,56 @@ async fn two_attachments_of_one_container_coexist_and_tear_down_alone() {
     assert!(list_host_ifaces(&node).await.unwrap().is_empty());
 }
 
+/// An address handed to a new pod while its old pod's veth is still there (the agent deletes
+/// a released pod's veth, and its routes with it, after answering): the new pod's set-up
+/// takes the host routes over, and deleting the old veth leaves them alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_moves_to_its_new_pod_before_the_old_veth_goes() {
+    let node_ns = Netns::new("node");
+    let (old_pod, new_pod, peer) = (Netns::new("pod"), Netns::new("pod"), Netns::new("pod"));
+    let node = NodeNs::at(node_ns.path());
+    let addrs = ["2001:db8:7::5/128", "10.244.7.5/32"];
+    let old = spec(&old_pod, "ctr-old", &addrs, &[]);
+    let new = spec(&new_pod, "ctr-new", &addrs, &[]);
+    let other = spec(
+        &peer,
+        "ctr-peer",
+        &["2001:db8:7::6/128", "10.244.7.6/32"],
+        &[],
+    );
+    setup(&node, &old).await.unwrap();
+    setup(&node, &other).await.unwrap();
+    setup(&node, &new).await.unwrap();
+    let routes_via = |ns: &Netns| {
+        let mut lines = ns.ok(["ip", "-6", "route"]);
+        lines.push_str(&ns.ok(["ip", "-4", "route"]));
+        lines
+            .lines()
+            .filter(|l| l.starts_with("2001:db8:7::5 ") || l.starts_with("10.244.7.5 "))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let routes = routes_via(&node_ns);
+    assert_eq!(routes.len(), 2, "one host route a family: {routes:?}");
+    for r in &routes {
+        assert!(r.contains(&format!("dev {}", new.host_if)), "{routes:?}");
+    }
+    assert_eq!(check(&node, &new).await.unwrap(), vec![]);
+    assert!(peer.pings("2001:db8:7::5") && peer.pings("10.244.7.5"));
+
+    assert!(remove_host_iface(&node, &old.host_if).await.unwrap());
+    let routes = routes_via(&node_ns);
+    assert_eq!(routes.len(), 2, "{routes:?}");
+    for r in &routes {
+        assert!(r.contains(&format!("dev {}", new.host_if)), "{routes:?}");
+    }
+    assert_eq!(check(&node, &new).await.unwrap(), vec![]);
+    assert!(peer.pings("2001:db8:7::5") && peer.pings("10.244.7.5"));
+    for s in [&new, &other] {
+        teardown(&node, s).await.unwrap();
+    }
+}
+
 /// The caller's name is used as is: an attachment whose first name is owned by another gets
 /// a later attempt, and setup, check and teardown all act on that name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -58,9 +58,9 @@ impl Agent {
 
     /// Tears down and releases one attachment; `guard` is its container's lock.
     ///
-    /// The pod's routes and anycast nexthops go synchronously, then its record and
-    /// addresses. Deleting the veth itself (tens of milliseconds of kernel time) happens as
-    /// `veth` says: for a DEL, after the answer and once the agent's requests pause (at most
+    /// The pod's anycast nexthops go synchronously, then its record and addresses. Deleting
+    /// the veth, and with it the pod's host routes (tens of milliseconds of kernel time),
+    /// happens as `veth` says: for a DEL, after the answer and once the agent's requests pause (at most
     /// half a second later), in a task that keeps the container locked and the veth's name
     /// claimed until the veth is gone, so neither a new ADD of the same container nor another
     /// attachment whose name collides can race it. A crash before that deletion leaves a veth
@@ -98,10 +98,17 @@ impl Agent {
                 .map_err(|e| kernel_error("tear down", key, e));
         };
         let spec = pod_spec(&record, (!netns.is_empty()).then_some(netns));
-        self.kernel
-            .detach(&spec)
-            .await
-            .map_err(|e| kernel_error("detach", key, e))?;
+        // The pod's host routes go with its veth: the kernel drops a link's routes when it
+        // deletes it. Until then a new pod given one of these addresses is still routed
+        // right, as its set-up replaces a host route, never adds one, and the old veth's
+        // deletion takes only routes through it. An anycast route cannot wait: IPv4 drops the
+        // whole multipath route when one nexthop's device goes, so its new set goes in now.
+        if !spec.anycast.is_empty() {
+            self.kernel
+                .detach(&spec)
+                .await
+                .map_err(|e| kernel_error("detach", key, e))?;
+        }
         phases.mark("kernel");
         self.fail_at("del-after-detach");
         self.delete_stored(key).await?;
