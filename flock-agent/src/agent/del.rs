@@ -60,11 +60,11 @@ impl Agent {
     ///
     /// The pod's anycast nexthops go synchronously, then its record and addresses. Deleting
     /// the veth, and with it the pod's host routes (tens of milliseconds of kernel time),
-    /// happens as `veth` says: for a DEL, after the answer and once the agent's requests pause (at most
-    /// half a second later), in a task that keeps the container locked and the veth's name
-    /// claimed until the veth is gone, so neither a new ADD of the same container nor another
-    /// attachment whose name collides can race it. A crash before that deletion leaves a veth
-    /// without a record, which start-up removes.
+    /// happens as `veth` says: for a DEL, after the answer and once the agent's requests
+    /// pause (at most half a second later), in a task that keeps the container locked and the
+    /// veth's name claimed until the veth is gone, so neither a new ADD of the same container
+    /// nor another attachment whose name collides can race it. A crash before that deletion
+    /// leaves a veth without a record, which start-up removes.
     pub(super) async fn del_locked(
         &self,
         key: &AttachmentKey,
