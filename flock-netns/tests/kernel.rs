@@ -677,31 +677,26 @@ async fn an_address_moves_to_its_new_pod_before_the_old_veth_goes() {
     setup(&node, &old).await.unwrap();
     setup(&node, &other).await.unwrap();
     setup(&node, &new).await.unwrap();
-    let routes_via = |ns: &Netns| {
-        let mut lines = ns.ok(["ip", "-6", "route"]);
-        lines.push_str(&ns.ok(["ip", "-4", "route"]));
-        lines
+    // one host route a family, through the new pod's veth
+    let routed_to_new_pod = || {
+        let mut lines = node_ns.ok(["ip", "-6", "route"]);
+        lines.push_str(&node_ns.ok(["ip", "-4", "route"]));
+        let routes: Vec<&str> = lines
             .lines()
             .filter(|l| l.starts_with("2001:db8:7::5 ") || l.starts_with("10.244.7.5 "))
-            .map(str::to_owned)
-            .collect::<Vec<_>>()
+            .collect();
+        assert_eq!(routes.len(), 2, "{routes:?}");
+        for r in &routes {
+            assert!(r.contains(&format!("dev {}", new.host_if)), "{routes:?}");
+        }
+        assert!(peer.pings("2001:db8:7::5") && peer.pings("10.244.7.5"));
     };
-    let routes = routes_via(&node_ns);
-    assert_eq!(routes.len(), 2, "one host route a family: {routes:?}");
-    for r in &routes {
-        assert!(r.contains(&format!("dev {}", new.host_if)), "{routes:?}");
-    }
+    routed_to_new_pod();
     assert_eq!(check(&node, &new).await.unwrap(), vec![]);
-    assert!(peer.pings("2001:db8:7::5") && peer.pings("10.244.7.5"));
 
     assert!(remove_host_iface(&node, &old.host_if).await.unwrap());
-    let routes = routes_via(&node_ns);
-    assert_eq!(routes.len(), 2, "{routes:?}");
-    for r in &routes {
-        assert!(r.contains(&format!("dev {}", new.host_if)), "{routes:?}");
-    }
+    routed_to_new_pod();
     assert_eq!(check(&node, &new).await.unwrap(), vec![]);
-    assert!(peer.pings("2001:db8:7::5") && peer.pings("10.244.7.5"));
     for s in [&new, &other] {
         teardown(&node, s).await.unwrap();
     }
