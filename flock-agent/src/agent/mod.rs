@@ -22,7 +22,7 @@ use ipnet::IpNet;
 use rand_chacha::ChaCha12Rng;
 use rand_core::SeedableRng;
 use serde_json::Value;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use crate::kernel::Kernel;
 use crate::metrics::{Component, Health, Metrics};
@@ -436,16 +436,22 @@ impl Agent {
         let started = Instant::now();
         self.lull.request();
         let op = request.op;
+        // Entered around each poll, not held across the awaits: requests interleave on the
+        // agent's one thread, and a guard held over an await would name this request in the
+        // log lines of whichever ran meanwhile.
         let span =
             tracing::info_span!("cni", op = op.as_str(), container_id = %request.container_id);
-        let _enter = span.enter();
-        let outcome: Outcome<Option<Value>> = match op {
-            Op::Add => self.add(&request, phases).await.map(Some),
-            Op::Del => self.del(&request, phases, veth).await.map(|()| None),
-            Op::Check => self.check(&request).await.map(|()| None),
-            Op::Status => self.status(&request).await.map(|()| None),
-            Op::Gc => self.gc(&request).await.map(|()| None),
-        };
+        let outcome: Outcome<Option<Value>> = async {
+            match op {
+                Op::Add => self.add(&request, phases).await.map(Some),
+                Op::Del => self.del(&request, phases, veth).await.map(|()| None),
+                Op::Check => self.check(&request).await.map(|()| None),
+                Op::Status => self.status(&request).await.map(|()| None),
+                Op::Gc => self.gc(&request).await.map(|()| None),
+            }
+        }
+        .instrument(span.clone())
+        .await;
         if !matches!(op, Op::Add | Op::Del) {
             phases.mark("handle");
         }
@@ -466,7 +472,9 @@ impl Agent {
             Ok(None) => Response::done(),
             Ok(Some(v)) => Response::ok(v),
             Err(e) => {
-                info!(code = e.code.as_u32(), msg = %e.msg, details = %e.details, "request failed");
+                span.in_scope(|| {
+                    info!(code = e.code.as_u32(), msg = %e.msg, details = %e.details, "request failed")
+                });
                 Response::error(e)
             }
         };
