@@ -93,3 +93,146 @@ pub(super) fn cpu_time(pid: u32) -> Result<Duration> {
     }
     Ok(Duration::from_nanos(total))
 }
+
+/// How [`settle_kernel`] found the kernel.
+#[derive(Debug)]
+pub(super) struct Settled {
+    /// How long it waited.
+    pub waited: Duration,
+    /// The kernel's network namespaces when it stopped waiting (`None`: not readable here).
+    pub namespaces: Option<u64>,
+    /// What it stopped waiting for before its deadline, if anything.
+    pub unsettled: Option<&'static str>,
+}
+
+impl std::fmt::Display for Settled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.1} s", self.waited.as_secs_f64())?;
+        if let Some(n) = self.namespaces {
+            write!(f, ", {n} network namespaces")?;
+        }
+        match self.unsettled {
+            Some(what) => write!(f, "; gave up waiting for {what}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Waits until the kernel is done with what was just torn down, so that the next phase does
+/// not pay for it: the network namespaces dropped freed (the kernel frees them in a worker of
+/// its own, which takes the lock every ADD takes), at most `namespaces_before` left or their
+/// number steady for a second; then the machine quiet, less than a tenth of a CPU busy over
+/// 200 ms. It replaces a fixed pause of two seconds, which knew neither: here the two waits
+/// take 0.2–1.3 s, and a machine busy with something else needs longer. Each wait gives up
+/// after [`SETTLE_LIMIT`], and says so.
+pub(super) fn settle_kernel(namespaces_before: Option<u64>) -> Settled {
+    let start = Instant::now();
+    let mut unsettled = None;
+    let mut last = live_namespaces();
+    let mut steady_since = Instant::now();
+    loop {
+        let now = live_namespaces();
+        match (now, namespaces_before) {
+            (None, _) => break,
+            (Some(n), Some(before)) if n <= before => break,
+            (Some(n), _) => {
+                if Some(n) != last {
+                    last = Some(n);
+                    steady_since = Instant::now();
+                } else if steady_since.elapsed() >= Duration::from_secs(1) {
+                    break;
+                }
+            }
+        }
+        if start.elapsed() >= SETTLE_LIMIT {
+            unsettled = Some("the network namespaces to be freed");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let quiet_from = Instant::now();
+    loop {
+        match busy_ticks_over(Duration::from_millis(200)) {
+            // ticks of 10 ms: 200 ms on every CPU, less than a tenth of one CPU busy
+            Some(busy) if busy < 2 => break,
+            Some(_) if quiet_from.elapsed() < SETTLE_LIMIT => {}
+            Some(_) => {
+                unsettled = unsettled.or(Some("the machine to be quiet"));
+                break;
+            }
+            None => {
+                // no /proc/stat: the pause this replaced
+                std::thread::sleep(Duration::from_secs(2));
+                break;
+            }
+        }
+    }
+    Settled {
+        waited: start.elapsed(),
+        namespaces: live_namespaces(),
+        unsettled,
+    }
+}
+
+/// How long [`settle_kernel`] waits for each of its conditions at most.
+const SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// The kernel's network namespaces: the `net_namespace` objects `/proc/slabinfo` counts
+/// (readable by root; `None` elsewhere, or where the kernel merged that cache into another).
+pub(super) fn live_namespaces() -> Option<u64> {
+    namespaces_in_slabinfo(&std::fs::read_to_string("/proc/slabinfo").ok()?)
+}
+
+/// The active `net_namespace` objects of a `/proc/slabinfo`.
+fn namespaces_in_slabinfo(slabinfo: &str) -> Option<u64> {
+    slabinfo.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        (fields.next() == Some("net_namespace"))
+            .then(|| fields.next()?.parse().ok())
+            .flatten()
+    })
+}
+
+/// The machine's busy clock ticks (user, nice, system, irq, softirq: every CPU's, from
+/// `/proc/stat`) over the next `window`; `None` without `/proc/stat`.
+fn busy_ticks_over(window: Duration) -> Option<u64> {
+    let busy = || busy_ticks(&std::fs::read_to_string("/proc/stat").ok()?);
+    let before = busy()?;
+    std::thread::sleep(window);
+    Some(busy()?.saturating_sub(before))
+}
+
+/// The busy ticks of a `/proc/stat`'s `cpu` line: user, nice, system, irq and softirq (not
+/// idle, iowait, nor the steal of a virtual machine's host).
+fn busy_ticks(stat: &str) -> Option<u64> {
+    let cpu = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .map(|t| t.parse().ok())
+        .collect::<Option<_>>()?;
+    [0, 1, 2, 5, 6].iter().map(|&i| ticks.get(i)).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_namespaces_are_read_from_their_own_slab_cache() {
+        let slabinfo = "slabinfo - version: 2.1\n\
+            # name <active_objs> <num_objs> <objsize> <objperslab> <pagesperslab> : …\n\
+            net_namespace_x     9     91   4288    7    8 : tunables    0    0    0\n\
+            net_namespace         44     91   4288    7    8 : tunables    0    0    0\n";
+        assert_eq!(namespaces_in_slabinfo(slabinfo), Some(44));
+        assert_eq!(namespaces_in_slabinfo("kmalloc-64 1 2 64 64 1\n"), None);
+    }
+
+    #[test]
+    fn busy_ticks_leave_out_idle_iowait_and_steal() {
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        let stat = "cpu  100 2 30 5000 40 1 7 900 0 0\ncpu0 50 1 15 2500 20 0 3 450 0 0\n";
+        assert_eq!(busy_ticks(stat), Some(100 + 2 + 30 + 1 + 7));
+        assert_eq!(busy_ticks("intr 1 2\n"), None);
+    }
+}

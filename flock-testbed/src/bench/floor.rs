@@ -62,6 +62,7 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> 
         [bin_dir],
         std::env::temp_dir().join("flock-bench-floor-cache"),
     )?;
+    let namespaces_before = super::calls::live_namespaces();
     let node_ns = Netns::new("bfloor");
     let pod_nss = fresh_netns(FLOOR_POD_PREFIX, pods);
     let exec_nss = fresh_netns(FLOOR_POD_PREFIX, pods);
@@ -97,7 +98,8 @@ pub fn measure_kernel_floor(pods: usize, concurrency: usize, bin_dir: &Path) -> 
     drop(conc_nss);
     drop(node_ns);
     // Deleted namespaces are cleaned up by the kernel in the background.
-    std::thread::sleep(Duration::from_secs(2));
+    let settled = super::calls::settle_kernel(namespaces_before);
+    eprintln!("xtask bench: the kernel settled after the floor's pods in {settled}");
     let mut floor = floor;
     floor.idle_round_trip = idle_round_trips(pods)?;
     Ok(floor)

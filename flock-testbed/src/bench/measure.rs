@@ -12,7 +12,9 @@ use flock_testkit::Netns;
 use flock_testkit::cni::{Attachment, Runtime};
 
 use super::breakdown::{self, Breakdown, Observed};
-use super::calls::{concurrently, cpu_time, cri_attachment, fresh_netns};
+use super::calls::{
+    concurrently, cpu_time, cri_attachment, fresh_netns, live_namespaces, settle_kernel,
+};
 use super::floor::{FLOOR_POD_PREFIX, HANDOFF_FIRST, floor_specs};
 use super::handoff::HandOff;
 use super::{Figures, Floor, Options, SetupContext, Subject, SubjectConfig};
@@ -73,6 +75,8 @@ fn measure(
     let runtime = Runtime::new(config.conflist, config.bin_dirs, work_dir.join("cni-cache"))?
         .in_netns(node.path());
     let key = subject.key().to_owned();
+    // What the burst waits for the kernel to be back to, once the pods before it are gone.
+    let namespaces_before = live_namespaces();
 
     // Sequential: N ADDs, RSS with N pods, N DELs.
     let pods = make_pods(opts.pods);
@@ -172,23 +176,28 @@ fn measure(
         })
         .collect();
 
-    settle(node);
+    settle(node, namespaces_before);
 
-    // Concurrent: fresh pods, `concurrency` threads. The hand-off floor's burst is made in
-    // parts between the subject's (see `BURST_PARTS`).
-    let pods = make_pods(opts.pods);
+    // Concurrent: fresh pods, `concurrency` threads. First a wave of ADDs, one per thread,
+    // untimed, by the subject and the hand-off floor alike: in runs timing each part on its
+    // own, whichever part came first took up to twice as long as the parts after it (a
+    // daemon just started, a machine just idle), and whoever made it paid for that in the
+    // round's ratio. Then the burst; the hand-off floor's is made in parts between the
+    // subject's (see `BURST_PARTS`).
+    let warm = opts.concurrency.min(opts.pods);
+    let pods = make_pods(warm + opts.pods);
     let atts: Vec<Attachment> = pods
         .iter()
         .enumerate()
         .map(|(i, ns)| attachment(&key, "conc", i, ns))
         .collect();
     let pid = subject.daemon_pid();
-    let mut add_conc = Vec::with_capacity(atts.len());
+    let mut add_conc = Vec::with_capacity(opts.pods);
     let mut add_conc_wall = Duration::ZERO;
     let mut daemon_cpu = Duration::ZERO;
-    // The subject's ADDs of `range` at the bench's concurrency: their times, their wall
-    // time and its daemon's CPU time added up.
-    let mut burst = |range: std::ops::Range<usize>| -> Result<()> {
+    // The subject's ADDs of `range` at the bench's concurrency: its daemon's CPU time added
+    // up and, when `timed`, their times and their wall time.
+    let mut burst = |range: std::ops::Range<usize>, timed: bool| -> Result<()> {
         let cpu_before = pid.map(cpu_time).transpose()?;
         let (times, wall) = concurrently(&atts[range], opts.concurrency, |a| {
             runtime
@@ -199,31 +208,46 @@ fn measure(
         if let (Some(pid), Some(before)) = (pid, cpu_before) {
             daemon_cpu += cpu_time(pid)?.saturating_sub(before);
         }
-        add_conc.extend(times);
-        add_conc_wall += wall;
+        if timed {
+            add_conc.extend(times);
+            add_conc_wall += wall;
+        }
         Ok(())
+    };
+    let timed_parts = |n: usize| {
+        parts(n - warm, BURST_PARTS)
+            .into_iter()
+            .map(move |r| r.start + warm..r.end + warm)
     };
     let mut floor_pods = Vec::new();
     match &mut hand_off {
-        None => burst(0..atts.len())?,
+        None => {
+            burst(0..warm, false)?;
+            burst(warm..atts.len(), true)?;
+        }
         Some(h) => {
-            floor_pods = make_floor_pods(opts.pods);
+            floor_pods = make_floor_pods(warm + opts.pods);
             let specs = floor_specs(&floor_pods, (HANDOFF_FIRST + 1) * opts.pods);
             let first = h.first;
             let (wall, cpu) = HandOff::run(&specs, &node.path(), h.bin_dir, |daemon| {
+                daemon.burst(0..warm, opts.concurrency)?;
+                burst(0..warm, false)?;
                 let mut wall = Duration::ZERO;
-                for (k, range) in parts(atts.len(), BURST_PARTS).into_iter().enumerate() {
+                for (k, range) in timed_parts(atts.len()).enumerate() {
                     if (k % 2 == 0) == first {
                         wall += daemon.burst(range.clone(), opts.concurrency)?;
-                        burst(range)?;
+                        burst(range, true)?;
                     } else {
-                        burst(range.clone())?;
+                        burst(range.clone(), true)?;
                         wall += daemon.burst(range, opts.concurrency)?;
                     }
                 }
                 Ok(wall)
             })?;
-            h.floor.handed_off_concurrent.push((specs.len(), wall));
+            // its CPU time over every ADD, as the subject's below
+            h.floor
+                .handed_off_concurrent
+                .push((specs.len() - warm, wall));
             h.floor
                 .handed_off_cpu_per_add
                 .push(cpu / u32::try_from(specs.len()).unwrap_or(u32::MAX));
@@ -257,7 +281,7 @@ fn measure(
         del_seq,
         add_conc,
         del_conc,
-        add_conc_bursts: vec![(atts.len(), add_conc_wall)],
+        add_conc_bursts: vec![(atts.len() - warm, add_conc_wall)],
         rss_kib,
         daemon_cpu_per_add,
         version_exec,
@@ -267,14 +291,15 @@ fn measure(
 
 /// Lets the kernel finish with the pods gone before what comes next, which would otherwise
 /// pay for it: a daemon may delete veths after answering a DEL (flock does), and the deleted
-/// pod namespaces are cleaned up by a kernel worker, which takes the same lock as every ADD.
-fn settle(node: &Netns) {
+/// pod namespaces are cleaned up by a kernel worker, which takes the same lock as every ADD
+/// ([`settle_kernel`]).
+fn settle(node: &Netns, namespaces_before: Option<u64>) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while node.links().iter().any(|l| l.starts_with("flock")) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    // nothing tells when the kernel worker is done
-    std::thread::sleep(Duration::from_secs(2));
+    let settled = settle_kernel(namespaces_before);
+    eprintln!("xtask bench: the kernel settled before the burst in {settled}");
 }
 
 /// How many parts a concurrent burst is made in when the hand-off floor's is interleaved
