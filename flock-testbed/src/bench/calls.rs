@@ -128,15 +128,14 @@ impl std::fmt::Display for Settled {
 pub(super) fn settle_kernel(namespaces_before: Option<u64>) -> Settled {
     let start = Instant::now();
     let mut unsettled = None;
-    let mut last = live_namespaces();
-    let mut steady_since = Instant::now();
+    let mut last = None;
+    let mut steady_since = start;
     loop {
-        let now = live_namespaces();
-        match (now, namespaces_before) {
+        match (live_namespaces(), namespaces_before) {
             (None, _) => break,
             (Some(n), Some(before)) if n <= before => break,
             (Some(n), _) => {
-                if Some(n) != last {
+                if last != Some(n) {
                     last = Some(n);
                     steady_since = Instant::now();
                 } else if steady_since.elapsed() >= Duration::from_secs(1) {

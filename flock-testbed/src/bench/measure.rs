@@ -214,11 +214,6 @@ fn measure(
         }
         Ok(())
     };
-    let timed_parts = |n: usize| {
-        parts(n - warm, BURST_PARTS)
-            .into_iter()
-            .map(move |r| r.start + warm..r.end + warm)
-    };
     let mut floor_pods = Vec::new();
     match &mut hand_off {
         None => {
@@ -233,7 +228,10 @@ fn measure(
                 daemon.burst(0..warm, opts.concurrency)?;
                 burst(0..warm, false)?;
                 let mut wall = Duration::ZERO;
-                for (k, range) in timed_parts(atts.len()).enumerate() {
+                let timed = parts(opts.pods, BURST_PARTS)
+                    .into_iter()
+                    .map(|r| r.start + warm..r.end + warm);
+                for (k, range) in timed.enumerate() {
                     if (k % 2 == 0) == first {
                         wall += daemon.burst(range.clone(), opts.concurrency)?;
                         burst(range, true)?;
@@ -244,10 +242,8 @@ fn measure(
                 }
                 Ok(wall)
             })?;
-            // its CPU time over every ADD, as the subject's below
-            h.floor
-                .handed_off_concurrent
-                .push((specs.len() - warm, wall));
+            h.floor.handed_off_concurrent.push((opts.pods, wall));
+            // its CPU time over every ADD, the warm-up's too, as the subject's below
             h.floor
                 .handed_off_cpu_per_add
                 .push(cpu / u32::try_from(specs.len()).unwrap_or(u32::MAX));
@@ -281,7 +277,7 @@ fn measure(
         del_seq,
         add_conc,
         del_conc,
-        add_conc_bursts: vec![(atts.len() - warm, add_conc_wall)],
+        add_conc_bursts: vec![(opts.pods, add_conc_wall)],
         rss_kib,
         daemon_cpu_per_add,
         version_exec,
