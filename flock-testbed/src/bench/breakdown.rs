@@ -201,9 +201,9 @@ pub fn render(b: &Breakdown, floor: &Floor) -> String {
         &floor.version_exec,
     ));
     out.push_str(&floor_row(
-        "**floor**: a whole ADD, runtime → shim → a daemon that only decodes, sets up and answers",
+        "**floor**: a whole ADD / DEL, runtime → shim → a daemon that only decodes, sets up (ADD) and answers",
         &floor.handed_off_add,
-        &[],
+        &floor.handed_off_del,
     ));
     out.push_str(&floor_row(
         "**floor**: Unix socket round trip to an idle thread",

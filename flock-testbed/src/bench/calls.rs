@@ -204,13 +204,29 @@ fn busy_ticks_over(window: Duration) -> Option<u64> {
 /// The busy ticks of a `/proc/stat`'s `cpu` line: user, nice, system, irq and softirq (not
 /// idle, iowait, nor the steal of a virtual machine's host).
 fn busy_ticks(stat: &str) -> Option<u64> {
+    let ticks = cpu_ticks(stat)?;
+    [0, 1, 2, 5, 6].iter().map(|&i| ticks.get(i)).sum()
+}
+
+/// The clock ticks the host of this virtual machine took from it so far, every CPU's (the
+/// steal of `/proc/stat`); `None` where it is not counted. Time stolen while a phase runs
+/// lands on whatever ran then, so the bench reports it beside each round.
+pub(super) fn steal_ticks() -> Option<u64> {
+    steal_of(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+fn steal_of(stat: &str) -> Option<u64> {
+    cpu_ticks(stat)?.get(7).copied()
+}
+
+/// The numbers of a `/proc/stat`'s `cpu` line: user, nice, system, idle, iowait, irq,
+/// softirq, steal…
+fn cpu_ticks(stat: &str) -> Option<Vec<u64>> {
     let cpu = stat.lines().find(|l| l.starts_with("cpu "))?;
-    let ticks: Vec<u64> = cpu
-        .split_whitespace()
+    cpu.split_whitespace()
         .skip(1)
         .map(|t| t.parse().ok())
-        .collect::<Option<_>>()?;
-    [0, 1, 2, 5, 6].iter().map(|&i| ticks.get(i)).sum()
+        .collect()
 }
 
 #[cfg(test)]
@@ -233,5 +249,8 @@ mod tests {
         let stat = "cpu  100 2 30 5000 40 1 7 900 0 0\ncpu0 50 1 15 2500 20 0 3 450 0 0\n";
         assert_eq!(busy_ticks(stat), Some(100 + 2 + 30 + 1 + 7));
         assert_eq!(busy_ticks("intr 1 2\n"), None);
+        assert_eq!(steal_of(stat), Some(900));
+        // a kernel that counts no steal
+        assert_eq!(steal_of("cpu  100 2 30 5000 40 1 7\n"), None);
     }
 }

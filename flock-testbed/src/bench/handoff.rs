@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use flock_netns::{NodeNs, PodSpec, setup};
 
-/// A stand-in daemon serving ADDs of a set of pods, through the shim (`flock` in `bin_dir`)
+/// A stand-in daemon serving ADDs and DELs of a set of pods, through the shim (`flock` in `bin_dir`)
 /// exec'd by the runtime stand-in in the node's namespace with the conflist and the
 /// `CNI_ARGS` the bench gives flock's agent, as the bench's runtime makes a subject's ADDs.
 /// The daemon is this program again ([`handoff_daemon`]), a process of its own in that
@@ -16,7 +16,11 @@ use flock_netns::{NodeNs, PodSpec, setup};
 /// takes no lock, allocates nothing and writes no store. So each call's time is an ADD as the
 /// runtime sees it, with the exec, the two hand-offs between the shim and a daemon, and the
 /// kernel work, and nothing of flock's own bookkeeping: what a CNI of a shim and a node agent
-/// (DESIGN §1) that keeps no books reaches on this machine.
+/// (DESIGN §1) that keeps no books reaches on this machine. A DEL is read, decoded and
+/// answered with nothing done: flock's agent, too, answers a DEL of a pod without anycast
+/// before any kernel work (its veth goes after the answer, with the pod's routes), so what is
+/// left is the exec, the hand-offs and the decoding. The stand-in's veths go with their pod
+/// namespaces.
 pub(super) struct HandOff {
     runtime: flock_testkit::cni::Runtime,
     atts: Vec<flock_testkit::cni::Attachment>,
@@ -25,11 +29,12 @@ pub(super) struct HandOff {
 impl HandOff {
     /// Starts a daemon for `specs` from this thread (so in this thread's namespace, which
     /// must be the node's at `node_path`), runs `calls` with it (which makes one ADD of each
-    /// pod, in any order, between calls of its own), and returns what `calls` returned and
-    /// the CPU time the daemon used from its first call to its last, every thread. The
-    /// daemon ends after its last pod's ADD.
+    /// pod, in any order, between calls of its own, and a DEL of each if `dels`), and
+    /// returns what `calls` returned and the CPU time the daemon used from its first call to
+    /// its last, every thread. The daemon ends after the last call it was told of.
     pub(super) fn run<T>(
         specs: &[PodSpec],
+        dels: bool,
         node_path: &Path,
         bin_dir: &Path,
         calls: impl FnOnce(&HandOff) -> Result<T>,
@@ -54,8 +59,9 @@ impl HandOff {
             let run_dir = layout.socket.parent().unwrap_or(&dir);
             std::fs::create_dir_all(run_dir)
                 .with_context(|| format!("create {}", run_dir.display()))?;
-            // The pods, one per line; then the daemon binds its socket and says so.
-            let mut pods = String::new();
+            // How many calls it serves, then the pods, one per line; then the daemon binds its
+            // socket and says so.
+            let mut pods = format!("{CALLS_LINE}{}\n", specs.len() * if dels { 2 } else { 1 });
             for spec in specs {
                 pods.push_str(&handoff_line(spec));
                 pods.push('\n');
@@ -131,13 +137,26 @@ impl HandOff {
 
     /// The ADD of pod `i`, timed.
     pub(super) fn add(&self, i: usize) -> Result<Duration> {
-        let att = self
-            .atts
-            .get(i)
-            .with_context(|| format!("the stand-in daemon has no pod {i}"))?;
+        let att = self.attachment(i)?;
         let t = Instant::now();
         self.call(att)?;
         Ok(t.elapsed())
+    }
+
+    /// The DEL of pod `i`, timed.
+    pub(super) fn del(&self, i: usize) -> Result<Duration> {
+        let att = self.attachment(i)?;
+        let t = Instant::now();
+        self.runtime
+            .del(att)
+            .with_context(|| format!("DEL of {} to the stand-in daemon", att.container_id))?;
+        Ok(t.elapsed())
+    }
+
+    fn attachment(&self, i: usize) -> Result<&flock_testkit::cni::Attachment> {
+        self.atts
+            .get(i)
+            .with_context(|| format!("the stand-in daemon has no pod {i}"))
     }
 
     /// The ADDs of the pods of `range` from `threads` threads, as the bench's runtime makes
@@ -163,6 +182,9 @@ impl HandOff {
 
 /// What the stand-in daemon prints last: its CPU time in nanoseconds, every thread.
 const CPU_LINE: &str = "cpu_ns ";
+
+/// The first line the stand-in daemon reads: how many calls it serves before it ends.
+const CALLS_LINE: &str = "calls ";
 
 /// The hidden command that runs the stand-in daemon of `HandOff`.
 pub const HANDOFF_DAEMON: &str = "__bench-handoff-daemon";
@@ -206,10 +228,11 @@ fn parse_handoff_line(line: &str) -> Result<PodSpec> {
     })
 }
 
-/// The stand-in daemon of `HandOff`: `args` is its socket; stdin lists the pods,
-/// one [`handoff_line`] each. Binds the socket, prints `ready`, serves one call per pod, each
-/// as a task of its own (as the agent does) on a one-thread runtime (as the agent's), and
-/// ends. A call that fails is printed on stderr at once, and ends the daemon.
+/// The stand-in daemon of `HandOff`: `args` is its socket; stdin says how many calls it
+/// serves ([`CALLS_LINE`]) and lists the pods, one [`handoff_line`] each. Binds the socket,
+/// prints `ready`, serves that many calls, each as a task of its own (as the agent does) on
+/// a one-thread runtime (as the agent's), and ends. A call that fails is printed on stderr
+/// at once, and ends the daemon.
 pub fn handoff_daemon(args: &[String]) -> Result<()> {
     use std::io::{Read, Write};
     let [socket] = args else {
@@ -219,8 +242,13 @@ pub fn handoff_daemon(args: &[String]) -> Result<()> {
     std::io::stdin()
         .read_to_string(&mut lines)
         .context("read the pods")?;
+    let mut lines = lines.lines();
+    let calls: usize = lines
+        .next()
+        .and_then(|l| l.strip_prefix(CALLS_LINE))
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("the first line does not say {CALLS_LINE:?} and a count"))?;
     let by_id: std::collections::HashMap<String, PodSpec> = lines
-        .lines()
         .map(|line| parse_handoff_line(line).map(|spec| (spec.container_id.clone(), spec)))
         .collect::<Result<_>>()?;
     let by_id = std::sync::Arc::new(by_id);
@@ -244,11 +272,11 @@ pub fn handoff_daemon(args: &[String]) -> Result<()> {
         let mut stdout = std::io::stdout();
         writeln!(stdout, "ready").and_then(|()| stdout.flush())?;
         let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..by_id.len() {
+        for _ in 0..calls {
             let (stream, _) = listener.accept().await.context("accept")?;
             let (node, by_id) = (node.clone(), by_id.clone());
             tasks.spawn(async move {
-                let served = serve_setup(&node, &by_id, stream).await;
+                let served = serve(&node, &by_id, stream).await;
                 if let Err(e) = &served {
                     eprintln!("{e:#}");
                 }
@@ -267,15 +295,15 @@ pub fn handoff_daemon(args: &[String]) -> Result<()> {
     })
 }
 
-/// One call of the stand-in daemon of [`HandOff`].
-async fn serve_setup(
+/// One call of the stand-in daemon of [`HandOff`]: an ADD or a DEL.
+async fn serve(
     node: &NodeNs,
     specs: &std::collections::HashMap<String, PodSpec>,
     mut stream: tokio::net::UnixStream,
 ) -> Result<()> {
     use flock_cni_proto::{CniResult, Interface, IpConfig, IpPrefix, Route};
     use flock_rpc::rpc::{self, LineDecoder, Response};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     let mut decoder = LineDecoder::new();
     let mut buf = [0u8; 16 * 1024];
     let line = loop {
@@ -298,6 +326,14 @@ async fn serve_setup(
             req.container_id
         );
     };
+    match req.op {
+        rpc::Op::Add => {}
+        rpc::Op::Del => return answer(stream, &Response::done()).await,
+        op => bail!(
+            "a {op:?} of {}: the floor serves ADD and DEL",
+            spec.container_id
+        ),
+    }
     let done = setup(node, spec)
         .await
         .with_context(|| format!("setup of {}", spec.container_id))?;
@@ -341,10 +377,16 @@ async fn serve_setup(
             .routes
             .push(Route::via(IpPrefix::new(any, 0)?, Some(gateway)));
     }
+    answer(stream, &Response::ok(result.to_value(conf.cni_version))).await
+}
+
+async fn answer(
+    mut stream: tokio::net::UnixStream,
+    response: &flock_rpc::rpc::Response,
+) -> Result<()> {
+    use tokio::io::AsyncWriteExt;
     stream
-        .write_all(&rpc::encode_line(&Response::ok(
-            result.to_value(conf.cni_version),
-        )))
+        .write_all(&flock_rpc::rpc::encode_line(response))
         .await
         .context("write the answer")?;
     let _ = stream.shutdown().await;

@@ -19,16 +19,16 @@ use super::floor::{FLOOR_POD_PREFIX, HANDOFF_FIRST, floor_specs};
 use super::handoff::HandOff;
 use super::{Figures, Floor, Options, SetupContext, Subject, SubjectConfig};
 
-/// The hand-off floor measured in a subject's phases: its ADDs one at a time, each beside
-/// one of the subject's (which of the two goes first alternates from pod to pod); its burst
+/// The hand-off floor measured in a subject's phases: its ADDs and DELs one at a time, each
+/// beside one of the subject's (which of the two goes first alternates from pod to pod); its burst
 /// at the bench's concurrency in parts alternating with the subject's ([`BURST_PARTS`]). On
 /// the subject's node, the daemon in the node's namespace as the agent is.
 pub(super) struct HandOffFloor<'a> {
-    /// Where its figures go: [`Floor::handed_off_add`],
+    /// Where its figures go: [`Floor::handed_off_add`], [`Floor::handed_off_del`],
     /// [`Floor::handed_off_concurrent`], [`Floor::handed_off_cpu_per_add`].
     pub floor: &'a mut Floor,
-    /// Its first sequential ADD and the first part of its burst before the subject's (else
-    /// after): alternated from round to round.
+    /// Its first sequential ADD and DEL and the first part of its burst before the
+    /// subject's (else after): alternated from round to round.
     pub first: bool,
     /// Where the shim (`flock`) is.
     pub bin_dir: &'a Path,
@@ -86,79 +86,90 @@ fn measure(
         .map(|(i, ns)| attachment(&key, "seq", i, ns))
         .collect();
     let mut add_seq = Vec::with_capacity(atts.len());
+    let mut del_seq = Vec::with_capacity(atts.len());
     // The machine's monotonic clock at each call's start, for the agent's trace to compare.
     let mut add_mono = Vec::with_capacity(atts.len());
-    let mut add = |att: &Attachment| -> Result<()> {
-        add_mono.push(breakdown::monotonic());
-        let start = Instant::now();
-        runtime
-            .add(att)
-            .with_context(|| format!("ADD {}", att.container_id))?;
-        add_seq.push(start.elapsed());
-        Ok(())
+    let mut del_mono = Vec::with_capacity(atts.len());
+    // The ADDs, the RSS with `rss_pods` pods, the DELs; with the hand-off floor's daemon, one
+    // of its ADDs beside each of the subject's and one of its DELs beside each DEL, the one
+    // or the other first from pod to pod (`first`: the floor's for even pods).
+    let mut sequential = |daemon: Option<&HandOff>,
+                          first: bool|
+     -> Result<(Option<u64>, Vec<Duration>, Vec<Duration>)> {
+        let (mut floor_adds, mut floor_dels) = (Vec::new(), Vec::new());
+        for (i, att) in atts.iter().enumerate() {
+            let floor_first = (i % 2 == 0) == first;
+            if let Some(d) = daemon.filter(|_| floor_first) {
+                floor_adds.push(d.add(i)?);
+            }
+            add_mono.push(breakdown::monotonic());
+            let start = Instant::now();
+            runtime
+                .add(att)
+                .with_context(|| format!("ADD {}", att.container_id))?;
+            add_seq.push(start.elapsed());
+            if let Some(d) = daemon.filter(|_| !floor_first) {
+                floor_adds.push(d.add(i)?);
+            }
+        }
+        let rss_kib = match subject.daemon_pid() {
+            None => None,
+            Some(pid) => {
+                // Bring the daemon up to `rss_pods` pods (untimed), read its RSS, take them away.
+                let extra = make_pods(opts.rss_pods.saturating_sub(opts.pods));
+                let extra_atts: Vec<Attachment> = extra
+                    .iter()
+                    .enumerate()
+                    .map(|(i, ns)| attachment(&key, "rss", i, ns))
+                    .collect();
+                for att in &extra_atts {
+                    runtime
+                        .add(att)
+                        .with_context(|| format!("ADD {}", att.container_id))?;
+                }
+                let rss = rss_kib(pid)?;
+                for att in &extra_atts {
+                    runtime
+                        .del(att)
+                        .with_context(|| format!("DEL {}", att.container_id))?;
+                }
+                Some(rss)
+            }
+        };
+        for (i, att) in atts.iter().enumerate() {
+            let floor_first = (i % 2 == 0) == first;
+            if let Some(d) = daemon.filter(|_| floor_first) {
+                floor_dels.push(d.del(i)?);
+            }
+            del_mono.push(breakdown::monotonic());
+            let start = Instant::now();
+            runtime
+                .del(att)
+                .with_context(|| format!("DEL {}", att.container_id))?;
+            del_seq.push(start.elapsed());
+            if let Some(d) = daemon.filter(|_| !floor_first) {
+                floor_dels.push(d.del(i)?);
+            }
+        }
+        Ok((rss_kib, floor_adds, floor_dels))
     };
     // The hand-off floor's pods stay up until the subject's DELs are done, as the subject's do.
     let mut floor_pods = Vec::new();
-    match &mut hand_off {
-        None => {
-            for att in &atts {
-                add(att)?;
-            }
-        }
+    let rss_kib = match &mut hand_off {
+        None => sequential(None, false)?.0,
         Some(h) => {
             floor_pods = make_floor_pods(opts.pods);
             let specs = floor_specs(&floor_pods, HANDOFF_FIRST * opts.pods);
             let first = h.first;
-            let (times, _) = HandOff::run(&specs, &node.path(), h.bin_dir, |daemon| {
-                let mut times = Vec::with_capacity(atts.len());
-                for (i, att) in atts.iter().enumerate() {
-                    if (i % 2 == 0) == first {
-                        times.push(daemon.add(i)?);
-                        add(att)?;
-                    } else {
-                        add(att)?;
-                        times.push(daemon.add(i)?);
-                    }
-                }
-                Ok(times)
-            })?;
-            h.floor.handed_off_add.extend(times);
-        }
-    }
-    let rss_kib = match subject.daemon_pid() {
-        None => None,
-        Some(pid) => {
-            // Bring the daemon up to `rss_pods` pods (untimed), read its RSS, take them away.
-            let extra = make_pods(opts.rss_pods.saturating_sub(opts.pods));
-            let extra_atts: Vec<Attachment> = extra
-                .iter()
-                .enumerate()
-                .map(|(i, ns)| attachment(&key, "rss", i, ns))
-                .collect();
-            for att in &extra_atts {
-                runtime
-                    .add(att)
-                    .with_context(|| format!("ADD {}", att.container_id))?;
-            }
-            let rss = rss_kib(pid)?;
-            for att in &extra_atts {
-                runtime
-                    .del(att)
-                    .with_context(|| format!("DEL {}", att.container_id))?;
-            }
-            Some(rss)
+            let ((rss_kib, adds, dels), _) =
+                HandOff::run(&specs, true, &node.path(), h.bin_dir, |daemon| {
+                    sequential(Some(daemon), first)
+                })?;
+            h.floor.handed_off_add.extend(adds);
+            h.floor.handed_off_del.extend(dels);
+            rss_kib
         }
     };
-    let mut del_seq = Vec::with_capacity(atts.len());
-    let mut del_mono = Vec::with_capacity(atts.len());
-    for att in &atts {
-        del_mono.push(breakdown::monotonic());
-        let start = Instant::now();
-        runtime
-            .del(att)
-            .with_context(|| format!("DEL {}", att.container_id))?;
-        del_seq.push(start.elapsed());
-    }
     drop(pods);
     drop(floor_pods);
     let observed: Vec<Observed> = [("ADD", &add_seq, &add_mono), ("DEL", &del_seq, &del_mono)]
@@ -224,7 +235,7 @@ fn measure(
             floor_pods = make_floor_pods(warm + opts.pods);
             let specs = floor_specs(&floor_pods, (HANDOFF_FIRST + 1) * opts.pods);
             let first = h.first;
-            let (wall, cpu) = HandOff::run(&specs, &node.path(), h.bin_dir, |daemon| {
+            let (wall, cpu) = HandOff::run(&specs, false, &node.path(), h.bin_dir, |daemon| {
                 daemon.burst(0..warm, opts.concurrency)?;
                 burst(0..warm, false)?;
                 let mut wall = Duration::ZERO;

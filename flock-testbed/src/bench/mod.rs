@@ -222,6 +222,7 @@ pub fn bench(args: &[String]) -> Result<()> {
             };
             let mut merged: Option<Figures> = None;
             for round in 1..=rounds_of_it {
+                let steal_before = calls::steal_ticks();
                 let mut round_floor = if subject.key() == "flock" {
                     eprintln!(
                         "xtask bench: round {round} of {rounds_of_it}: floor — flock-netns alone, \
@@ -268,7 +269,10 @@ pub fn bench(args: &[String]) -> Result<()> {
                 }
                 if let Some(mut round_floor) = round_floor {
                     round_floor.version_exec = figures.version_exec.clone();
-                    rounds.push(report::Round::of(&figures, &round_floor));
+                    let steal = calls::steal_ticks()
+                        .zip(steal_before)
+                        .map(|(after, before)| after.saturating_sub(before));
+                    rounds.push(report::Round::of(&figures, &round_floor, steal));
                     match &mut floor {
                         Some(f) => f.absorb(round_floor),
                         None => floor = Some(round_floor),
@@ -330,6 +334,10 @@ pub struct Floor {
     /// `handoff::HandOff`): what a CNI of a shim and a node agent reaches here without
     /// flock's bookkeeping. Made in flock's sequential phase, each beside one of flock's ADDs.
     pub handed_off_add: Vec<Duration>,
+    /// The DELs of those pods through the shim to that daemon, which answers a DEL as soon as
+    /// it has decoded it (as flock's agent does for a pod without anycast, its veth going
+    /// after the answer). Made in flock's sequential phase, each beside one of flock's DELs.
+    pub handed_off_del: Vec<Duration>,
     /// ADDs of as many more pods to such a daemon, `concurrency` at a time, as the bench's
     /// runtime threads make a subject's, on a node emptied and settled, in parts alternating
     /// with flock's: (pods, the parts' wall times added up), one per round.
@@ -351,6 +359,7 @@ impl Floor {
         self.setup_after_exec.extend(round.setup_after_exec);
         self.idle_round_trip.extend(round.idle_round_trip);
         self.handed_off_add.extend(round.handed_off_add);
+        self.handed_off_del.extend(round.handed_off_del);
         self.handed_off_concurrent
             .extend(round.handed_off_concurrent);
         self.handed_off_cpu_per_add
