@@ -74,7 +74,7 @@ fn main() -> Result<()> {
         _ => {
             eprintln!(
                 "usage: cargo xtask test [nextest filters…]\n\
-                 \x20      cargo xtask bench [--pods N] [--concurrency C] [--rss-pods N] [--subjects reference,flock] [--no-write]\n\
+                 \x20      cargo xtask bench [--pods N] [--concurrency C] [--rss-pods N] [--rounds R] [--subjects reference,flock] [--no-write]\n\
                  \x20      cargo xtask bench cluster [--rounds R] [--setups …] [--bins DIR] [--no-netpol] [--no-write]\n\
                  \x20      cargo xtask lab [up|down|check|faults]\n\
                  \x20      cargo xtask cluster [up|down|check|build|kubectl ARGS…]\n\

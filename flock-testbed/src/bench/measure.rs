@@ -187,90 +187,101 @@ fn measure(
         })
         .collect();
 
-    settle(node, namespaces_before);
-
-    // Concurrent: fresh pods, `concurrency` threads. First a wave of ADDs, one per thread,
-    // untimed, by the subject and the hand-off floor alike: in runs timing each part on its
-    // own, whichever part came first took up to twice as long as the parts after it (a
-    // daemon just started, a machine just idle), and whoever made it paid for that in the
-    // round's ratio. Then the burst; the hand-off floor's is made in parts between the
-    // subject's (see `BURST_PARTS`).
+    // Concurrent: `BURSTS` bursts, each of fresh pods on a node emptied and settled, at the
+    // bench's concurrency. In each, first a wave of ADDs, one per thread, untimed, by the
+    // subject and the hand-off floor alike: in runs timing each part on its own, whichever
+    // part came first took up to twice as long as the parts after it (a daemon just started,
+    // a machine just idle), and whoever made it paid for that in the round's ratio. Then the
+    // burst; the hand-off floor's is made in parts between the subject's (see `BURST_PARTS`).
     let warm = opts.concurrency.min(opts.pods);
-    let pods = make_pods(warm + opts.pods);
-    let atts: Vec<Attachment> = pods
-        .iter()
-        .enumerate()
-        .map(|(i, ns)| attachment(&key, "conc", i, ns))
-        .collect();
     let pid = subject.daemon_pid();
-    let mut add_conc = Vec::with_capacity(opts.pods);
+    let mut add_conc = Vec::with_capacity(BURSTS * opts.pods);
+    let mut del_conc = Vec::with_capacity(BURSTS * (warm + opts.pods));
     let mut add_conc_wall = Duration::ZERO;
     let mut daemon_cpu = Duration::ZERO;
-    // The subject's ADDs of `range` at the bench's concurrency: its daemon's CPU time added
-    // up and, when `timed`, their times and their wall time.
-    let mut burst = |range: std::ops::Range<usize>, timed: bool| -> Result<()> {
-        let cpu_before = pid.map(cpu_time).transpose()?;
-        let (times, wall) = concurrently(&atts[range], opts.concurrency, |a| {
-            runtime
-                .add(a)
-                .map(drop)
-                .with_context(|| format!("ADD {}", a.container_id))
-        })?;
-        if let (Some(pid), Some(before)) = (pid, cpu_before) {
-            daemon_cpu += cpu_time(pid)?.saturating_sub(before);
-        }
-        if timed {
-            add_conc.extend(times);
-            add_conc_wall += wall;
-        }
-        Ok(())
-    };
-    let mut floor_pods = Vec::new();
-    match &mut hand_off {
-        None => {
-            burst(0..warm, false)?;
-            burst(warm..atts.len(), true)?;
-        }
-        Some(h) => {
-            floor_pods = make_floor_pods(warm + opts.pods);
-            let specs = floor_specs(&floor_pods, (HANDOFF_FIRST + 1) * opts.pods);
-            let first = h.first;
-            let (wall, cpu) = HandOff::run(&specs, false, &node.path(), h.bin_dir, |daemon| {
-                daemon.burst(0..warm, opts.concurrency)?;
-                burst(0..warm, false)?;
-                let mut wall = Duration::ZERO;
-                let timed = parts(opts.pods, BURST_PARTS)
-                    .into_iter()
-                    .map(|r| r.start + warm..r.end + warm);
-                for (k, range) in timed.enumerate() {
-                    if (k % 2 == 0) == first {
-                        wall += daemon.burst(range.clone(), opts.concurrency)?;
-                        burst(range, true)?;
-                    } else {
-                        burst(range.clone(), true)?;
-                        wall += daemon.burst(range, opts.concurrency)?;
-                    }
-                }
-                Ok(wall)
+    let mut floor_wall = Duration::ZERO;
+    let mut floor_cpu = Duration::ZERO;
+    for b in 0..BURSTS {
+        settle(node, namespaces_before);
+        let pods = make_pods(warm + opts.pods);
+        let atts: Vec<Attachment> = pods
+            .iter()
+            .enumerate()
+            .map(|(i, ns)| attachment(&key, &format!("conc{b}"), i, ns))
+            .collect();
+        // The subject's ADDs of `range` at the bench's concurrency: its daemon's CPU time
+        // added up and, when `timed`, their times and their wall time.
+        let mut burst = |range: std::ops::Range<usize>, timed: bool| -> Result<()> {
+            let cpu_before = pid.map(cpu_time).transpose()?;
+            let (times, wall) = concurrently(&atts[range], opts.concurrency, |a| {
+                runtime
+                    .add(a)
+                    .map(drop)
+                    .with_context(|| format!("ADD {}", a.container_id))
             })?;
-            h.floor.handed_off_concurrent.push((opts.pods, wall));
-            // its CPU time over every ADD, the warm-up's too, as the subject's below
-            h.floor
-                .handed_off_cpu_per_add
-                .push(cpu / u32::try_from(specs.len()).unwrap_or(u32::MAX));
+            if let (Some(pid), Some(before)) = (pid, cpu_before) {
+                daemon_cpu += cpu_time(pid)?.saturating_sub(before);
+            }
+            if timed {
+                add_conc.extend(times);
+                add_conc_wall += wall;
+            }
+            Ok(())
+        };
+        let mut floor_pods = Vec::new();
+        match &hand_off {
+            None => {
+                burst(0..warm, false)?;
+                burst(warm..atts.len(), true)?;
+            }
+            Some(h) => {
+                floor_pods = make_floor_pods(warm + opts.pods);
+                let specs = floor_specs(&floor_pods, (HANDOFF_FIRST + 1) * opts.pods);
+                // which of the two goes first changes from burst to burst too
+                let first = h.first != (b % 2 == 1);
+                let (wall, cpu) = HandOff::run(&specs, false, &node.path(), h.bin_dir, |daemon| {
+                    daemon.burst(0..warm, opts.concurrency)?;
+                    burst(0..warm, false)?;
+                    let mut wall = Duration::ZERO;
+                    let timed = parts(opts.pods, BURST_PARTS)
+                        .into_iter()
+                        .map(|r| r.start + warm..r.end + warm);
+                    for (k, range) in timed.enumerate() {
+                        if (k % 2 == 0) == first {
+                            wall += daemon.burst(range.clone(), opts.concurrency)?;
+                            burst(range, true)?;
+                        } else {
+                            burst(range.clone(), true)?;
+                            wall += daemon.burst(range, opts.concurrency)?;
+                        }
+                    }
+                    Ok(wall)
+                })?;
+                floor_wall += wall;
+                floor_cpu += cpu;
+            }
         }
+        let (dels, _) = concurrently(&atts, opts.concurrency, |a| {
+            runtime
+                .del(a)
+                .with_context(|| format!("DEL {}", a.container_id))
+        })?;
+        del_conc.extend(dels);
+        drop(pods);
+        drop(floor_pods);
+    }
+    // CPU time over every ADD, the warm-ups' too, for the subject and the floor alike
+    let adds = u32::try_from(BURSTS * (warm + opts.pods)).unwrap_or(u32::MAX);
+    if let Some(h) = &mut hand_off {
+        h.floor
+            .handed_off_concurrent
+            .push((BURSTS * opts.pods, floor_wall));
+        h.floor.handed_off_cpu_per_add.push(floor_cpu / adds);
     }
     let daemon_cpu_per_add = match pid {
-        Some(_) => vec![daemon_cpu / u32::try_from(atts.len()).unwrap_or(u32::MAX)],
+        Some(_) => vec![daemon_cpu / adds],
         None => Vec::new(),
     };
-    let (del_conc, _) = concurrently(&atts, opts.concurrency, |a| {
-        runtime
-            .del(a)
-            .with_context(|| format!("DEL {}", a.container_id))
-    })?;
-    drop(pods);
-    drop(floor_pods);
     let plugin = runtime.conflist()["plugins"][0]["type"]
         .as_str()
         .unwrap_or_default()
@@ -288,7 +299,7 @@ fn measure(
         del_seq,
         add_conc,
         del_conc,
-        add_conc_bursts: vec![(opts.pods, add_conc_wall)],
+        add_conc_bursts: vec![(BURSTS * opts.pods, add_conc_wall)],
         rss_kib,
         daemon_cpu_per_add,
         version_exec,
@@ -308,6 +319,14 @@ fn settle(node: &Netns, namespaces_before: Option<u64>) {
     let settled = settle_kernel(namespaces_before);
     eprintln!("xtask bench: the kernel settled before the burst in {settled}");
 }
+
+/// How many bursts of `--pods` pods a round makes at the bench's concurrency, each on a node
+/// emptied and settled. One burst of 100 pods lasts about 0.2 s a subject here, in parts of
+/// 40–50 ms, each ended by its slowest call (an ADD's p99 at concurrency 10 is three times
+/// its p50) and exposed to the VM's host taking a CPU for tens of milliseconds: over 75
+/// rounds of one burst, flock's pods/s over the floor's spread with a standard deviation of
+/// 13 %. Four bursts give each round's ratio four times the calls, at about 4 s a burst.
+const BURSTS: usize = 4;
 
 /// How many parts a concurrent burst is made in when the hand-off floor's is interleaved
 /// with it: the subject's and the floor's parts alternate, in pairs that change order (floor,

@@ -6,9 +6,10 @@
 //! node's, so each call is the runtime's work and the plugin's, not a `setns`.
 //!
 //! For each subject: N pods ADDed one after the other (latency of each call),
-//! the daemon's RSS with the N pods up, the N DELs one after the other; then N
-//! fresh pods ADDed and DELed by `--concurrency` threads (latency of each call
-//! and pods/s over the ADD phase). The markdown table (with the ratio
+//! the daemon's RSS with the N pods up, the N DELs one after the other; then, four
+//! times over on a node emptied each time, N fresh pods ADDed and DELed by
+//! `--concurrency` threads (latency of each call and pods/s over the ADD phases).
+//! The markdown table (with the ratio
 //! flock/reference when both run) is printed and written into
 //! `BENCHMARKS.md` between the `bench:begin`/`bench:end` markers.
 //!
