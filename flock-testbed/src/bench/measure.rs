@@ -91,79 +91,61 @@ fn measure(
     let mut add_mono = Vec::with_capacity(atts.len());
     let mut del_mono = Vec::with_capacity(atts.len());
     // The ADDs, the RSS with `rss_pods` pods, the DELs; with the hand-off floor's daemon, one
-    // of its ADDs beside each of the subject's and one of its DELs beside each DEL, the one
-    // or the other first from pod to pod (`first`: the floor's for even pods).
-    let mut sequential = |daemon: Option<&HandOff>,
-                          first: bool|
-     -> Result<(Option<u64>, Vec<Duration>, Vec<Duration>)> {
-        let (mut floor_adds, mut floor_dels) = (Vec::new(), Vec::new());
-        for (i, att) in atts.iter().enumerate() {
-            let floor_first = (i % 2 == 0) == first;
-            if let Some(d) = daemon.filter(|_| floor_first) {
-                floor_adds.push(d.add(i)?);
-            }
-            add_mono.push(breakdown::monotonic());
-            let start = Instant::now();
-            runtime
-                .add(att)
-                .with_context(|| format!("ADD {}", att.container_id))?;
-            add_seq.push(start.elapsed());
-            if let Some(d) = daemon.filter(|_| !floor_first) {
-                floor_adds.push(d.add(i)?);
-            }
-        }
-        let rss_kib = match subject.daemon_pid() {
-            None => None,
-            Some(pid) => {
-                // Bring the daemon up to `rss_pods` pods (untimed), read its RSS, take them away.
-                let extra = make_pods(opts.rss_pods.saturating_sub(opts.pods));
-                let extra_atts: Vec<Attachment> = extra
-                    .iter()
-                    .enumerate()
-                    .map(|(i, ns)| attachment(&key, "rss", i, ns))
-                    .collect();
-                for att in &extra_atts {
-                    runtime
-                        .add(att)
-                        .with_context(|| format!("ADD {}", att.container_id))?;
+    // of its ADDs beside each of the subject's and one of its DELs beside each DEL (see
+    // `one_by_one`).
+    let mut sequential =
+        |floor: Option<(&HandOff, bool)>| -> Result<(Option<u64>, Vec<Duration>, Vec<Duration>)> {
+            let floor_adds = one_by_one(
+                &runtime,
+                &atts,
+                Call::Add,
+                floor,
+                (&mut add_seq, &mut add_mono),
+            )?;
+            let rss_kib = match subject.daemon_pid() {
+                None => None,
+                Some(pid) => {
+                    // Bring the daemon up to `rss_pods` pods (untimed), read its RSS, take them away.
+                    let extra = make_pods(opts.rss_pods.saturating_sub(opts.pods));
+                    let extra_atts: Vec<Attachment> = extra
+                        .iter()
+                        .enumerate()
+                        .map(|(i, ns)| attachment(&key, "rss", i, ns))
+                        .collect();
+                    for att in &extra_atts {
+                        runtime
+                            .add(att)
+                            .with_context(|| format!("ADD {}", att.container_id))?;
+                    }
+                    let rss = rss_kib(pid)?;
+                    for att in &extra_atts {
+                        runtime
+                            .del(att)
+                            .with_context(|| format!("DEL {}", att.container_id))?;
+                    }
+                    Some(rss)
                 }
-                let rss = rss_kib(pid)?;
-                for att in &extra_atts {
-                    runtime
-                        .del(att)
-                        .with_context(|| format!("DEL {}", att.container_id))?;
-                }
-                Some(rss)
-            }
+            };
+            let floor_dels = one_by_one(
+                &runtime,
+                &atts,
+                Call::Del,
+                floor,
+                (&mut del_seq, &mut del_mono),
+            )?;
+            Ok((rss_kib, floor_adds, floor_dels))
         };
-        for (i, att) in atts.iter().enumerate() {
-            let floor_first = (i % 2 == 0) == first;
-            if let Some(d) = daemon.filter(|_| floor_first) {
-                floor_dels.push(d.del(i)?);
-            }
-            del_mono.push(breakdown::monotonic());
-            let start = Instant::now();
-            runtime
-                .del(att)
-                .with_context(|| format!("DEL {}", att.container_id))?;
-            del_seq.push(start.elapsed());
-            if let Some(d) = daemon.filter(|_| !floor_first) {
-                floor_dels.push(d.del(i)?);
-            }
-        }
-        Ok((rss_kib, floor_adds, floor_dels))
-    };
     // The hand-off floor's pods stay up until the subject's DELs are done, as the subject's do.
     let mut floor_pods = Vec::new();
     let rss_kib = match &mut hand_off {
-        None => sequential(None, false)?.0,
+        None => sequential(None)?.0,
         Some(h) => {
             floor_pods = make_floor_pods(opts.pods);
             let specs = floor_specs(&floor_pods, HANDOFF_FIRST * opts.pods);
             let first = h.first;
             let ((rss_kib, adds, dels), _) =
                 HandOff::run(&specs, true, &node.path(), h.bin_dir, |daemon| {
-                    sequential(Some(daemon), first)
+                    sequential(Some((daemon, first)))
                 })?;
             h.floor.handed_off_add.extend(adds);
             h.floor.handed_off_del.extend(dels);
@@ -305,6 +287,60 @@ fn measure(
         version_exec,
         breakdown,
     })
+}
+
+/// A sequential phase's call.
+#[derive(Clone, Copy)]
+enum Call {
+    Add,
+    Del,
+}
+
+/// The subject's `call` of each of `atts`, one at a time through `runtime`, its time and the
+/// machine's monotonic clock at its start added to `timed`. With the hand-off floor's daemon
+/// and `first`, the daemon's call of the same pod beside each, before it for even pods when
+/// `first` and for odd ones otherwise: their times, returned.
+fn one_by_one(
+    runtime: &Runtime,
+    atts: &[Attachment],
+    call: Call,
+    floor: Option<(&HandOff, bool)>,
+    timed: (&mut Vec<Duration>, &mut Vec<Option<Duration>>),
+) -> Result<Vec<Duration>> {
+    let (times, started) = timed;
+    let mut floor_times = Vec::with_capacity(floor.map_or(0, |_| atts.len()));
+    let floor_call = |daemon: &HandOff, i| match call {
+        Call::Add => daemon.add(i),
+        Call::Del => daemon.del(i),
+    };
+    for (i, att) in atts.iter().enumerate() {
+        let (before, after) = match floor {
+            Some((daemon, first)) if (i % 2 == 0) == first => (Some(daemon), None),
+            Some((daemon, _)) => (None, Some(daemon)),
+            None => (None, None),
+        };
+        if let Some(daemon) = before {
+            floor_times.push(floor_call(daemon, i)?);
+        }
+        started.push(breakdown::monotonic());
+        let start = Instant::now();
+        match call {
+            Call::Add => runtime.add(att).map(drop),
+            Call::Del => runtime.del(att),
+        }
+        .with_context(|| {
+            let name = match call {
+                Call::Add => "ADD",
+                Call::Del => "DEL",
+            };
+            format!("{name} {}", att.container_id)
+        })?;
+        times.push(start.elapsed());
+        if let Some(daemon) = after {
+            floor_times.push(floor_call(daemon, i)?);
+        }
+    }
+    Ok(floor_times)
 }
 
 /// Lets the kernel finish with the pods gone before what comes next, which would otherwise
