@@ -229,7 +229,7 @@ fn measure(
                         .into_iter()
                         .map(|r| r.start + warm..r.end + warm);
                     for (k, range) in timed.enumerate() {
-                        if (k % 2 == 0) == first {
+                        if floor_first(k, first) {
                             wall += daemon.burst(range.clone(), opts.concurrency)?;
                             burst(range, true)?;
                         } else {
@@ -296,6 +296,21 @@ enum Call {
     Del,
 }
 
+impl Call {
+    fn name(self) -> &'static str {
+        match self {
+            Call::Add => "ADD",
+            Call::Del => "DEL",
+        }
+    }
+}
+
+/// Whether the hand-off floor's call goes before the subject's at step `k` (a pod of a
+/// sequential phase, a part of a burst): at even steps when `first`, at odd ones otherwise.
+fn floor_first(k: usize, first: bool) -> bool {
+    k.is_multiple_of(2) == first
+}
+
 /// The subject's `call` of each of `atts`, one at a time through `runtime`, its time and the
 /// machine's monotonic clock at its start added to `timed`. With the hand-off floor's daemon
 /// and `first`, the daemon's call of the same pod beside each, before it for even pods when
@@ -315,7 +330,7 @@ fn one_by_one(
     };
     for (i, att) in atts.iter().enumerate() {
         let (before, after) = match floor {
-            Some((daemon, first)) if (i % 2 == 0) == first => (Some(daemon), None),
+            Some((daemon, first)) if floor_first(i, first) => (Some(daemon), None),
             Some((daemon, _)) => (None, Some(daemon)),
             None => (None, None),
         };
@@ -328,13 +343,7 @@ fn one_by_one(
             Call::Add => runtime.add(att).map(drop),
             Call::Del => runtime.del(att),
         }
-        .with_context(|| {
-            let name = match call {
-                Call::Add => "ADD",
-                Call::Del => "DEL",
-            };
-            format!("{name} {}", att.container_id)
-        })?;
+        .with_context(|| format!("{} {}", call.name(), att.container_id))?;
         times.push(start.elapsed());
         if let Some(daemon) = after {
             floor_times.push(floor_call(daemon, i)?);
