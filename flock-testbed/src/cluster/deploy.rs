@@ -271,14 +271,20 @@ pub fn cnp_crd() -> Result<PathBuf> {
 /// Applies the CRD file `file` and waits until the apiserver serves its resource `crd`.
 fn apply_crd(file: &Path, crd: &str) -> Result<()> {
     kubectl(&["apply", "-f", &file.to_string_lossy()])?;
-    kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        &format!("crd/{crd}"),
-        "--timeout=60s",
-    ])
-    .with_context(|| format!("wait for the CRD {crd} to be served"))?;
-    Ok(())
+    // Not `kubectl wait --for=condition=Established`: it fails at once, instead of waiting,
+    // while the apiserver has not yet given the new CRD any conditions.
+    let mut last = String::new();
+    sys::wait_for(Duration::from_secs(60), || {
+        last = kubectl(&[
+            "get",
+            &format!("crd/{crd}"),
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+        ])
+        .unwrap_or_default();
+        last.trim() == "True"
+    })
+    .with_context(|| format!("the CRD {crd} is not served (Established: {last:?})"))
 }
 
 /// Installs the ClusterNetworkPolicy CRD `file` ([`cnp_crd`]); a no-op when it is installed.
