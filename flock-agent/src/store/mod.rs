@@ -52,9 +52,10 @@
 //! from `/` again; the store holds the records' directory open and names files relative to
 //! it. It also knows which records have a file (those it read at open and wrote since), so a
 //! new record is renamed into place without first trying an exchange bound to fail, and how
-//! long each file it wrote is, so a spare is truncated only when the record written into it
-//! is shorter than what it held. A file it did not write itself (one read at open) counts as
-//! of unknown length and is always truncated.
+//! long each file it wrote is, so a record written into a spare that held a longer one is
+//! padded with spaces to that length (up to a page; truncated beyond it), rather than the
+//! spare being cut. A file it did not write itself (one read at open) counts as of unknown
+//! length and is always truncated.
 //!
 //! # Why the store keeps its files open
 //!
@@ -273,6 +274,16 @@ pub const IN_PLACE_MAX: usize = 4096;
 #[repr(C, align(4096))]
 struct Page([u8; IN_PLACE_MAX]);
 
+impl Page {
+    /// `bytes` (at most [`IN_PLACE_MAX`]) followed by spaces: a record, which JSON lets end
+    /// in any whitespace, written over a longer one without a cut.
+    fn padded(bytes: &[u8]) -> Box<Page> {
+        let mut page = Box::new(Page([b' '; IN_PLACE_MAX]));
+        page.0[..bytes.len()].copy_from_slice(bytes);
+        page
+    }
+}
+
 /// The length of a file the store did not write itself: a spare of that length is truncated
 /// whatever it is given.
 const UNKNOWN_LEN: u64 = u64::MAX;
@@ -486,8 +497,7 @@ impl Store {
             m.nlink() > 0
         });
         let len = held.max(bytes.len());
-        let mut page = Box::new(Page([b' '; IN_PLACE_MAX]));
-        page.0[..bytes.len()].copy_from_slice(bytes);
+        let page = Page::padded(bytes);
         let written = linked
             && kept
                 .file
@@ -651,9 +661,9 @@ impl Store {
 
     /// Writes `bytes` into the spare file `spare`: a new one (`known` is `None`; mode 0600
     /// whatever the umask), or an existing one, through the file the store holds open or
-    /// opened by name, overwritten in place (no new inode; only a dot name is ever written)
-    /// and truncated only when `bytes` is shorter than what it held. Returns what the store
-    /// knows of the spare then.
+    /// opened by name, overwritten in place (no new inode) and, when `bytes` is shorter than
+    /// what it held, padded with spaces to that length when it fits a page, truncated
+    /// otherwise. Returns what the store knows of the spare then.
     fn fill(&self, spare: &str, known: Option<Known>, bytes: &[u8]) -> Result<Known> {
         use nix::fcntl::OFlag;
         use nix::sys::stat::Mode;
@@ -702,6 +712,16 @@ impl Store {
         let file = match &handle {
             Handle::Kept(kept) => &kept.file,
             Handle::Opened(file) => file,
+        };
+        // Shorter than what the spare held: padded with spaces when that fits a page (a cut
+        // is a second system call and a truncation in the filesystem's journal: 0.015 ms of
+        // every ADD whose pending record went into a deleted one's file), cut otherwise.
+        let padded;
+        let bytes = if (bytes.len() as u64) < held && held <= IN_PLACE_MAX as u64 {
+            padded = Page::padded(bytes);
+            &padded.0[..held as usize]
+        } else {
+            bytes
         };
         file.write_all_at(bytes, 0)
             .map_err(step("write the spare file"))?;

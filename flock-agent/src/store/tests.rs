@@ -383,7 +383,8 @@ fn files_of_replaced_and_deleted_records_are_written_again() {
     let c = record("ccc");
     store.put(&c).unwrap();
     assert_eq!(inode(&store.dir().join("ccc:eth0.json")), second);
-    // A shorter record written into a longer spare leaves nothing of the longer behind.
+    // A shorter record written into a longer spare is padded to its length, not cut (it
+    // reads back whole below)...
     b.state = RecordState::Committed;
     store.put(&b).unwrap();
     store.delete(&b.key()).unwrap();
@@ -393,10 +394,16 @@ fn files_of_replaced_and_deleted_records_are_written_again() {
         r
     };
     store.put(&short).unwrap();
+    let d_path = store.dir().join("ddd:eth0.json");
+    let len = |path: &Path| fs::metadata(path).unwrap().len();
+    assert_eq!(len(&d_path), serde_json::to_vec(&b).unwrap().len() as u64);
+    // ...unless what it held was longer than a page: then it is cut.
+    store.delete(&short.key()).unwrap();
+    store.put(&long("fff")).unwrap();
+    store.delete(&long("fff").key()).unwrap();
+    store.put(&short).unwrap();
     assert_eq!(
-        fs::metadata(store.dir().join("ddd:eth0.json"))
-            .unwrap()
-            .len(),
+        len(&d_path),
         serde_json::to_vec(&short).unwrap().len() as u64
     );
     // Every record reads back whole; a reader beside the agent skips the spares, the next
