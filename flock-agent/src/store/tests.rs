@@ -493,7 +493,14 @@ fn a_stocked_store_writes_a_burst_of_pods_into_files_it_already_has() {
     store.put(&record("last")).unwrap();
     assert!(store.claim_stock());
     assert_eq!(store.stock().unwrap(), SPARE_STOCK - SPARE_LOW + 1);
-    // Stocked spares are empty files: never read as records, removed at the next open.
+    // Stocked spares are pages of spaces, and records written into them are padded to a
+    // page: the spares are never read as records, and removed at the next open.
+    assert_eq!(
+        fs::metadata(store.dir().join("last:eth0.json"))
+            .unwrap()
+            .len(),
+        IN_PLACE_MAX as u64
+    );
     written.push(record("last"));
     written.sort_by(|a, b| a.container_id.cmp(&b.container_id));
     let mut read = Store::read(dir.path()).unwrap();
