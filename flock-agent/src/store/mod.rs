@@ -279,14 +279,23 @@ pub const IN_PLACE_MAX: usize = 4096;
 struct Page([u8; IN_PLACE_MAX]);
 
 impl Page {
-    /// `bytes` (at most [`IN_PLACE_MAX`]) followed by spaces: a record, which JSON lets end
-    /// in any whitespace, written over a longer one without a cut.
-    fn padded(bytes: &[u8]) -> Box<Page> {
+    /// What to write over a file holding `held` bytes ([`UNKNOWN_LEN`] if unknown) so that
+    /// it ends up holding `bytes` and nothing of its old content: `bytes` followed by spaces
+    /// up to `held` (JSON lets a record end in any whitespace), and that length, when both
+    /// fit a page; `None` when they do not (then the file must be cut).
+    fn over(bytes: &[u8], held: u64) -> Option<(Box<Page>, usize)> {
+        let len = usize::try_from(held).ok()?.max(bytes.len());
+        if len > IN_PLACE_MAX {
+            return None;
+        }
         let mut page = Box::new(Page([b' '; IN_PLACE_MAX]));
         page.0[..bytes.len()].copy_from_slice(bytes);
-        page
+        Some((page, len))
     }
 }
+
+/// What a stocked spare holds: a page of spaces (module documentation).
+const BLANK_PAGE: [u8; IN_PLACE_MAX] = [b' '; IN_PLACE_MAX];
 
 /// The length of a file the store did not write itself: a spare of that length is truncated
 /// whatever it is given.
@@ -478,15 +487,13 @@ impl Store {
     /// `false` when it did not, and then whatever the file holds is left to the exchange of
     /// [`Store::put`] to replace.
     fn rewrite_in_place(&self, name: &str, bytes: &[u8]) -> bool {
-        let fits =
-            |len: u64| len != UNKNOWN_LEN && len.max(bytes.len() as u64) <= IN_PLACE_MAX as u64;
-        let (held, kept) = {
+        let (page, len, kept) = {
             let mut spares = self.spares();
             match spares.records.remove(name) {
                 Some(Known {
                     len,
                     file: Some(kept),
-                }) if fits(len) => (len as usize, kept),
+                }) if let Some((page, len)) = Page::over(bytes, len) => (page, len, kept),
                 Some(other) => {
                     spares.records.insert(name.to_owned(), other);
                     return false;
@@ -500,8 +507,6 @@ impl Store {
             use std::os::unix::fs::MetadataExt;
             m.nlink() > 0
         });
-        let len = held.max(bytes.len());
-        let page = Page::padded(bytes);
         let written = linked
             && kept
                 .file
@@ -627,7 +632,7 @@ impl Store {
                 spares.name()
             };
             // Created without the lock held: writers go on taking the spares there are.
-            match self.fill(&spare, None, &Page::padded(b"").0) {
+            match self.fill(&spare, None, &BLANK_PAGE) {
                 Ok(known) => self.spares().files.push((spare, known)),
                 Err(e) => {
                     self.remove(&spare);
@@ -720,12 +725,10 @@ impl Store {
         // Shorter than what the spare held: padded with spaces when that fits a page (a cut
         // is a second system call and a truncation in the filesystem's journal: 0.015 ms of
         // every ADD whose pending record went into a deleted one's file), cut otherwise.
-        let padded;
-        let bytes = if (bytes.len() as u64) < held && held <= IN_PLACE_MAX as u64 {
-            padded = Page::padded(bytes);
-            &padded.0[..held as usize]
-        } else {
-            bytes
+        let over = Page::over(bytes, held);
+        let bytes = match &over {
+            Some((page, len)) => &page.0[..*len],
+            None => bytes,
         };
         file.write_all_at(bytes, 0)
             .map_err(step("write the spare file"))?;
