@@ -104,7 +104,9 @@ impl NetConf {
                 ));
             }
         }
-        serde_json::from_value(raw.clone()).map_err(|e| {
+        // From the borrowed value: no copy of the whole document (a DEL's carries its
+        // `prevResult`) before the fields take what they keep.
+        NetConf::deserialize(raw).map_err(|e| {
             CniError::new(
                 ErrorCode::DecodingFailure,
                 format!("invalid network configuration: {e}"),

@@ -142,7 +142,7 @@ impl CniResult {
                 format!("invalid CNI result: {e}"),
             )
         };
-        let result: CniResult = serde_json::from_value(value.clone()).map_err(decode)?;
+        let result = CniResult::deserialize(value).map_err(decode)?;
         if let Some(ips) = value.get("ips").and_then(Value::as_array) {
             for (ip, parsed) in ips.iter().zip(&result.ips) {
                 if let Some(v) = ip.get("version") {
