@@ -288,7 +288,7 @@ impl Page {
         if len > IN_PLACE_MAX {
             return None;
         }
-        let mut page = Box::new(Page([b' '; IN_PLACE_MAX]));
+        let mut page = Box::new(Page(BLANK_PAGE));
         page.0[..bytes.len()].copy_from_slice(bytes);
         Some((page, len))
     }
