@@ -252,17 +252,22 @@ impl Monitor {
         })
     }
 
-    /// The first line after `since` containing `needle`, and when it came.
-    fn wait(&self, since: Instant, needle: &str, limit: Duration) -> Option<Instant> {
+    /// How many lines have come so far: where a search for what comes next starts.
+    fn mark(&self) -> usize {
+        self.lines.lock().expect("monitor lock").len()
+    }
+
+    /// The first line from position `from` on containing `needle`: its position and when it
+    /// came.
+    fn wait(&self, from: usize, needle: &str, limit: Duration) -> Option<(usize, Instant)> {
         let mut found = None;
         let _ = sys::wait_for(limit, || {
-            found = self
-                .lines
-                .lock()
-                .expect("monitor lock")
+            let lines = self.lines.lock().expect("monitor lock");
+            found = lines[from..]
                 .iter()
-                .find(|(t, l)| *t >= since && l.contains(needle))
-                .map(|(t, _)| *t);
+                .enumerate()
+                .find(|(_, (_, l))| l.contains(needle))
+                .map(|(i, (t, _))| (from + i, *t));
             found.is_some()
         });
         found
@@ -270,23 +275,32 @@ impl Monitor {
 }
 
 /// How the client's label change reached the node's table.
+#[derive(Debug, PartialEq, Eq)]
 enum Member {
     /// The agent's own netlink element batch committed it, at this time.
     Element(Instant),
-    /// Only `nft -f` committed anything: a whole table or a script, at this time.
-    WholeTable(Instant),
+    /// flock's table was changed by `nft -f` (a whole table or a script), committed at this
+    /// time; the first line of the change.
+    WholeTable(Instant, String),
     /// Not within the limit.
     Never,
 }
 
+/// Whether an `nft monitor` line changes flock's table other than by its elements: a table,
+/// chain, rule or set. kube-proxy's `nft -f` commits (its own tables) are not.
+fn flock_structure(line: &str) -> bool {
+    line.contains(" inet flock_policy ") && !line.contains(" element ")
+}
+
 impl Monitor {
-    /// When the client's address `addr` came into (`joins`) or went from flock's sets after
-    /// `since`. `nft monitor` cannot print the elements of a set created after it started
-    /// (the agent's in-place policy changes create sets: "Unable to cache set_elem. Set not
-    /// found."), so the commit is found by its generation line — the agent's netlink batch
-    /// (`by process … (flock-agent)`) or `nft -f` (`(nft)`) — and the membership by listing
-    /// the table.
-    fn wait_member(&self, since: Instant, addr: &str, joins: bool, limit: Duration) -> Member {
+    /// When the client's address `addr` came into (`joins`) or went from flock's sets, as
+    /// committed after position `from`. `nft monitor` cannot print the elements of a set
+    /// created after it started (the agent's in-place policy changes create sets: "Unable to
+    /// cache set_elem. Set not found."), so the membership is found by listing the table, and
+    /// the commit by its generation line: the agent's netlink batch (`by process …
+    /// (flock-agent)`), or one by `nft -f` (`(nft)`) that changed flock's table. kube-proxy
+    /// commits by `nft -f` too, in its own tables: such a commit is neither.
+    fn wait_member(&self, from: usize, addr: &str, joins: bool, limit: Duration) -> Member {
         let mut outcome = Member::Never;
         let _ = sys::wait_for(limit, || {
             let listing = Place::Net(self.ns.clone())
@@ -298,25 +312,41 @@ impl Monitor {
             if present != joins {
                 return false;
             }
-            let lines = self.lines.lock().expect("monitor lock");
-            let commit = |by: &str| {
-                lines
-                    .iter()
-                    .rev()
-                    .find(|(t, l)| {
-                        *t >= since && l.starts_with("# new generation") && l.contains(by)
-                    })
-                    .map(|(t, _)| *t)
-            };
-            outcome = match (commit("(flock-agent)"), commit("(nft)")) {
-                (Some(t), _) => Member::Element(t),
-                (None, Some(t)) => Member::WholeTable(t),
-                (None, None) => return false,
-            };
-            true
+            match commit_of(&self.lines.lock().expect("monitor lock")[from..]) {
+                Some(commit) => {
+                    outcome = commit;
+                    true
+                }
+                None => false,
+            }
         });
         outcome
     }
+}
+
+/// The first commit among `lines` (of `nft monitor`, stamped) that is the agent's netlink
+/// batch ([`Member::Element`]) or an `nft -f` that changed flock's table other than by its
+/// elements ([`Member::WholeTable`]); `None` while there is neither (other commits, such as
+/// kube-proxy's, are passed over).
+fn commit_of(lines: &[(Instant, String)]) -> Option<Member> {
+    // The first line of the commit under way that changed flock's structure.
+    let mut flock_script: Option<&String> = None;
+    for (t, line) in lines {
+        if line.starts_with("# new generation") {
+            if line.contains("(flock-agent)") {
+                return Some(Member::Element(*t));
+            }
+            if let Some(first) = flock_script
+                && line.contains("(nft)")
+            {
+                return Some(Member::WholeTable(*t, first.trim_end().to_owned()));
+            }
+            flock_script = None;
+        } else if flock_script.is_none() && flock_structure(line) {
+            flock_script = Some(line);
+        }
+    }
+    None
 }
 
 impl Drop for Monitor {
@@ -440,6 +470,7 @@ fn rounds(
             r#"{{"spec":{{"ingress":[{{"from":[{{"ipBlock":{{"cidr":"{}"}}}},{{"podSelector":{{"matchLabels":{{"role":"client"}}}}}}]}}]}}}}"#,
             block(i)
         );
+        let mark = monitor.mark();
         let t = Instant::now();
         api(
             "PATCH",
@@ -447,16 +478,28 @@ fn rounds(
             "application/merge-patch+json",
             &patch,
         )?;
-        match monitor.wait(t, &block_seen(i), Duration::from_secs(5)) {
-            Some(seen) => rule.push(seen - t),
-            None => failures.push(format!(
-                "policy: round {i}: {} not enforced in 5 s",
-                block(i)
-            )),
-        }
+        let limit = Duration::from_secs(5);
+        // The label change's commit is looked for after this one's generation line: the lines
+        // of one commit come together, but not necessarily in one read.
+        let after_rule = match monitor.wait(mark, &block_seen(i), limit) {
+            Some((at, seen)) => {
+                rule.push(seen - t);
+                monitor
+                    .wait(at, "# new generation", limit)
+                    .map(|(g, _)| g + 1)
+            }
+            None => {
+                failures.push(format!(
+                    "policy: round {i}: {} not enforced in 5 s",
+                    block(i)
+                ));
+                None
+            }
+        };
         // The client's label: its address joins (odd rounds) or leaves the selector's set.
         let joins = i % 2 == 1;
         let label = if joins { r#""client""# } else { "null" };
+        let mark = after_rule.unwrap_or_else(|| monitor.mark());
         let t = Instant::now();
         api(
             "PATCH",
@@ -465,12 +508,12 @@ fn rounds(
             &format!(r#"{{"metadata":{{"labels":{{"role":{label}}}}}}}"#),
         )?;
         let verb = if joins { "add" } else { "delete" };
-        match monitor.wait_member(t, client6, joins, Duration::from_secs(5)) {
+        match monitor.wait_member(mark, client6, joins, limit) {
             Member::Element(seen) => member.push(seen - t),
-            Member::WholeTable(seen) => {
+            Member::WholeTable(seen, first) => {
                 member.push(seen - t);
                 failures.push(format!(
-                    "policy: round {i}: the client's label change was applied as a whole table (by `nft -f`), not as a set element ({verb})"
+                    "policy: round {i}: the client's label change was applied to flock's table by `nft -f` (a whole table or a script, starting `{first}`), not as a set element ({verb})"
                 ));
             }
             Member::Never => failures.push(format!(
@@ -733,6 +776,63 @@ mod tests {
             }
         }
         assert_eq!(block(10), "2001:db8:c9:a::1/128");
+    }
+
+    /// Lines as the monitor stamps them (with the space it appends), one second apart.
+    fn stamped(lines: &[&str]) -> (Instant, Vec<(Instant, String)>) {
+        let start = Instant::now();
+        let stamped = lines
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (start + Duration::from_secs(i as u64), format!("{l} ")))
+            .collect();
+        (start, stamped)
+    }
+
+    #[test]
+    fn a_kube_proxy_commit_is_not_flock_s_whole_table() {
+        let kube_proxy = [
+            "add rule ip kube-proxy services ip daddr 10.96.0.10 tcp dport 53 goto service-ULMVA6XW-kube-system/kube-dns/tcp/dns-tcp",
+            "add element ip kube-proxy cluster-ips { 10.96.0.10 }",
+            "# new generation 41 by process 5120 (nft)",
+        ];
+        // kube-proxy's commit, then the agent's batch whose line came late: the agent's.
+        let (start, lines) = stamped(
+            &[
+                &kube_proxy[..],
+                &[
+                    "W: Unable to cache set_elem. Set not found.",
+                    "# new generation 42 by process 700 (flock-agent)",
+                ],
+            ]
+            .concat(),
+        );
+        assert_eq!(
+            commit_of(&lines),
+            Some(Member::Element(start + Duration::from_secs(4)))
+        );
+        // Until that line comes, neither.
+        assert_eq!(commit_of(&lines[..3]), None);
+        // The agent's table replaced by `nft -f`.
+        let (start, lines) = stamped(
+            &[
+                &kube_proxy[..],
+                &[
+                    "delete table inet flock_policy",
+                    "add table inet flock_policy",
+                    "add element inet flock_policy pods0_v6 { 2001:db8:1::2 }",
+                    "# new generation 42 by process 701 (nft)",
+                ],
+            ]
+            .concat(),
+        );
+        assert_eq!(
+            commit_of(&lines),
+            Some(Member::WholeTable(
+                start + Duration::from_secs(6),
+                "delete table inet flock_policy".to_owned()
+            ))
+        );
     }
 
     #[test]
