@@ -3,7 +3,7 @@
 #![cfg(feature = "root-tests")]
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flock_testkit::Netns;
 use flock_testkit::cni::{Attachment, GcAttachment};
@@ -281,8 +281,13 @@ fn status_holds_through_a_restart_and_fails_after_a_crash() {
     assert!(notice.exists(), "no restart notice after SIGTERM");
     rt.status()
         .expect("STATUS while the agent is being replaced");
-    // Its successor serves and takes the notice away.
+    // Its successor serves and takes the notice away: just after it binds its socket (so
+    // that a STATUS finds one or the other), which is when `start_agent` returns.
     node.start_agent();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while notice.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert!(!notice.exists(), "the successor left the restart notice");
     rt.status().expect("STATUS of the successor");
     // kill -9: no notice, STATUS says at once that nothing serves.

@@ -16,6 +16,11 @@ use crate::{Netns, workspace_bin};
 
 static DIRS: AtomicU32 = AtomicU32::new(0);
 
+/// How long [`FlockNode::stop_agent`] waits for the agent to stop after SIGTERM: its
+/// shutdown answers the requests it took (for up to 20 s: the agent's
+/// `server::DRAIN_TIMEOUT`) and returns.
+pub const STOP_LIMIT: Duration = Duration::from_secs(40);
+
 /// A directory under the system temp dir removed (recursively) on drop.
 #[derive(Debug)]
 pub struct ScratchDir(PathBuf);
@@ -152,13 +157,33 @@ impl FlockNode {
         }
     }
 
-    /// Stops the agent with SIGTERM and waits for it.
+    /// Stops the agent with SIGTERM and waits for it: at most [`STOP_LIMIT`], after which it
+    /// is killed and the test fails with its log (an agent that does not stop on SIGTERM is a
+    /// bug, and a silent hang until the harness's timeout would hide where it was).
     pub fn stop_agent(&mut self) {
         if let Some(mut child) = self.agent.take() {
             let _ = Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
                 .status();
-            let _ = child.wait();
+            let deadline = Instant::now() + STOP_LIMIT;
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() > deadline => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        // Not while unwinding (a drop after a failed assertion).
+                        if !std::thread::panicking() {
+                            panic!(
+                                "flock-agent did not stop within {STOP_LIMIT:?} of SIGTERM:\n{}",
+                                self.log()
+                            );
+                        }
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
         }
     }
 
