@@ -165,24 +165,13 @@ impl FlockNode {
             let _ = Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
                 .status();
-            let deadline = Instant::now() + STOP_LIMIT;
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() > deadline => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        // Not while unwinding (a drop after a failed assertion).
-                        if !std::thread::panicking() {
-                            panic!(
-                                "flock-agent did not stop within {STOP_LIMIT:?} of SIGTERM:\n{}",
-                                self.log()
-                            );
-                        }
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-                }
+            if exit_within(&mut child, STOP_LIMIT).is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "flock-agent did not stop within {STOP_LIMIT:?} of SIGTERM:\n{}",
+                    self.log()
+                );
             }
         }
     }
@@ -198,20 +187,13 @@ impl FlockNode {
     /// Waits (up to `timeout`) for the agent to exit by itself (a failpoint).
     pub fn wait_agent_exit(&mut self, timeout: Duration) -> ExitStatus {
         let mut child = self.agent.take().expect("agent running");
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = child.try_wait().expect("wait for agent") {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!(
-                    "flock-agent did not exit within {timeout:?}:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        exit_within(&mut child, timeout).unwrap_or_else(|| {
+            let _ = child.kill();
+            panic!(
+                "flock-agent did not exit within {timeout:?}:\n{}",
+                self.log()
+            )
+        })
     }
 
     /// The agent's pid, while it runs.
@@ -350,6 +332,20 @@ impl Drop for FlockNode {
             let _ = b.kill();
             let _ = b.wait();
         }
+    }
+}
+
+/// Waits up to `limit` for `child` to exit: its status, or `None` while it still runs.
+fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for agent") {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
