@@ -97,7 +97,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flock_rpc::durable;
@@ -309,9 +309,7 @@ struct Spares {
     files: Vec<(String, Known)>,
     /// Each record's file name and what the store knows of it.
     records: HashMap<String, Known>,
-    /// Spare names handed out so far (`.spare-<pid>-<n>`).
-    named: u64,
-    /// This process's ID, for the spare names.
+    /// This process's ID, for the spare names (`.spare-<pid>-<n>`).
     pid: u32,
     /// The filesystem refused `RENAME_EXCHANGE`: records are renamed over instead.
     no_exchange: bool,
@@ -625,7 +623,7 @@ impl Store {
         let mut created = 0;
         loop {
             let spare = {
-                let mut spares = self.spares();
+                let spares = self.spares();
                 if spares.files.len() >= SPARE_STOCK {
                     return Ok(created);
                 }
@@ -805,12 +803,18 @@ enum Handle {
     Opened(File),
 }
 
+/// Spare names handed out so far in this process, by every store: `n` of `.spare-<pid>-<n>`.
+static SPARES_NAMED: AtomicU64 = AtomicU64::new(0);
+
 impl Spares {
     /// A new spare name: `.spare-<pid>-<n>`, as the temporary files of `flock_rpc::durable`
-    /// carry the pid.
-    fn name(&mut self) -> String {
-        self.named += 1;
-        format!(".spare-{}-{}", self.pid, self.named)
+    /// carry the pid. `n` counts across the process, not the store: a store opened again in
+    /// the same process (an agent restarted in place, a test's restart) while the last one's
+    /// [`Store::stock`] still runs must not be handed a name that one creates with `O_TRUNC`,
+    /// or the spaces it writes land in a record written meanwhile into that file.
+    fn name(&self) -> String {
+        let n = SPARES_NAMED.fetch_add(1, Ordering::Relaxed) + 1;
+        format!(".spare-{}-{n}", self.pid)
     }
 }
 

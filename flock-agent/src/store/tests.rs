@@ -458,6 +458,41 @@ fn a_spare_removed_behind_the_agents_back_is_made_anew() {
     assert_eq!(Store::read(dir.path()).unwrap(), vec![a, c]);
 }
 
+/// An agent restarted in the same process (as the handler tests restart theirs) opens the
+/// store again while the last store's stock may still be creating spares: the two must never
+/// name the same file, or the last one's `O_TRUNC` and page of spaces land in a record the new
+/// one wrote into it (CI once read such a record: "EOF while parsing a value at line 1 column
+/// 4096", a page of spaces under a record's name).
+#[test]
+fn two_stores_in_one_process_never_share_a_spare() {
+    let dir = tempfile::tempdir().unwrap();
+    let (before, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (after, _) = Store::open(dir.path(), BOOT).unwrap();
+    for store in [&after, &before] {
+        assert!(store.claim_stock());
+        assert_eq!(store.stock().unwrap(), SPARE_STOCK);
+    }
+    let names = |s: &Store| -> std::collections::HashSet<String> {
+        s.spares().files.iter().map(|(n, _)| n.clone()).collect()
+    };
+    let (b, a) = (names(&before), names(&after));
+    assert!(
+        b.is_disjoint(&a),
+        "{} spare names shared",
+        b.intersection(&a).count()
+    );
+    assert_eq!(spares_in(after.dir()).len(), 2 * SPARE_STOCK);
+    // Each store's writes take its own spares and read back whole.
+    let mut written = Vec::new();
+    for (i, store) in [&after, &before, &after].into_iter().enumerate() {
+        let (pending, committed) = pending_and_committed(&format!("p{i}"));
+        store.put(&pending).unwrap();
+        store.put(&committed).unwrap();
+        written.push(committed);
+    }
+    assert_eq!(Store::read(dir.path()).unwrap(), written);
+}
+
 #[test]
 fn a_stocked_store_writes_a_burst_of_pods_into_files_it_already_has() {
     let dir = tempfile::tempdir().unwrap();
