@@ -165,14 +165,7 @@ impl FlockNode {
             let _ = Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
                 .status();
-            if exit_within(&mut child, STOP_LIMIT).is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "flock-agent did not stop within {STOP_LIMIT:?} of SIGTERM:\n{}",
-                    self.log()
-                );
-            }
+            self.exit_or_fail(&mut child, STOP_LIMIT, "stop after SIGTERM");
         }
     }
 
@@ -187,13 +180,27 @@ impl FlockNode {
     /// Waits (up to `timeout`) for the agent to exit by itself (a failpoint).
     pub fn wait_agent_exit(&mut self, timeout: Duration) -> ExitStatus {
         let mut child = self.agent.take().expect("agent running");
-        exit_within(&mut child, timeout).unwrap_or_else(|| {
-            let _ = child.kill();
-            panic!(
-                "flock-agent did not exit within {timeout:?}:\n{}",
-                self.log()
-            )
-        })
+        self.exit_or_fail(&mut child, timeout, "exit")
+    }
+
+    /// Waits up to `limit` for the agent `child` to exit and returns its status; past that,
+    /// kills it and fails the test with its log, saying what it did not do (`what`).
+    fn exit_or_fail(&self, child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait for agent") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "flock-agent did not {what} within {limit:?}:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// The agent's pid, while it runs.
@@ -332,20 +339,6 @@ impl Drop for FlockNode {
             let _ = b.kill();
             let _ = b.wait();
         }
-    }
-}
-
-/// Waits up to `limit` for `child` to exit: its status, or `None` while it still runs.
-fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait for agent") {
-            return Some(status);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
