@@ -60,6 +60,15 @@ fn host_routes(node: &FlockNode) -> String {
         .join("\n")
 }
 
+/// Polls `busy` every `every` while it holds, for at most `limit`; the caller asserts what
+/// it was waiting for.
+fn wait_while(limit: Duration, every: Duration, mut busy: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while busy() && Instant::now() < deadline {
+        std::thread::sleep(every);
+    }
+}
+
 #[test]
 fn add_check_del_lifecycle() {
     let node = FlockNode::start("node", NODE);
@@ -284,10 +293,9 @@ fn status_holds_through_a_restart_and_fails_after_a_crash() {
     // Its successor serves and takes the notice away: just after it binds its socket (so
     // that a STATUS finds one or the other), which is when `start_agent` returns.
     node.start_agent();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while notice.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_while(Duration::from_secs(10), Duration::from_millis(10), || {
+        notice.exists()
+    });
     assert!(!notice.exists(), "the successor left the restart notice");
     rt.status().expect("STATUS of the successor");
     // kill -9: no notice, STATUS says at once that nothing serves.
@@ -447,10 +455,9 @@ fn concurrent_adds_get_distinct_addresses_and_survive_kill_9() {
             });
         }
         // Kill once the burst is under way (its first record is written), not before.
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while node.records().len() <= 100 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        wait_while(Duration::from_secs(20), Duration::from_millis(2), || {
+            node.records().len() <= 100
+        });
         node.kill_agent();
     });
     node.start_agent();
