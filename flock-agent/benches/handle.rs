@@ -16,20 +16,19 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use flock_agent::agent::{Agent, AgentParts};
+use flock_agent::kernel::Kernel;
 use flock_agent::kernel::memory::MemoryKernel;
-use flock_k8s_api::NodeConfig;
 use flock_rpc::rpc::{Op, PROTOCOL_VERSION, Request};
 use serde_json::json;
+
+#[path = "../tests/policy_support/mod.rs"]
+mod policy_support;
 
 /// Pods added before their DELs.
 const BATCH: u64 = 100;
 
-/// Which of the two calls a run times.
-#[derive(Clone, Copy, PartialEq)]
-enum Timed {
-    Add,
-    Del,
-}
+/// How long a batch's deferred veth deletions may take before the bench fails.
+const DELETIONS_LIMIT: Duration = Duration::from_secs(10);
 
 struct Bench {
     rt: tokio::runtime::Runtime,
@@ -47,15 +46,7 @@ impl Bench {
             .expect("runtime");
         let kernel = Arc::new(MemoryKernel::new("boot-bench"));
         let dir = tempfile::tempdir().expect("state directory");
-        let settings = serde_json::from_value::<NodeConfig>(json!({
-            "apiVersion": "flock.fritzlab.net/v1alpha1",
-            "kind": "NodeConfig",
-            "metadata": { "name": "bench" },
-            "spec": { "cidr6": "2001:db8:98::/64", "cidr4": "10.98.0.0/16" }
-        }))
-        .expect("a NodeConfig")
-        .settings()
-        .expect("valid settings");
+        let settings = policy_support::node_settings("bench", "2001:db8:98::/64", "10.98.0.0/16");
         let (agent, _) = rt
             .block_on(Agent::start(AgentParts {
                 settings: Some(settings),
@@ -71,8 +62,8 @@ impl Bench {
         }
     }
 
-    /// `pods` ADDs and their DELs, in batches; the time of the `timed` calls.
-    fn run(&mut self, pods: u64, timed: Timed) -> Duration {
+    /// `pods` ADDs and their DELs, in batches; the time of the calls of `timed`.
+    fn run(&mut self, pods: u64, timed: Op) -> Duration {
         let mut spent = Duration::ZERO;
         let mut left = pods;
         while left > 0 {
@@ -84,7 +75,7 @@ impl Bench {
             for id in &ids {
                 self.kernel.add_netns(netns(id));
             }
-            for (op, this) in [(Op::Add, Timed::Add), (Op::Del, Timed::Del)] {
+            for op in [Op::Add, Op::Del] {
                 let t = Instant::now();
                 self.rt.block_on(async {
                     for id in &ids {
@@ -96,14 +87,23 @@ impl Bench {
                         );
                     }
                 });
-                if this == timed {
+                if op == timed {
                     spent += t.elapsed();
                 }
             }
             // the DELs' deferred veth deletions, before the next batch, and the namespaces gone
             // as a runtime removes them
             self.rt.block_on(async {
-                while !self.kernel.state().veths.is_empty() {
+                let deadline = Instant::now() + DELETIONS_LIMIT;
+                loop {
+                    let left = self.kernel.host_ifaces().await.expect("the veths");
+                    if left.is_empty() {
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "veths {left:?} not deleted within {DELETIONS_LIMIT:?} of their DELs"
+                    );
                     tokio::time::sleep(Duration::from_micros(100)).await;
                 }
             });
@@ -136,7 +136,7 @@ fn handle(c: &mut Criterion) {
     let mut group = c.benchmark_group("agent_bookkeeping");
     group.sample_size(20);
     group.measurement_time(Duration::from_secs(10));
-    for (name, timed) in [("add", Timed::Add), ("del", Timed::Del)] {
+    for (name, timed) in [("add", Op::Add), ("del", Op::Del)] {
         let mut bench = Bench::new();
         group.bench_function(name, |b| b.iter_custom(|pods| bench.run(pods, timed)));
     }
