@@ -260,6 +260,9 @@ pub async fn serve(
     // Then the requests already taken, or waiting to be, are answered (server::serve).
     let _ = stop_serving.send(());
     let _ = server.await;
+    // Last, the records in the store's slots file into files of their own, which an agent
+    // of any version reads (a rollback; see `store`).
+    agent.retire_store().await;
     Ok(())
 }
 

@@ -376,11 +376,13 @@ impl AgentLayout {
         }
     }
 
-    /// The file names of the agent's committed allocation records
-    /// (`<state_dir>/allocations/*.json`, temporary dot files left out), sorted; none if
-    /// the directory does not exist (yet).
+    /// The file names of the agent's allocation records, sorted: its record files
+    /// (`<state_dir>/allocations/*.json`, temporary dot files left out) and, for a record in
+    /// a page of its slots file (`allocations/slots`), the file name it would have
+    /// (`<containerId>:<ifName>.json`); none if the directory does not exist (yet).
     pub fn records(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(self.state_dir.join("allocations"))
+        let dir = self.state_dir.join("allocations");
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
             .map(|d| {
                 d.flatten()
                     .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -388,18 +390,31 @@ impl AgentLayout {
                     .collect()
             })
             .unwrap_or_default();
+        for (name, _) in slot_records(&dir) {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
         names.sort();
         names
     }
 
-    /// The allocation record `name` (one of [`AgentLayout::records`]), parsed; panics if it
-    /// cannot be read or is not JSON.
+    /// The allocation record `name` (one of [`AgentLayout::records`]), parsed: its file, or
+    /// else its page of the slots file; panics if it has neither or is not JSON.
     pub fn record(&self, name: &str) -> Value {
-        let path = self.state_dir.join("allocations").join(name);
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("read record {}: {e}", path.display()));
-        serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("record {} is not JSON: {e}", path.display()))
+        let dir = self.state_dir.join("allocations");
+        let path = dir.join(name);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("record {} is not JSON: {e}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => slot_records(&dir)
+                .into_iter()
+                .find_map(|(n, record)| (n == name).then_some(record))
+                .unwrap_or_else(|| {
+                    panic!("record {name}: no such file, nor a page of the slots file")
+                }),
+            Err(e) => panic!("read record {}: {e}", path.display()),
+        }
     }
 
     /// flock's conflist for this agent (network `name`, CNI 1.1.0, with the CRI
@@ -486,4 +501,35 @@ pub fn wait_until_serving(child: &mut Child, layout: &AgentLayout) -> Result<(),
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The records in the pages of an agent's slots file in `dir` (pages of 4096 bytes, each a
+/// record's JSON padded with spaces or blank), each with its file name
+/// (`<containerId>:<ifName>.json`); none without the file. Read here on its own, not through
+/// the agent's store, so that the tests check the layout the agent writes.
+fn slot_records(dir: &Path) -> Vec<(String, Value)> {
+    let path = dir.join("slots");
+    let Ok(bytes) = std::fs::read(&path) else {
+        return Vec::new();
+    };
+    bytes
+        .chunks(4096)
+        .enumerate()
+        .filter_map(|(page, bytes)| {
+            let text = String::from_utf8_lossy(bytes);
+            let text = text.trim_end_matches([' ', '\0']);
+            if text.is_empty() {
+                return None;
+            }
+            let record: Value = serde_json::from_str(text).unwrap_or_else(|e| {
+                panic!("page {page} of {} is not a record: {e}", path.display())
+            });
+            let name = format!(
+                "{}:{}.json",
+                record["containerId"].as_str().unwrap_or_default(),
+                record["ifName"].as_str().unwrap_or_default()
+            );
+            Some((name, record))
+        })
+        .collect()
 }

@@ -196,7 +196,7 @@ impl Agent {
         });
         let report = agent.reconcile_at_start(records).await?;
         agent.restore_policy_pods();
-        agent.stock_spares();
+        agent.stock_store();
         Ok((agent, report))
     }
 
@@ -502,7 +502,7 @@ impl Agent {
         self.metrics
             .store_write_seconds
             .observe(started.elapsed().as_secs_f64());
-        self.stock_spares();
+        self.stock_store();
         match outcome {
             Ok(()) => {
                 self.health.set_problem(Component::Store, None);
@@ -516,20 +516,35 @@ impl Agent {
         }
     }
 
-    /// Tops up the store's spare files on a blocking thread when they run low, so that no
-    /// ADD creates a file on its path (see `store`). A failure only costs later writes the
-    /// file they then create.
-    fn stock_spares(&self) {
+    /// Tops up the store's blank pages (or spare files) on a blocking thread when they run
+    /// low, so that no ADD extends or creates a file on its path (see `store`). A failure only
+    /// costs later writes the page or file they then add.
+    fn stock_store(&self) {
         if !self.store.claim_stock() {
             return;
         }
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || match store.stock() {
-            Ok(created) => debug!(created, "stocked the store's spare files"),
+            Ok(added) => debug!(added, "stocked the store's blank pages or spare files"),
             Err(e) => {
-                warn!(error = %error::cause_chain(&e), "could not stock the store's spare files")
+                warn!(error = %error::cause_chain(&e), "could not stock the store")
             }
         });
+    }
+
+    /// Moves the records of the store's slots file into files of their own, for an agent
+    /// that stops (see `store`): an earlier agent, after a rollback, reads them. A failure
+    /// leaves them in the slots file, which an earlier agent refuses to open (it names the
+    /// store's format) rather than start without them.
+    pub async fn retire_store(&self) {
+        let store = Arc::clone(&self.store);
+        match tokio::task::spawn_blocking(move || store.retire_slots()).await {
+            Ok(Ok(moved)) => info!(moved, "the store's records are in files of their own"),
+            Ok(Err(e)) => warn!(error = %error::cause_chain(&e),
+                "could not move the store's records out of its slots file: an earlier agent \
+                 will refuse to open the store"),
+            Err(e) => warn!(error = %e, "the task retiring the store's slots file failed"),
+        }
     }
 
     /// Deletes a record from the store (not from the node state).

@@ -1,7 +1,9 @@
-//! The allocation store under `--state-dir`: one small JSON file per attachment.
+//! The allocation store under `--state-dir`: one small JSON record per attachment.
 //!
-//! Layout: `<state-dir>/store.json` (`{"format":1,"bootId":…}`) and `<state-dir>/allocations/
-//! <containerId>:<ifName>.json`.
+//! Layout: `<state-dir>/store.json` (`{"format":2,"bootId":…}`), `<state-dir>/allocations/slots`
+//! (records of up to a page, a page each: below) and `<state-dir>/allocations/
+//! <containerId>:<ifName>.json` (a record of its own: one longer than a page, one an earlier
+//! agent wrote, or every record once the agent has stopped).
 //!
 //! # Why records are written atomically but not fsync'd
 //!
@@ -42,9 +44,10 @@
 //! A pod's two writes still take a file more than they give back (its record keeps one), so
 //! a burst of ADDs with no DEL between them would create a file per pod on the request's path
 //! (0.04 ms on a quiet ext4, 0.2–0.25 ms after a few thousand files were freed, as a build or
-//! the last burst's DELs free them). The agent keeps the spares stocked off that path instead:
-//! [`Store::stock`] creates them up to [`SPARE_STOCK`], on a blocking thread, after the
-//! store opens and whenever [`Store::claim_stock`] finds them below [`SPARE_LOW`]. Each holds
+//! the last burst's DELs free them). So, once the slots file below is retired (before, records
+//! of up to a page are not files at all), the agent keeps the spares stocked off that path:
+//! [`Store::stock`] creates them up to [`SPARE_STOCK`], on a blocking thread, whenever
+//! [`Store::claim_stock`] finds them below [`SPARE_LOW`]. Each holds
 //! a page of spaces: a record written into it is padded to that length (below), so no write
 //! on a request's path extends a file, which costs ext4 a block allocated and the inode's
 //! size changed (a pending record written into an empty spare took 0.050–0.055 ms at p50
@@ -90,8 +93,34 @@
 //! split in two, finds a torn record within a few kills. A short or failed write, or a file
 //! no longer linked (removed or replaced behind the agent's back), falls back to the
 //! exchange, which puts a whole record in place whatever the file holds.
+//!
+//! # Why records live in the pages of one file
+//!
+//! Even recycled, a record file is a name, and a name costs the directory: a pod's pending
+//! record renamed into place and its deleted record renamed to a spare are two finds and two
+//! insertions in ext4's hashed directory (0.02–0.03 ms each here, the most of what the store
+//! cost an ADD and a DEL). So a record of up to a page is not a file: it is a page of the
+//! slots file (`allocations/slots`), written in place as a record's second write above is, in
+//! one `pwrite` of a page from a page-aligned buffer at a page-aligned offset, whole after any
+//! kill for the same reasons. A blank page (spaces) holds no record: a deleted record's page
+//! is blanked, and a new record takes a blank page. [`Store::stock`] appends blank pages off
+//! any request's path, as it stocked spares, so that no ADD extends the file.
+//!
+//! A record's page is found only by reading the file, so the file is read whole at open: a
+//! page is a record, blank, or (as a record file can be) torn by a power cut or damage, and
+//! the same rules apply, naming the file and the page. A record longer than a page gets a file
+//! of its own as before; one that has a file of its own keeps it (a record of an earlier agent,
+//! for one) and when both a page and a file hold an attachment (a record that outgrew its page
+//! and was written into a file, then its page blanked, with a crash between), the file is the
+//! newer and the page is blanked at open.
+//!
+//! An earlier agent reads record files only. So that a rollback finds every record, the
+//! agent writes the slots' records into files of their own when it stops
+//! ([`Store::retire_slots`]), removes the slots file and marks `store.json` with format 1;
+//! while the slots file may hold records, `store.json` says format 2, which an earlier agent
+//! refuses to open (naming the format) rather than start without them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::OwnedFd;
@@ -106,11 +135,17 @@ use serde::{Deserialize, Serialize};
 use crate::{Error, Result};
 
 mod read;
+mod slots;
 #[cfg(test)]
 mod tests;
 
-/// The on-disk format this agent writes and reads.
+pub use slots::{SLOT_LOW, SLOT_STOCK, SLOTS_FILE};
+
+/// The format of a record, and of a store whose every record is a file of its own.
 pub const STORE_FORMAT: u32 = 1;
+
+/// The format `store.json` says while the slots file may hold records (module documentation).
+pub const SLOTS_STORE_FORMAT: u32 = 2;
 
 /// Where an allocation is in its life cycle (DESIGN §7).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -245,9 +280,15 @@ impl AttachmentKey {
 /// The durable store.
 #[derive(Debug)]
 pub struct Store {
+    /// The state directory, holding `store.json` and `dir`.
+    state_dir: PathBuf,
+    /// The boot the store was opened in, for `store.json`.
+    boot_id: String,
     dir: PathBuf,
     /// `dir`, open: every file is named relative to it.
     dir_fd: OwnedFd,
+    /// The slots file, until [`Store::retire_slots`].
+    slots: Mutex<Option<slots::Slots>>,
     spares: Mutex<Spares>,
     /// A [`Store::stock`] is claimed ([`Store::claim_stock`]) and not finished.
     stocking: AtomicBool,
@@ -380,15 +421,12 @@ impl Store {
             Some(b) if b != boot_id => read::Torn::DropWithWarning,
             _ => read::Torn::Stop,
         };
-        let records = read::read_records(&dir, read::Access::Owner(torn))?;
+        let mut records = read::read_records(&dir, read::Access::Owner(torn))?;
+        let named: HashSet<AttachmentKey> = records.iter().map(AllocationRecord::key).collect();
+        let in_slots = read::read_slots(&dir, read::Access::Owner(torn), &named)?;
         // Durably, once per start: what tells the next start whether a torn record can
-        // come from a power cut.
-        let bytes = serde_json::to_vec(&StoreMeta {
-            format: STORE_FORMAT,
-            boot_id: Some(boot_id.to_owned()),
-        })
-        .expect("serialize store meta");
-        write_durably(state_dir, "store.json", &bytes, 0o600)?;
+        // come from a power cut, and an earlier agent that the slots file may hold records.
+        write_meta(state_dir, SLOTS_STORE_FORMAT, boot_id)?;
         let dir_fd = File::open(&dir)
             .map_err(|source| Error::Store {
                 op: "open directory",
@@ -396,10 +434,26 @@ impl Store {
                 source,
             })?
             .into();
+        let held = in_slots
+            .records
+            .iter()
+            .map(|(page, r)| (r.key().file_name(), *page))
+            .collect();
+        let slots = slots::Slots::new(
+            in_slots
+                .file
+                .expect("the agent's own open holds the slots file"),
+            in_slots.count,
+            in_slots.blank,
+            held,
+        );
         // No spares yet: the read removed the last run's, with every other dot file.
         let store = Store {
+            state_dir: state_dir.to_owned(),
+            boot_id: boot_id.to_owned(),
             dir,
             dir_fd,
+            slots: Mutex::new(Some(slots)),
             spares: Mutex::new(Spares {
                 records: records
                     .iter()
@@ -411,6 +465,8 @@ impl Store {
             stocking: AtomicBool::new(false),
             kept: Arc::default(),
         };
+        records.extend(in_slots.records.into_iter().map(|(_, r)| r));
+        records.sort_by_key(AllocationRecord::key);
         Ok((store, records))
     }
 
@@ -422,29 +478,75 @@ impl Store {
         if read::check_meta(state_dir)?.is_none() && !dir.exists() {
             return Ok(Vec::new());
         }
-        read::read_records(&dir, read::Access::ReadOnly)
+        // The slots first: an agent that stops meanwhile writes their records into files
+        // before it removes the slots file (`Store::retire_slots`), so each is read in one or
+        // the other, and a file wins, as at open.
+        let in_slots = read::read_slots(&dir, read::Access::ReadOnly, &HashSet::new())?;
+        let mut records = read::read_records(&dir, read::Access::ReadOnly)?;
+        let named: HashSet<AttachmentKey> = records.iter().map(AllocationRecord::key).collect();
+        records.extend(
+            in_slots
+                .records
+                .into_iter()
+                .map(|(_, r)| r)
+                .filter(|r| !named.contains(&r.key())),
+        );
+        records.sort_by_key(AllocationRecord::key);
+        Ok(records)
     }
 
-    /// Writes (creates or replaces) a record atomically: into a spare file (a new one when
-    /// there is none) exchanged with the record's name, whose old file becomes a spare, or
-    /// renamed to it when there is no record yet (see the module documentation for why
-    /// without fsync, and why spares).
+    /// Writes (creates or replaces) a record atomically (see the module documentation for
+    /// why without fsync): into its page of the slots file, or a blank one, when it fits a
+    /// page and has no file of its own; into a file of its own otherwise ([`Store::put_file`]),
+    /// and then its page, if it had one, is blanked.
     pub fn put(&self, record: &AllocationRecord) -> Result<()> {
         let bytes = serde_json::to_vec(record).expect("serialize allocation record");
         let name = record.key().file_name();
-        if self.rewrite_in_place(&name, &bytes) {
+        if bytes.len() <= IN_PLACE_MAX && !self.spares().records.contains_key(&name) {
+            let mut slots = self.slots.lock().expect("store slots lock");
+            if let Some(slots) = slots.as_mut() {
+                return slots.put(&name, &bytes).map_err(|source| Error::Store {
+                    op: "write a page of",
+                    path: self.dir.join(SLOTS_FILE),
+                    source,
+                });
+            }
+        }
+        self.put_file(&name, &bytes)?;
+        self.blank_page(&name).map(drop)
+    }
+
+    /// Blanks the record `name`'s page of the slots file; `false` when it has none.
+    fn blank_page(&self, name: &str) -> Result<bool> {
+        match self.slots.lock().expect("store slots lock").as_mut() {
+            Some(slots) => slots.remove(name).map_err(|source| Error::Store {
+                op: "blank a page of",
+                path: self.dir.join(SLOTS_FILE),
+                source,
+            }),
+            None => Ok(false),
+        }
+    }
+
+    /// Writes the record `name` into a file of its own: into a spare file (a new one when
+    /// there is none) exchanged with the record's name, whose old file becomes a spare, or
+    /// renamed to it when there is no record yet (see the module documentation for why
+    /// spares).
+    fn put_file(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        let name = name.to_owned();
+        if self.rewrite_in_place(&name, bytes) {
             return Ok(());
         }
         let Taken { spare, known, old } = self.take_spare(&name);
         let held_open = known.as_ref().is_some_and(|k| k.file.is_some());
         let exchange = old.is_some() && !self.spares().no_exchange;
-        let outcome = self.fill(&spare, known, &bytes).and_then(|written| {
+        let outcome = self.fill(&spare, known, bytes).and_then(|written| {
             match self.place(&spare, &name, exchange) {
                 // The spare's name was removed behind the agent's back while the store held
                 // its file open (someone tidied the dot files): made anew, placed again.
                 Err((_, nix::errno::Errno::ENOENT)) if held_open => {
                     drop(written);
-                    let written = self.fill(&spare, None, &bytes)?;
+                    let written = self.fill(&spare, None, bytes)?;
                     self.place(&spare, &name, exchange)
                         .map(|placed| (written, placed))
                 }
@@ -563,11 +665,15 @@ impl Store {
             .map_err(|e| ("rename a spare file to", e))
     }
 
-    /// Deletes a record; a missing record is not an error. Its file is kept as a spare while
-    /// there are fewer than [`MAX_SPARES`]. (A deletion a power cut undoes brings back a
-    /// record of the previous boot, which start-up releases.)
+    /// Deletes a record; a missing record is not an error. Its page of the slots file is
+    /// blanked; a file of its own is kept as a spare while there are fewer than
+    /// [`MAX_SPARES`]. (A deletion a power cut undoes brings back a record of the previous
+    /// boot, which start-up releases.)
     pub fn delete(&self, key: &AttachmentKey) -> Result<()> {
         let name = key.file_name();
+        if self.blank_page(&name)? && !self.spares().records.contains_key(&name) {
+            return Ok(());
+        }
         let (spare, known) = {
             let mut spares = self.spares();
             let known = spares.records.remove(&name).unwrap_or_else(Known::unknown);
@@ -600,23 +706,87 @@ impl Store {
         }
     }
 
-    /// Whether the caller should run [`Store::stock`] now: the spares are below [`SPARE_LOW`]
-    /// and no other stock is claimed. A `true` claims it; [`Store::stock`] releases it.
+    /// Whether the caller should run [`Store::stock`] now: the slots file's blank pages are
+    /// below [`SLOT_LOW`] (or, once it is retired, the spares below [`SPARE_LOW`]) and no other
+    /// stock is claimed. A `true` claims it; [`Store::stock`] releases it.
     pub fn claim_stock(&self) -> bool {
-        self.spares().files.len() < SPARE_LOW
-            && self
-                .stocking
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+        let low = match self.slots.lock().expect("store slots lock").as_ref() {
+            Some(slots) => slots.low(),
+            None => self.spares().files.len() < SPARE_LOW,
+        };
+        low && self
+            .stocking
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
-    /// Creates spare files of a page of spaces until there are [`SPARE_STOCK`] (a few milliseconds of
-    /// file creation, for a blocking thread, off any request's path) and returns how many it
-    /// created. Records written meanwhile take spares as usual.
+    /// Appends blank pages to the slots file until [`SLOT_STOCK`] are blank (or, once it is
+    /// retired, creates spare files of a page of spaces until there are [`SPARE_STOCK`]): a
+    /// few milliseconds, for a blocking thread, off any request's path. Returns how many pages
+    /// or files it added. Records written meanwhile are written as usual.
     pub fn stock(&self) -> Result<usize> {
-        let outcome = self.stock_files();
+        let outcome = self.stock_pages();
         self.stocking.store(false, Ordering::Release);
         outcome
+    }
+
+    fn stock_pages(&self) -> Result<usize> {
+        /// Pages appended with the lock held, at most: records are written meanwhile.
+        const CHUNK: usize = 16;
+        let mut added = 0;
+        loop {
+            let mut slots = self.slots.lock().expect("store slots lock");
+            let Some(slots) = slots.as_mut() else {
+                drop(slots);
+                return self.stock_files().map(|files| added + files);
+            };
+            match slots.stock(CHUNK) {
+                Ok(0) => return Ok(added),
+                Ok(n) => added += n,
+                Err(source) => {
+                    return Err(Error::Store {
+                        op: "append blank pages to",
+                        path: self.dir.join(SLOTS_FILE),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Writes every record of the slots file into a file of its own, removes the slots file
+    /// and marks `store.json` with [`STORE_FORMAT`], so that an earlier agent reads the store
+    /// whole (module documentation); every record is written into a file of its own from then
+    /// on. For an agent that stops; returns how many records it moved. On an error, the slots
+    /// file stays, and `store.json` says so.
+    pub fn retire_slots(&self) -> Result<usize> {
+        // Held throughout: no record is written into a page meanwhile.
+        let mut guard = self.slots.lock().expect("store slots lock");
+        let Some(slots) = guard.as_ref() else {
+            return Ok(0);
+        };
+        let slots_path = self.dir.join(SLOTS_FILE);
+        let records = slots.records().map_err(|source| Error::Store {
+            op: "read",
+            path: slots_path.clone(),
+            source,
+        })?;
+        for (name, bytes) in &records {
+            self.put_file(name, bytes)?;
+        }
+        nix::unistd::unlinkat(
+            &self.dir_fd,
+            SLOTS_FILE,
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        )
+        .map_err(|source| Error::Store {
+            op: "remove",
+            path: slots_path,
+            source: source.into(),
+        })?;
+        *guard = None;
+        write_meta(&self.state_dir, STORE_FORMAT, &self.boot_id)?;
+        Ok(records.len())
     }
 
     fn stock_files(&self) -> Result<usize> {
@@ -816,6 +986,16 @@ impl Spares {
         let n = SPARES_NAMED.fetch_add(1, Ordering::Relaxed) + 1;
         format!(".spare-{}-{n}", self.pid)
     }
+}
+
+/// Writes `store.json`, durably: the store's format and the boot it was opened in.
+fn write_meta(state_dir: &Path, format: u32, boot_id: &str) -> Result<()> {
+    let bytes = serde_json::to_vec(&StoreMeta {
+        format,
+        boot_id: Some(boot_id.to_owned()),
+    })
+    .expect("serialize store meta");
+    write_durably(state_dir, "store.json", &bytes, 0o600)
 }
 
 /// Writes `bytes` to `dir/name` so that after a crash the file holds either its old content

@@ -1,13 +1,17 @@
 //! Reading the store back: `store.json` and every record, as the agent's own open (which may
 //! tidy the directory) or read-only beside a running agent.
 
-use std::fs;
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use flock_rpc::durable;
 use tracing::warn;
 
-use super::{AllocationRecord, STORE_FORMAT, StoreMeta, store_error};
+use super::slots::{self, SLOTS_FILE};
+use super::{AllocationRecord, AttachmentKey, IN_PLACE_MAX, SLOTS_STORE_FORMAT, STORE_FORMAT};
+use super::{StoreMeta, store_error};
 use crate::{Error, Result};
 
 /// Whether reading the records may change the directory.
@@ -41,11 +45,12 @@ pub(super) fn check_meta(state_dir: &Path) -> Result<Option<StoreMeta>> {
                     path: meta_path.clone(),
                     reason: e.to_string(),
                 })?;
-            if meta.format != STORE_FORMAT {
+            if meta.format != STORE_FORMAT && meta.format != SLOTS_STORE_FORMAT {
                 return Err(Error::CorruptStore {
                     path: meta_path,
                     reason: format!(
-                        "store format {} is not {STORE_FORMAT}, the one this agent knows",
+                        "store format {} is neither {STORE_FORMAT} nor {SLOTS_STORE_FORMAT}, \
+                         the ones this agent knows",
                         meta.format
                     ),
                 });
@@ -173,4 +178,138 @@ fn read_one(path: &Path, name: &str, access: Access) -> Result<Option<Allocation
             }
         }
     }
+}
+
+/// What the slots file holds.
+pub(super) struct SlotsRead {
+    /// The file, open for writing too (the agent's own open), or `None` (a read-only one, or
+    /// no file).
+    pub file: Option<File>,
+    /// How many pages it holds.
+    pub count: u64,
+    /// The pages that hold no record, the lowest last.
+    pub blank: Vec<u64>,
+    /// Each record and its page.
+    pub records: Vec<(u64, AllocationRecord)>,
+}
+
+/// Reads the slots file of the records' directory `dir` (for the agent's own open, creating
+/// it): every page a record or blank. A record that also has a file of its own is not taken:
+/// that file is the newer (`Store::put`), and the agent's own open blanks the page.
+///
+/// A page that is neither a record nor blank, or holds the same attachment as another page,
+/// is treated as `read_one` treats such a record file, naming the file and the page.
+pub(super) fn read_slots(
+    dir: &Path,
+    access: Access,
+    named: &HashSet<AttachmentKey>,
+) -> Result<SlotsRead> {
+    let path = dir.join(SLOTS_FILE);
+    let opened = match access {
+        Access::Owner(_) => fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path),
+        Access::ReadOnly => File::open(&path),
+    };
+    let file = match opened {
+        Ok(file) => file,
+        Err(e) if access == Access::ReadOnly && e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(SlotsRead {
+                file: None,
+                count: 0,
+                blank: Vec::new(),
+                records: Vec::new(),
+            });
+        }
+        Err(source) => {
+            return Err(Error::Store {
+                op: "open",
+                path,
+                source,
+            });
+        }
+    };
+    let io_error = |op: &'static str| {
+        let path = path.clone();
+        move |source| Error::Store { op, path, source }
+    };
+    let count = slots::pages(file.metadata().map_err(io_error("stat"))?.len());
+    let mut blank = Vec::new();
+    let mut records = Vec::new();
+    let mut seen: HashMap<AttachmentKey, u64> = HashMap::new();
+    let mut buf = vec![0u8; IN_PLACE_MAX];
+    for page in 0..count {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let n = slots::read_page(&file, page, &mut buf).map_err(io_error("read"))?;
+            let bytes = slots::trim(&buf[..n]);
+            if bytes.is_empty() {
+                blank.push(page);
+                break;
+            }
+            let problem = match serde_json::from_slice::<AllocationRecord>(bytes) {
+                Err(e) => e.to_string(),
+                Ok(record) if record.format != STORE_FORMAT => {
+                    return Err(Error::CorruptStore {
+                        path,
+                        reason: format!(
+                            "page {page}: record format {} is not {STORE_FORMAT}",
+                            record.format
+                        ),
+                    });
+                }
+                Ok(record) => {
+                    let key = record.key();
+                    if named.contains(&key) {
+                        if access != Access::ReadOnly {
+                            slots::write_page(&file, page, b"")
+                                .map_err(io_error("blank a page of"))?;
+                            blank.push(page);
+                        }
+                        break;
+                    }
+                    match seen.get(&key) {
+                        Some(other) => format!(
+                            "holds container {:?} interface {:?}, as page {other} does",
+                            key.container_id, key.if_name
+                        ),
+                        None => {
+                            seen.insert(key, page);
+                            records.push((page, record));
+                            break;
+                        }
+                    }
+                }
+            };
+            match access {
+                Access::ReadOnly if tries < READ_ONLY_TRIES => continue,
+                Access::Owner(Torn::DropWithWarning) => {
+                    warn!(file = %path.display(), page, error = %problem,
+                        "dropping a record of a previous boot that is unreadable or names an \
+                         attachment another page holds (torn by a power cut)");
+                    slots::write_page(&file, page, b"").map_err(io_error("blank a page of"))?;
+                    blank.push(page);
+                    break;
+                }
+                _ => {
+                    return Err(Error::CorruptStore {
+                        path,
+                        reason: format!("page {page}: {problem}"),
+                    });
+                }
+            }
+        }
+    }
+    blank.reverse();
+    Ok(SlotsRead {
+        file: (access != Access::ReadOnly).then_some(file),
+        count,
+        blank,
+        records,
+    })
 }

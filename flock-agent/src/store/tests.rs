@@ -175,6 +175,14 @@ fn a_torn_record_of_a_previous_boot_is_dropped_one_of_this_boot_stops() {
     assert!(Store::open(dir.path(), "boot-3").is_err());
 }
 
+/// A store whose every record is written into a file of its own, as after
+/// [`Store::retire_slots`]: for the tests of record files.
+fn open_files(dir: &Path) -> (Store, Vec<AllocationRecord>) {
+    let (store, records) = Store::open(dir, BOOT).unwrap();
+    store.retire_slots().unwrap();
+    (store, records)
+}
+
 /// The inode of a file, to tell a recycled file from a new one.
 fn inode(path: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
@@ -204,7 +212,7 @@ fn pending_and_committed(cid: &str) -> (AllocationRecord, AllocationRecord) {
 #[test]
 fn a_records_next_write_goes_in_place_padded_to_what_the_file_held() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (store, _) = open_files(dir.path());
     let path = store.dir().join("aaa:eth0.json");
     let (pending, committed) = pending_and_committed("aaa");
     store.put(&pending).unwrap();
@@ -226,14 +234,14 @@ fn a_records_next_write_goes_in_place_padded_to_what_the_file_held() {
     // Both readers read it back whole.
     assert_eq!(Store::read(dir.path()).unwrap(), vec![pending.clone()]);
     store.put(&committed).unwrap();
-    let (_, records) = Store::open(dir.path(), BOOT).unwrap();
+    let (_, records) = open_files(dir.path());
     assert_eq!(records, vec![committed]);
 }
 
 #[test]
 fn a_record_longer_than_a_page_or_of_unknown_length_is_exchanged_not_rewritten() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (store, _) = open_files(dir.path());
     let path = store.dir().join("aaa:eth0.json");
     let (pending, mut committed) = pending_and_committed("aaa");
     committed.netns = format!("/run/netns/{}", "x".repeat(IN_PLACE_MAX));
@@ -250,7 +258,7 @@ fn a_record_longer_than_a_page_or_of_unknown_length_is_exchanged_not_rewritten()
     let (short, _) = pending_and_committed("bbb");
     store.put(&short).unwrap();
     drop(store);
-    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (store, _) = open_files(dir.path());
     let b_path = store.dir().join("bbb:eth0.json");
     let file = inode(&b_path);
     store.put(&short).unwrap();
@@ -264,7 +272,7 @@ fn a_record_longer_than_a_page_or_of_unknown_length_is_exchanged_not_rewritten()
 #[test]
 fn a_record_removed_or_replaced_behind_the_agents_back_is_not_written_in_place() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (store, _) = open_files(dir.path());
     let (pending, committed) = pending_and_committed("aaa");
     let path = store.dir().join("aaa:eth0.json");
     store.put(&pending).unwrap();
@@ -282,9 +290,13 @@ fn a_record_removed_or_replaced_behind_the_agents_back_is_not_written_in_place()
 /// Where [`in_place_writer`] keeps its store, when a test starts it.
 const WRITER_DIR: &str = "FLOCK_TEST_IN_PLACE_WRITER_DIR";
 
+/// Set (to anything) when [`in_place_writer`] is to write its record into a file of its own
+/// rather than a page of the slots file.
+const WRITER_FILES: &str = "FLOCK_TEST_IN_PLACE_WRITER_FILES";
+
 /// The process [`a_record_rewritten_in_place_is_whole_after_any_kill`] starts and kills:
-/// rewrites one record in place, in two versions of different lengths, until killed. Run
-/// alone, it returns at once.
+/// rewrites one record in place, in two versions of different lengths, until killed: in the
+/// slots file's third page, or in its own file. Run alone, it returns at once.
 #[test]
 #[ignore = "a helper process of a_record_rewritten_in_place_is_whole_after_any_kill"]
 fn in_place_writer() {
@@ -292,9 +304,16 @@ fn in_place_writer() {
     let Some(dir) = std::env::var_os(WRITER_DIR) else {
         return;
     };
-    let (store, _) = Store::open(Path::new(&dir), BOOT).unwrap();
+    let (store, records) = Store::open(Path::new(&dir), BOOT).unwrap();
     let (pending, committed) = pending_and_committed("aaa");
-    // The first write after an open is an exchange; every later one goes in place.
+    if std::env::var_os(WRITER_FILES).is_some() {
+        store.retire_slots().unwrap();
+    } else if records.is_empty() {
+        // Two pages before the record's: its writes land at an offset, not at the start.
+        store.put(&record("a0")).unwrap();
+        store.put(&record("a1")).unwrap();
+    }
+    // In a file, the first write after an open is an exchange; every later one goes in place.
     store.put(&pending).unwrap();
     store.put(&committed).unwrap();
     let mut out = std::io::stdout();
@@ -309,44 +328,60 @@ fn in_place_writer() {
 #[test]
 fn a_record_rewritten_in_place_is_whole_after_any_kill() {
     use std::io::BufRead as _;
-    let dir = tempfile::tempdir().unwrap();
     let (pending, committed) = pending_and_committed("aaa");
     let mut rng: u64 = 0x2545_f491_4f6c_dd1d;
-    for kill in 0..100 {
-        let mut writer = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "store::tests::in_place_writer",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(WRITER_DIR, dir.path())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let said = std::io::BufReader::new(writer.stdout.take().unwrap());
-        assert!(
-            said.lines()
-                .map_while(std::result::Result::ok)
-                .any(|l| l.trim_end() == "writing"),
-            "the writer did not start"
-        );
-        // Somewhere in its loop: up to 2 ms of rewrites, a few microseconds each.
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        std::thread::sleep(std::time::Duration::from_micros(rng % 2000));
-        writer.kill().unwrap();
-        writer.wait().unwrap();
-        // The agent's own start-up in the same boot: a torn record would stop it.
-        let (_, records) =
-            Store::open(dir.path(), BOOT).unwrap_or_else(|e| panic!("after kill {kill}: {e}"));
-        assert!(
-            records == [pending.clone()] || records == [committed.clone()],
-            "after kill {kill}: {records:?}"
-        );
+    for files in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let others = if files {
+            vec![]
+        } else {
+            vec![record("a0"), record("a1")]
+        };
+        for kill in 0..100 {
+            let mut writer = std::process::Command::new(std::env::current_exe().unwrap());
+            writer
+                .args([
+                    "--exact",
+                    "store::tests::in_place_writer",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(WRITER_DIR, dir.path())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null());
+            if files {
+                writer.env(WRITER_FILES, "1");
+            }
+            let mut writer = writer.spawn().unwrap();
+            let said = std::io::BufReader::new(writer.stdout.take().unwrap());
+            assert!(
+                said.lines()
+                    .map_while(std::result::Result::ok)
+                    .any(|l| l.trim_end() == "writing"),
+                "the writer did not start"
+            );
+            // Somewhere in its loop: up to 2 ms of rewrites, a few microseconds each.
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            std::thread::sleep(std::time::Duration::from_micros(rng % 2000));
+            writer.kill().unwrap();
+            writer.wait().unwrap();
+            // The agent's own start-up in the same boot: a torn record would stop it.
+            let (_, records) = Store::open(dir.path(), BOOT)
+                .unwrap_or_else(|e| panic!("files {files}, after kill {kill}: {e}"));
+            let with = |r: &AllocationRecord| {
+                let mut all = others.clone();
+                all.push(r.clone());
+                all.sort_by_key(AllocationRecord::key);
+                all
+            };
+            assert!(
+                records == with(&pending) || records == with(&committed),
+                "files {files}, after kill {kill}: {records:?}"
+            );
+        }
     }
 }
 
@@ -358,7 +393,7 @@ fn files_of_replaced_and_deleted_records_are_written_again() {
         r.netns = format!("/run/netns/{}", "x".repeat(IN_PLACE_MAX));
         r
     };
-    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (store, _) = open_files(dir.path());
     let a_path = store.dir().join("aaa:eth0.json");
     let mut a = long("aaa");
     store.put(&a).unwrap();
@@ -415,7 +450,7 @@ fn files_of_replaced_and_deleted_records_are_written_again() {
         vec![c.clone(), short.clone(), long("eee")]
     );
     assert!(!spares_in(store.dir()).is_empty());
-    let (store, records) = Store::open(dir.path(), BOOT).unwrap();
+    let (store, records) = open_files(dir.path());
     assert_eq!(records, vec![c, short, long("eee")]);
     assert!(spares_in(store.dir()).is_empty());
 }
@@ -423,7 +458,7 @@ fn files_of_replaced_and_deleted_records_are_written_again() {
 #[test]
 fn spares_are_bounded() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (store, _) = open_files(dir.path());
     let records: Vec<AllocationRecord> = (0..MAX_SPARES + 10)
         .map(|i| record(&format!("c{i:04}")))
         .collect();
@@ -440,7 +475,7 @@ fn spares_are_bounded() {
 #[test]
 fn a_spare_removed_behind_the_agents_back_is_made_anew() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (store, _) = open_files(dir.path());
     let mut a = record("aaa");
     store.put(&a).unwrap();
     store.put(&record("bbb")).unwrap();
@@ -466,8 +501,8 @@ fn a_spare_removed_behind_the_agents_back_is_made_anew() {
 #[test]
 fn two_stores_in_one_process_never_share_a_spare() {
     let dir = tempfile::tempdir().unwrap();
-    let (before, _) = Store::open(dir.path(), BOOT).unwrap();
-    let (after, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (before, _) = open_files(dir.path());
+    let (after, _) = open_files(dir.path());
     for store in [&after, &before] {
         assert!(store.claim_stock());
         assert_eq!(store.stock().unwrap(), SPARE_STOCK);
@@ -496,7 +531,7 @@ fn two_stores_in_one_process_never_share_a_spare() {
 #[test]
 fn a_stocked_store_writes_a_burst_of_pods_into_files_it_already_has() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (store, _) = open_files(dir.path());
     assert!(store.claim_stock(), "an open store has no spare");
     assert!(!store.claim_stock(), "one stock at a time");
     assert_eq!(store.stock().unwrap(), SPARE_STOCK);
@@ -541,7 +576,7 @@ fn a_stocked_store_writes_a_burst_of_pods_into_files_it_already_has() {
     let mut read = Store::read(dir.path()).unwrap();
     read.sort_by(|a, b| a.container_id.cmp(&b.container_id));
     assert_eq!(read, written);
-    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (store, _) = open_files(dir.path());
     assert!(spares_in(store.dir()).is_empty());
 }
 
@@ -559,11 +594,11 @@ fn a_spare_is_truncated_whenever_what_it_held_was_longer_or_is_unknown() {
         r
     };
     {
-        let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+        let (store, _) = open_files(dir.path());
         store.put(&long("aaa")).unwrap();
     }
     // Read at open: the new store does not know how long its file is.
-    let (store, records) = Store::open(dir.path(), BOOT).unwrap();
+    let (store, records) = open_files(dir.path());
     assert_eq!(records, vec![long("aaa")]);
     // Replaced by a shorter record, the long file becomes a spare of unknown length...
     store.put(&short("aaa")).unwrap();
@@ -598,7 +633,7 @@ fn open_in(dir: &Path) -> usize {
 #[test]
 fn the_store_holds_its_files_open_up_to_a_bound_and_closes_them_with_itself() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (store, _) = open_files(dir.path());
     let records_dir = store.dir().to_owned();
     assert!(store.claim_stock());
     assert_eq!(store.stock().unwrap(), SPARE_STOCK);
@@ -622,4 +657,239 @@ fn the_store_holds_its_files_open_up_to_a_bound_and_closes_them_with_itself() {
     assert_eq!(read, written[100..]);
     drop(store);
     assert_eq!(open_in(&records_dir), 0);
+}
+
+/// Where [`Store::put`] put the record `cid`: the page of the slots file, if any.
+fn page_of(store: &Store, cid: &str) -> Option<u64> {
+    let name = record(cid).key().file_name();
+    let slots = store.slots.lock().unwrap();
+    slots.as_ref().and_then(|s| s.page(&name))
+}
+
+fn slots_len(dir: &Path) -> u64 {
+    fs::metadata(dir.join(SLOTS_FILE)).unwrap().len()
+}
+
+fn record_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn records_of_up_to_a_page_are_pages_of_the_slots_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let (a_pending, a_committed) = pending_and_committed("aaa");
+    store.put(&a_pending).unwrap();
+    store.put(&a_committed).unwrap();
+    store.put(&record("bbb")).unwrap();
+    // No file of their own: two pages, the commit over the pending record's.
+    assert!(record_files(store.dir()).is_empty());
+    assert_eq!(slots_len(store.dir()), 2 * IN_PLACE_MAX as u64);
+    assert_eq!(page_of(&store, "aaa"), Some(0));
+    let bytes = fs::read(store.dir().join(SLOTS_FILE)).unwrap();
+    let json = serde_json::to_vec(&a_committed).unwrap();
+    assert_eq!(&bytes[..json.len()], json.as_slice());
+    assert!(bytes[json.len()..IN_PLACE_MAX].iter().all(|b| *b == b' '));
+    // A deleted record's page is blanked, and the next record takes it.
+    store.delete(&a_committed.key()).unwrap();
+    assert!(bytes_of_page(store.dir(), 0).iter().all(|b| *b == b' '));
+    store.delete(&a_committed.key()).unwrap();
+    store.put(&record("ccc")).unwrap();
+    assert_eq!(page_of(&store, "ccc"), Some(0));
+    assert_eq!(slots_len(store.dir()), 2 * IN_PLACE_MAX as u64);
+    // Both readers read them back; the agent's open and its writes go on in the same pages.
+    assert_eq!(
+        Store::read(dir.path()).unwrap(),
+        vec![record("bbb"), record("ccc")]
+    );
+    drop(store);
+    let (store, records) = Store::open(dir.path(), BOOT).unwrap();
+    assert_eq!(records, vec![record("bbb"), record("ccc")]);
+    store.delete(&record("bbb").key()).unwrap();
+    store.put(&record("ddd")).unwrap();
+    assert_eq!(page_of(&store, "ddd"), Some(1));
+    assert_eq!(
+        Store::read(dir.path()).unwrap(),
+        vec![record("ccc"), record("ddd")]
+    );
+}
+
+fn bytes_of_page(dir: &Path, page: usize) -> Vec<u8> {
+    let bytes = fs::read(dir.join(SLOTS_FILE)).unwrap();
+    bytes[page * IN_PLACE_MAX..(page + 1) * IN_PLACE_MAX].to_vec()
+}
+
+#[test]
+fn a_stocked_store_writes_a_burst_of_pods_without_extending_the_slots_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    assert!(store.claim_stock(), "an open store has no blank page");
+    assert!(!store.claim_stock(), "one stock at a time");
+    assert_eq!(store.stock().unwrap(), SLOT_STOCK);
+    assert!(!store.claim_stock(), "stocked");
+    let stocked = slots_len(store.dir());
+    assert_eq!(stocked, (SLOT_STOCK * IN_PLACE_MAX) as u64);
+    let mut written = Vec::new();
+    for i in 0..SLOT_STOCK - SLOT_LOW {
+        let (pending, committed) = pending_and_committed(&format!("p{i:04}"));
+        store.put(&pending).unwrap();
+        store.put(&committed).unwrap();
+        written.push(committed);
+    }
+    assert_eq!(slots_len(store.dir()), stocked, "no page appended");
+    assert!(!store.claim_stock(), "not below the low mark yet");
+    store.put(&record("zzz")).unwrap();
+    written.push(record("zzz"));
+    assert!(store.claim_stock());
+    assert_eq!(store.stock().unwrap(), SLOT_STOCK - SLOT_LOW + 1);
+    assert!(record_files(store.dir()).is_empty());
+    assert_eq!(Store::read(dir.path()).unwrap(), written);
+    let (_, records) = Store::open(dir.path(), BOOT).unwrap();
+    assert_eq!(records, written);
+}
+
+#[test]
+fn a_record_that_outgrows_its_page_gets_a_file_which_wins_over_the_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let small = record("aaa");
+    let mut big = small.clone();
+    big.state = RecordState::Committed;
+    big.netns = format!("/run/netns/{}", "x".repeat(IN_PLACE_MAX));
+    store.put(&small).unwrap();
+    assert_eq!(page_of(&store, "aaa"), Some(0));
+    store.put(&big).unwrap();
+    assert_eq!(page_of(&store, "aaa"), None, "its page is blanked");
+    assert_eq!(record_files(store.dir()), ["aaa:eth0.json"]);
+    // It keeps its file, even once it fits a page again; its deletion removes the file.
+    store.put(&small).unwrap();
+    assert_eq!(page_of(&store, "aaa"), None);
+    assert_eq!(Store::read(dir.path()).unwrap(), vec![small.clone()]);
+    store.put(&big).unwrap();
+    // A crash between the file's write and the page's blanking: the file is the newer.
+    slots::write_page(
+        &File::options()
+            .write(true)
+            .open(store.dir().join(SLOTS_FILE))
+            .unwrap(),
+        0,
+        &serde_json::to_vec(&small).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(Store::read(dir.path()).unwrap(), vec![big.clone()]);
+    drop(store);
+    let (store, records) = Store::open(dir.path(), BOOT).unwrap();
+    assert_eq!(records, vec![big.clone()]);
+    assert!(bytes_of_page(store.dir(), 0).iter().all(|b| *b == b' '));
+    store.delete(&big.key()).unwrap();
+    assert!(record_files(store.dir()).is_empty());
+    assert!(Store::read(dir.path()).unwrap().is_empty());
+}
+
+#[test]
+fn retired_slots_leave_a_store_of_record_files_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    let meta = || -> serde_json::Value {
+        serde_json::from_slice(&fs::read(dir.path().join("store.json")).unwrap()).unwrap()
+    };
+    assert_eq!(meta()["format"], SLOTS_STORE_FORMAT);
+    let (pending, committed) = pending_and_committed("aaa");
+    store.put(&committed).unwrap();
+    store.put(&record("bbb")).unwrap();
+    assert!(store.claim_stock());
+    store.stock().unwrap();
+    assert_eq!(store.retire_slots().unwrap(), 2);
+    assert_eq!(store.retire_slots().unwrap(), 0, "once");
+    // What an earlier agent reads: format 1, a file per record, no slots file.
+    assert_eq!(meta()["format"], STORE_FORMAT);
+    assert_eq!(meta()["bootId"], BOOT);
+    assert!(!store.dir().join(SLOTS_FILE).exists());
+    assert_eq!(
+        record_files(store.dir()),
+        ["aaa:eth0.json", "bbb:eth0.json"]
+    );
+    let file: AllocationRecord =
+        serde_json::from_slice(&fs::read(store.dir().join("aaa:eth0.json")).unwrap()).unwrap();
+    assert_eq!(file, committed);
+    // Writes go on in files of their own, the padding of the pages left behind.
+    store.put(&pending).unwrap();
+    store.put(&record("ccc")).unwrap();
+    store.delete(&record("bbb").key()).unwrap();
+    assert_eq!(
+        record_files(store.dir()),
+        ["aaa:eth0.json", "ccc:eth0.json"]
+    );
+    assert_eq!(
+        Store::read(dir.path()).unwrap(),
+        vec![pending.clone(), record("ccc")]
+    );
+    // Opened again, the store has a slots file for new records; the old keep their files.
+    drop(store);
+    let (store, records) = Store::open(dir.path(), BOOT).unwrap();
+    assert_eq!(records, vec![pending, record("ccc")]);
+    assert_eq!(meta()["format"], SLOTS_STORE_FORMAT);
+    store.put(&committed).unwrap();
+    store.put(&record("ddd")).unwrap();
+    assert_eq!(page_of(&store, "aaa"), None);
+    assert_eq!(page_of(&store, "ddd"), Some(0));
+}
+
+#[test]
+fn a_torn_page_of_a_previous_boot_is_blanked_one_of_this_boot_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), BOOT).unwrap();
+    store.put(&record("aaa")).unwrap();
+    store.put(&record("bbb")).unwrap();
+    let slots_path = store.dir().join(SLOTS_FILE);
+    drop(store);
+    let file = File::options().write(true).open(&slots_path).unwrap();
+    slots::write_page(&file, 1, b"{\"format\":1,\"sta").unwrap();
+    // Of this boot: nothing but damage explains it.
+    let err = Store::open(dir.path(), BOOT).unwrap_err().to_string();
+    assert!(
+        err.contains("allocations/slots") && err.contains("page 1"),
+        "{err}"
+    );
+    assert!(Store::read(dir.path()).is_err(), "read-only too");
+    // Two pages holding one attachment: the same.
+    slots::write_page(&file, 1, &serde_json::to_vec(&record("aaa")).unwrap()).unwrap();
+    let err = Store::open(dir.path(), BOOT).unwrap_err().to_string();
+    assert!(
+        err.contains("page 1") && err.contains("as page 0 does"),
+        "{err}"
+    );
+    // Of a previous boot: a power cut's, dropped and its page blanked.
+    slots::write_page(&file, 1, b"{\"format\":1,\"sta").unwrap();
+    let (store, records) = Store::open(dir.path(), "boot-2").unwrap();
+    assert_eq!(records, vec![record("aaa")]);
+    assert!(bytes_of_page(store.dir(), 1).iter().all(|b| *b == b' '));
+    store.put(&record("ccc")).unwrap();
+    assert_eq!(page_of(&store, "ccc"), Some(1));
+    // A record of another format is not guessed at.
+    let mut other = record("ddd");
+    other.format = 9;
+    slots::write_page(&file, 2, &serde_json::to_vec(&other).unwrap()).unwrap();
+    let err = Store::open(dir.path(), "boot-3").unwrap_err().to_string();
+    assert!(err.contains("page 2: record format 9"), "{err}");
+}
+
+#[test]
+fn a_store_of_either_format_opens() {
+    for format in [STORE_FORMAT, SLOTS_STORE_FORMAT] {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(
+            dir.path().join("store.json"),
+            format!("{{\"format\":{format},\"bootId\":\"{BOOT}\"}}"),
+        )
+        .unwrap();
+        Store::open(dir.path(), BOOT).unwrap();
+        assert!(Store::read(dir.path()).unwrap().is_empty());
+    }
 }
