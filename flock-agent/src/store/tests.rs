@@ -189,14 +189,19 @@ fn inode(path: &Path) -> u64 {
     fs::metadata(path).unwrap().ino()
 }
 
-fn spares_in(dir: &Path) -> Vec<String> {
+/// The names of the files in `dir` that `wanted` takes, sorted.
+fn names_in(dir: &Path, wanted: impl Fn(&str) -> bool) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(".spare-"))
+        .filter(|n| wanted(n))
         .collect();
     names.sort();
     names
+}
+
+fn spares_in(dir: &Path) -> Vec<String> {
+    names_in(dir, |n| n.starts_with(".spare-"))
 }
 
 /// A pod's pending record and its committed one, as an ADD writes them (longer: the MACs).
@@ -671,13 +676,7 @@ fn slots_len(dir: &Path) -> u64 {
 }
 
 fn record_files(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".json"))
-        .collect();
-    names.sort();
-    names
+    names_in(dir, |n| n.ends_with(".json"))
 }
 
 #[test]
