@@ -329,9 +329,14 @@ impl Page {
         if len > IN_PLACE_MAX {
             return None;
         }
+        Some((Page::padded(bytes), len))
+    }
+
+    /// `bytes` (at most a page) followed by spaces to a page's end.
+    fn padded(bytes: &[u8]) -> Box<Page> {
         let mut page = Box::new(Page(BLANK_PAGE));
         page.0[..bytes.len()].copy_from_slice(bytes);
-        Some((page, len))
+        page
     }
 }
 

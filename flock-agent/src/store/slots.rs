@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-use super::{BLANK_PAGE, IN_PLACE_MAX, Page};
+use super::{IN_PLACE_MAX, Page};
 
 /// The slots file's name in the records' directory: no `.json`, so no reader of record files
 /// takes it for one.
@@ -118,9 +118,7 @@ impl Slots {
 /// from a page-aligned buffer (the module documentation of `store` says why that is whole
 /// after a kill).
 pub(super) fn write_page(file: &File, page: u64, bytes: &[u8]) -> io::Result<()> {
-    let mut buf = Box::new(Page(BLANK_PAGE));
-    buf.0[..bytes.len()].copy_from_slice(bytes);
-    match file.write_at(&buf.0, page * PAGE)? {
+    match file.write_at(&Page::padded(bytes).0, page * PAGE)? {
         n if n == IN_PLACE_MAX => Ok(()),
         n => Err(io::Error::new(
             io::ErrorKind::WriteZero,
